@@ -1,0 +1,25 @@
+# `make demo` and `make test` work from a fresh clone: they create .venv when it is
+# missing and install the project pinned to the CPU torch on this machine's disk.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.distdoctor-installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/distdoctor train --strategy torch-ddp --world-size 4 --num-steps 6 --batch-size 8 --seed 0
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/launch.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis
