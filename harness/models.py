@@ -1,0 +1,277 @@
+"""The run data model: what goes into a run, what ranks record, what checks conclude.
+
+Everything here is a frozen dataclass that survives a JSON round trip, so a record written
+by one run (or one machine) can be re-checked later by a newer detector without re-running.
+A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord and nothing
+else. Bump SCHEMA_VERSION whenever a field changes meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.jsoncodec import SchemaError, from_json, to_json
+
+SCHEMA_VERSION = 1
+REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
+
+RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
+SamplerKind = Literal["distributed", "shared-seed"]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings a correct run gets right and a fault flips (the defaults are correct)."""
+
+    broadcast_params_at_start: bool = True  # hand-rolled DDP syncs rank 0's init to all
+    seed_init_per_rank: bool = False  # each rank seeds its own model init with seed + rank
+    sampler: SamplerKind = "distributed"  # "shared-seed": every rank draws the same batches
+    sampler_set_epoch: bool = True  # reshuffle every epoch (False repeats epoch 0's order)
+    average_gradients: bool = True  # divide the all-reduced SUM by the world size
+    no_sync_accumulation: bool = True  # skip the gradient sync on all but the last micro-batch
+    skip_aux_on_ranks: tuple[int, ...] = ()  # ranks whose loss leaves the aux head out
+    find_unused_parameters: bool = False  # let DDP reduce parameters that got no gradient
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: strategy, scale, workload shape, seed, deadline and knobs."""
+
+    strategy: str = "ddp"
+    world_size: int = 2
+    backend: str = "gloo"
+    num_steps: int = 6
+    batch_size: int = 8  # samples per rank per optimiser step
+    micro_batches: int = 1  # gradient-accumulation micro-batches per optimiser step
+    num_samples: int = 64
+    in_features: int = 8
+    hidden_features: int = 16
+    lr: float = 0.05
+    seed: int = 0
+    deadline: float = 30.0  # seconds without progress before the ranks count as hung
+    fingerprint_values: int = 512  # parameter values kept per fingerprint (all, for the MLP)
+    knobs: Knobs = field(default_factory=Knobs)
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self):
+        positive = ("world_size", "num_steps", "batch_size", "micro_batches", "num_samples",
+                    "in_features", "hidden_features", "fingerprint_values")
+        for name in positive:
+            if getattr(self, name) < 1:
+                yield f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+        if self.batch_size >= 1 and self.micro_batches >= 1 and self.batch_size % self.micro_batches:
+            yield f"batch-size {self.batch_size} is not divisible by micro-batches {self.micro_batches}"
+        if self.world_size >= 1 and self.batch_size >= 1 and \
+                self.num_samples < self.world_size * self.batch_size:
+            yield (f"num-samples {self.num_samples} is smaller than one global batch "
+                   f"(world-size {self.world_size} x batch-size {self.batch_size})")
+        if not (self.deadline > 0 and math.isfinite(self.deadline)):
+            yield f"deadline must be a positive number of seconds, got {self.deadline}"
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            yield f"lr must be positive, got {self.lr}"
+        bad_ranks = [r for r in self.knobs.skip_aux_on_ranks if not 0 <= r < self.world_size]
+        if bad_ranks:
+            yield f"skip_aux_on_ranks names ranks {bad_ranks} outside world size {self.world_size}"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // (self.world_size * self.batch_size)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A tensor set in brief: exact digest and norm, plus a strided sample of its values.
+
+    ``values`` holds every value when there are at most RunSpec.fingerprint_values of them,
+    so spreads and reference differences over the sample are exact for small models and a
+    lower bound otherwise; equal digests mean bit-identical tensors.
+    """
+
+    numel: int
+    digest: str
+    norm: float
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """What one rank saw and did in one optimiser step."""
+
+    step: int  # 1-based
+    epoch: int
+    sample_ids: tuple[int, ...]
+    loss: float
+    params: Fingerprint  # after the optimiser step
+    grad_local: Fingerprint | None  # this rank's gradient before synchronisation
+    grad_synced: Fingerprint | None  # the gradient the optimiser used
+    no_grad_params: tuple[str, ...]  # parameters that got no gradient from this rank's loss
+    allreduce_calls: int  # gradient all-reduces issued in this step
+    allreduce_bytes: int  # bytes handed to those all-reduces
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything one rank recorded over a run."""
+
+    rank: int
+    initial_params: Fingerprint | None = None  # after construction (and any broadcast)
+    steps: tuple[StepEvidence, ...] = ()
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        text = f'  File "{self.file}", line {self.line}, in {self.function}'
+        return f"{text}\n    {self.code}" if self.code else text
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's Python stack, outermost frame first."""
+
+    name: str
+    main: bool
+    frames: tuple[Frame, ...]
+
+    def __str__(self) -> str:
+        head = f"Thread {self.name}{' (main)' if self.main else ''}, most recent call last:"
+        return "\n".join([head, *map(str, self.frames)])
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's job ended: its traceback if it raised, its stacks if it was stopped."""
+
+    rank: int
+    status: RankStatus
+    at: float | None = None  # seconds after the job started
+    error: str | None = None  # full traceback text, or how the process died
+    exitcode: int | None = None
+    stacks: tuple[ThreadStack, ...] = ()  # every thread, captured before the rank was killed
+    raw_stack: str | None = None  # faulthandler text, when the rank could not answer itself
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    end: RankEnd
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run: its spec, each rank's evidence and end, and how long it took."""
+
+    spec: RunSpec
+    ranks: tuple[RankRecord, ...]
+    wall_s: float
+    torch_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def finished(self) -> bool:
+        return all(r.end.ok for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detected failure mode, with the numbers that show it and the fix as knob changes."""
+
+    check: str  # the detector that found it
+    fault: str  # the failure mode it indicates
+    symptom: str  # with the measured numbers
+    cause: str
+    fix: str
+    fix_changes: dict[str, Any]  # dotted RunSpec path -> new value, e.g. "knobs.sampler"
+    ranks: tuple[int, ...] = ()
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def apply_fix(self, spec: RunSpec) -> RunSpec:
+        return apply_changes(spec, self.fix_changes)
+
+
+@dataclass(frozen=True)
+class ReferenceComparison:
+    """Distance of the distributed run from a single-process run on the same samples."""
+
+    max_abs_diff: float
+    per_step: tuple[float, ...]
+    tolerance: float = 1e-5
+
+    @property
+    def matches(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+@dataclass(frozen=True)
+class Verdict:
+    findings_before: tuple[Finding, ...]
+    findings_after: tuple[Finding, ...] | None  # None when no fix was applied
+    reference: ReferenceComparison | None
+    param_spread: float | None  # largest parameter difference between ranks, any step
+    ranks_finished: bool
+    spread_tolerance: float = 1e-6
+
+    @property
+    def passed(self) -> bool:
+        findings = self.findings_after if self.findings_after is not None else self.findings_before
+        spread_ok = self.param_spread is not None and self.param_spread <= self.spread_tolerance
+        reference_ok = self.reference is not None and self.reference.matches
+        return self.ranks_finished and not findings and spread_ok and reference_ok
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What the command line writes: the run, the run after a fix (if any), the verdict."""
+
+    record: RunRecord
+    verdict: Verdict
+    fixed_record: RunRecord | None = None
+    schema: str = REPORT_SCHEMA
+
+
+def apply_changes(obj: Any, changes: dict[str, Any]) -> Any:
+    """Return ``obj`` with dotted-path fields replaced: {"knobs.sampler": "distributed"}."""
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if head not in {f.name for f in dataclasses.fields(obj)}:
+            raise KeyError(f"{type(obj).__name__} has no field {head!r}")
+        new = apply_changes(getattr(obj, head), {rest: value}) if rest else value
+        if isinstance(new, list):
+            new = tuple(new)
+        obj = dataclasses.replace(obj, **{head: new})
+    return obj
+
+
+def dump_report(report: RunReport, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_json(report), indent=1) + "\n")
+    tmp.replace(path)
+
+
+def load_report(path: str | Path) -> RunReport:
+    data = json.loads(Path(path).read_text())
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != REPORT_SCHEMA:
+        raise SchemaError(f"{path}: schema {schema!r}, this distdoctor reads {REPORT_SCHEMA!r}")
+    return from_json(RunReport, data)
