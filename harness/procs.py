@@ -1,0 +1,91 @@
+"""Process plumbing for ranks: why fork, how a rank cuts loose, how it is made to go away.
+
+Ranks are forked from the parent, not spawned. Measured on a 2-core machine with torch 2.13:
+a spawned 4-rank gloo group costs about 4 s (each child re-imports torch), a fork from a
+parent that has already imported torch costs about 0.08 s. Two fork hazards are handled:
+
+* A parent that already ran a multi-threaded torch op leaves an OpenMP pool the child cannot
+  use, and the child hangs at its first matmul. Every rank sets one intra-op thread before
+  any op (what torchrun's OMP_NUM_THREADS=1 does for the same reason).
+* The first DDP, FSDP or pipelining call lazily imports ~800 modules (torch._dynamo, sympy,
+  ...), seconds per rank. The parent imports them once before the first fork, so every
+  rank inherits them for free.
+
+Every rank gets its own process group (so a terminal's Ctrl-C reaches only the parent,
+which then stops the ranks in order) and a parent-death signal (so a parent killed with
+SIGKILL or an unhandled SIGTERM takes its ranks with it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+from multiprocessing.process import BaseProcess
+
+_PR_SET_PDEATHSIG = 1
+_HEAVY_MODULES = (
+    "numpy",
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "torch.distributed.algorithms.join",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "torch.distributed.fsdp",
+    "torch.distributed.optim",
+    "torch.distributed.pipelining",
+    "torch.distributed.tensor",
+)
+_preloaded = False
+
+
+def preload_heavy_modules() -> None:
+    """Import, once in the parent, what every rank would otherwise import lazily itself."""
+    global _preloaded
+    if _preloaded:
+        return
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in _HEAVY_MODULES:
+            importlib.import_module(name)
+    _preloaded = True
+
+
+def become_rank(parent_pid: int) -> None:
+    """First thing in a freshly forked rank, before any torch op."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+    for sig in (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def kill(process: BaseProcess, timeout: float = 2.0) -> None:
+    """SIGKILL a rank and everything it started, then reap it."""
+    pid = process.pid
+    if pid is None:
+        return
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass
+    process.join(timeout)
+
+
+def now() -> float:
+    """A clock every process on the machine shares, to order events across ranks."""
+    return time.monotonic()

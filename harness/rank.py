@@ -1,0 +1,115 @@
+"""The inside of a rank: join the process group, then run jobs until told to stop.
+
+A job is ``fn(ctx, *args, **kwargs)`` with a module-level ``fn``; its return value goes back
+to the parent. A job that raises sends its traceback and the rank exits at once: its
+closed sockets make peers blocked on it fail within milliseconds instead of waiting out
+the group timeout, and the parent re-forks the whole group for the next job.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+from harness import procs, stacks
+
+# How long ranks wait for each other at rendezvous; the parent gives up sooner.
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+# torch's default group timeout: the parent's no-progress deadline always fires long before.
+GROUP_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass
+class RankContext:
+    """Handed to every job: who this rank is, and a channel for streaming records home."""
+
+    rank: int
+    world_size: int
+    backend: str
+    _conn: Connection = field(repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def emit(self, record: Any) -> None:
+        """Send a record to the parent now (it survives a later hang) and count as progress."""
+        self._send(("event", procs.now(), record))
+
+    def progress(self) -> None:
+        """Tell the parent this rank is alive and moving (resets the no-progress deadline)."""
+        self._send(("progress", procs.now()))
+
+    def _send(self, message: tuple) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+
+def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
+              conn: Connection, ctrl: Connection, faulthandler_fd: int,
+              inherited: list[Connection | int]) -> None:
+    """Entry point of a forked rank process. Never returns into the parent's code."""
+    code = 1
+    try:
+        procs.become_rank(parent_pid)
+        for other in inherited:  # the parent's ends of every pipe: ours to drop
+            other.close() if isinstance(other, Connection) else os.close(other)
+        stacks.arm_faulthandler(faulthandler_fd)
+        stacks.serve_stacks(ctrl)
+        ctx = RankContext(rank, world_size, backend, conn)
+        _join_group(ctx, host)
+        conn.send(("ready", procs.now()))
+        code = _serve_jobs(ctx, conn)
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass  # the parent went away or stopped us; nothing left to report to
+    except BaseException:
+        try:
+            conn.send(("raised", procs.now(), traceback.format_exc()))
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)  # no atexit, no destructors: torch's can deadlock at teardown
+
+
+def _join_group(ctx: RankContext, host: str) -> None:
+    import torch.distributed as dist
+
+    if host in ("127.0.0.1", "localhost") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if ctx.rank == 0:  # the OS picks a free port: no races between concurrent pools
+        store = dist.TCPStore(host, 0, ctx.world_size, is_master=True,
+                              timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+        ctx._send(("port", store.port))
+    else:
+        kind, port = ctx._conn.recv()
+        assert kind == "port", kind
+        store = dist.TCPStore(host, port, ctx.world_size, is_master=False,
+                              timeout=RENDEZVOUS_TIMEOUT)
+    if ctx.backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(ctx.rank % torch.cuda.device_count())
+    dist.init_process_group(ctx.backend, store=store, rank=ctx.rank,
+                            world_size=ctx.world_size, timeout=GROUP_TIMEOUT)
+
+
+def _serve_jobs(ctx: RankContext, conn: Connection) -> int:
+    while True:
+        message = conn.recv()
+        if message[0] == "close":
+            return 0
+        _, fn, args, kwargs = message
+        ctx.progress()
+        try:
+            value = fn(ctx, *args, **kwargs)
+        except BaseException:
+            ctx._send(("raised", procs.now(), traceback.format_exc()))
+            return 1
+        try:
+            ctx._send(("done", procs.now(), value))
+        except Exception:
+            ctx._send(("raised", procs.now(),
+                       traceback.format_exc() + "\nthe job's return value could not be sent"))
+            return 1

@@ -1,0 +1,122 @@
+"""Stacks of a rank that cannot answer for itself.
+
+A hung rank is usually blocked inside a C++ collective with the GIL released, so a small
+thread in the rank can still walk every thread's frames and send them back structured
+(file, line, function, source) on request. When even that thread cannot run (a C call
+holding the GIL), the parent falls back to SIGUSR1: faulthandler dumps the raw text
+without the GIL, into a pipe the parent reads.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import select
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from harness.models import Frame, ThreadStack
+
+_RESPONDER_NAME = "distdoctor-stacks"
+_RANK_LOOP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py")
+_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def capture_stacks() -> tuple[ThreadStack, ...]:
+    """Every thread's stack in this process except the caller's, main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    me = threading.get_ident()
+    stacks = []
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames = _below_rank_loop(tuple(
+            Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
+            for f in traceback.extract_stack(top)
+        ))
+        stacks.append(ThreadStack(names.get(ident, f"0x{ident:x}"), ident == main_ident, frames))
+    stacks.sort(key=lambda s: not s.main)
+    return tuple(stacks)
+
+
+def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """Drop the frames a forked rank inherited and the job loop: start at the job itself."""
+    loop = [i for i, f in enumerate(frames) if f.file == _RANK_LOOP_FILE]
+    return frames[loop[-1] + 1:] if loop else frames
+
+
+def serve_stacks(conn: Connection) -> threading.Thread:
+    """Answer every request on ``conn`` with this process's stacks, until the parent hangs up."""
+
+    def loop() -> None:
+        while True:
+            try:
+                conn.recv()
+                conn.send(capture_stacks())
+            except (EOFError, OSError):
+                return
+
+    thread = threading.Thread(target=loop, name=_RESPONDER_NAME, daemon=True)
+    thread.start()
+    return thread
+
+
+def arm_faulthandler(write_fd: int) -> None:
+    """Make SIGUSR1 dump every thread's stack into ``write_fd`` (no GIL needed)."""
+    faulthandler.register(signal.SIGUSR1, file=os.fdopen(write_fd, "w"), all_threads=True)
+
+
+def request_stacks(
+    conn: Connection, pid: int, faulthandler_fd: int, timeout: float = 0.5
+) -> tuple[tuple[ThreadStack, ...], str | None]:
+    """Ask a live rank for its stacks; return (structured stacks, raw faulthandler text)."""
+    try:
+        conn.send("stacks")
+        if conn.poll(timeout):
+            return conn.recv(), None
+    except (EOFError, OSError, BrokenPipeError):
+        pass
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return (), None
+    raw = _read_until_quiet(faulthandler_fd, first=timeout, quiet=0.05)
+    return parse_faulthandler(raw), raw or None
+
+
+def _read_until_quiet(fd: int, first: float, quiet: float) -> str:
+    """Read what faulthandler writes: wait ``first`` for it to start, stop at ``quiet`` silence."""
+    chunks: list[bytes] = []
+    wait = first
+    while select.select([fd], [], [], wait)[0]:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+        wait = quiet
+    return b"".join(chunks).decode(errors="replace")
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+    """Turn faulthandler's text (innermost frame first) into ThreadStacks."""
+    stacks = []
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip()):
+        lines = block.splitlines()
+        if not lines or "0x" not in lines[0]:
+            continue
+        frames = [
+            Frame(m["file"], int(m["line"]), m["func"])
+            for m in map(_FAULTHANDLER_FRAME.search, lines[1:])
+            if m
+        ]
+        name = lines[0].split("(")[0].replace("Current thread", "Thread").strip()
+        stacks.append(ThreadStack(name, main=False, frames=tuple(reversed(frames))))
+    return tuple(stacks)
