@@ -1,0 +1,36 @@
+"""Run a spec on real ranks and judge the result: the forward path of the design."""
+
+from __future__ import annotations
+
+import torch
+
+import checks
+from harness.models import Finding, RankRecord, RunRecord, RunSpec, Verdict
+from harness.pool import RankPool, shared_pool
+from harness.reference import compare, reference_params, spreads
+from harness.train import evidence_from_events, train_job
+
+
+def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
+    """Train ``spec`` on a warm pool of ``spec.world_size`` ranks and collect the record."""
+    if pool is None:
+        pool = shared_pool(spec.world_size, spec.backend)
+    if pool.world_size != spec.world_size:
+        raise ValueError(f"pool has {pool.world_size} ranks, the spec asks for {spec.world_size}")
+    result = pool.run(train_job, spec, deadline=spec.deadline)
+    ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, events))
+                  for end, events in zip(result.ends, result.events))
+    return RunRecord(spec=spec, ranks=ranks, wall_s=result.wall_s,
+                     torch_version=torch.__version__)
+
+
+def judge(record: RunRecord, findings_after: tuple[Finding, ...] | None = None) -> Verdict:
+    """Findings, spread between ranks and distance from the single-process reference."""
+    spread_per_step = spreads(record)
+    return Verdict(
+        findings_before=checks.run_all(record),
+        findings_after=findings_after,
+        reference=compare(record, reference_params(record.spec)),
+        param_spread=max(spread_per_step) if spread_per_step else None,
+        ranks_finished=record.finished,
+    )

@@ -1,0 +1,62 @@
+"""Hand-rolled data parallelism: broadcast once, then all-reduce SUM and divide.
+
+The textbook version, written out so every step a fault can break is visible: parameters
+are broadcast from rank 0 at construction, and after backward all gradients go through
+one flattened all-reduce (one bucket, as torch DDP uses for a model this small).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.models import RunSpec
+from harness.strategies.base import CommCounter
+
+
+class HandRolledDDP:
+    def __init__(self, module: nn.Module, spec: RunSpec):
+        self.module = module
+        self.comm = CommCounter()
+        self._knobs = spec.knobs
+        self._syncing = True
+        if self._knobs.broadcast_params_at_start:
+            with torch.no_grad():
+                for p in module.parameters():
+                    dist.broadcast(p.data, src=0)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        previous, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = previous
+
+    def finish_backward(self) -> None:
+        if self._syncing:
+            self.sync_gradients()
+
+    def sync_gradients(self) -> None:
+        """All-reduce every gradient in one flat buffer, then divide by the world size."""
+        params = [p for p in self.module.parameters()
+                  if p.grad is not None or self._knobs.find_unused_parameters]
+        if not params:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        self.comm.add(flat)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if self._knobs.average_gradients:
+            flat.div_(dist.get_world_size())
+        offset = 0
+        for p in params:
+            p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
+            offset += p.numel()

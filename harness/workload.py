@@ -1,0 +1,72 @@
+"""The training workload every strategy runs: a small MLP on synthetic regression data.
+
+Small on purpose: every parameter fits in a fingerprint, so spreads between ranks and the
+distance from the single-process reference are exact, and a step costs microseconds.
+Samples carry ids (their row numbers) so ranks can record exactly what they trained on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.models import RunSpec
+
+AUX_WEIGHT = 0.1  # the aux head's share of the loss; a rank that skips it leaves it unused
+
+
+class MLP(nn.Module):
+    """Two tanh layers, a regression head and an auxiliary head that shares the trunk."""
+
+    def __init__(self, in_features: int, hidden_features: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.fc2 = nn.Linear(hidden_features, hidden_features)
+        self.head = nn.Linear(hidden_features, 1)
+        self.aux = nn.Linear(hidden_features, 1)
+
+    def forward(self, x: torch.Tensor, use_aux: bool = True):
+        h = torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
+        return self.head(h), (self.aux(h) if use_aux else None)
+
+
+def loss_fn(out: torch.Tensor, aux: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    loss = nn.functional.mse_loss(out, y)
+    return loss if aux is None else loss + AUX_WEIGHT * nn.functional.mse_loss(aux, y)
+
+
+def build_model(spec: RunSpec, rank: int) -> MLP:
+    """The model as this rank initialises it (identical on every rank unless a knob says)."""
+    torch.manual_seed(spec.seed + (rank if spec.knobs.seed_init_per_rank else 0))
+    return MLP(spec.in_features, spec.hidden_features)
+
+
+def make_dataset(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets for sample ids 0..num_samples-1, the same on every rank."""
+    gen = torch.Generator().manual_seed(10_000 + spec.seed)
+    x = torch.randn(spec.num_samples, spec.in_features, generator=gen)
+    w = torch.randn(spec.in_features, 1, generator=gen)
+    y = torch.tanh(x @ w) + 0.1 * torch.randn(spec.num_samples, 1, generator=gen)
+    return x, y
+
+
+def epoch_of(spec: RunSpec, step: int) -> int:
+    return (step - 1) // spec.steps_per_epoch
+
+
+def batch_ids(spec: RunSpec, rank: int, step: int) -> list[int]:
+    """The sample ids ``rank`` trains on at ``step`` (1-based), per the spec's sampler knobs.
+
+    The distributed sampler shuffles with a seed every rank shares (seed + epoch), drops the
+    ragged tail, and deals the order out round-robin, so an epoch's shares are disjoint.
+    """
+    knobs = spec.knobs
+    epoch = epoch_of(spec, step)
+    shuffle_epoch = epoch if knobs.sampler_set_epoch else 0
+    gen = torch.Generator().manual_seed(spec.seed + shuffle_epoch)
+    order = torch.randperm(spec.num_samples, generator=gen)
+    usable = order[: spec.steps_per_epoch * spec.world_size * spec.batch_size]
+    shard = rank if knobs.sampler == "distributed" else 0
+    mine = usable[shard:: spec.world_size]
+    within = (step - 1) % spec.steps_per_epoch
+    return mine[within * spec.batch_size: (within + 1) * spec.batch_size].tolist()
