@@ -62,9 +62,15 @@ class JobResult:
 
     @property
     def root_cause(self) -> RankEnd | None:
-        """The first rank to raise or die: the others' errors are usually its echo."""
+        """The first rank to raise or die, not counting gloo's echoes of a peer's failure.
+
+        A death is only noticed when the parent next looks, so a peer's "Connection reset
+        by peer" can carry an earlier time than the death that caused it.
+        """
         failed = [e for e in self.ends if e.status in ("raised", "died")]
-        return min(failed, key=lambda e: e.at if e.at is not None else float("inf"), default=None)
+        primary = [e for e in failed if not is_peer_echo(e)] or failed
+        return min(primary, key=lambda e: e.at if e.at is not None else float("inf"),
+                   default=None)
 
     def raise_for_status(self) -> "JobResult":
         if not self.ok:
@@ -88,6 +94,17 @@ class JobResult:
             lines.append(f"rank {end.rank} {end.status}{where}"
                          + (f": {end.error.strip().splitlines()[-1]}" if end.error else ""))
         return "\n".join(lines)
+
+
+# What gloo raises on a rank whose peer failed: the symptom, never the cause.
+_PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer",
+                          "Broken pipe")
+
+
+def is_peer_echo(end: RankEnd) -> bool:
+    """Did this rank only fail because a peer went away?"""
+    return end.status == "raised" and end.error is not None and any(
+        message in end.error.strip().splitlines()[-1] for message in _PEER_FAILURE_MESSAGES)
 
 
 @dataclass
@@ -307,11 +324,11 @@ class _Job:
     def _stop(self, running: list[_RankHandle], status: str) -> None:
         """Take the stacks of every rank still running, then kill them."""
         at = procs.now() - self.started
-        for handle in running:
-            threads, raw = stacks.request_stacks(handle.ctrl, handle.process.pid,
-                                                 handle.faulthandler_fd)
-            why = ("no rank made progress for %.1f s" % self.deadline if status == "hung"
-                   else "still running %.1f s after another rank failed" % self.error_grace)
+        why = (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
+               else f"still running {self.error_grace:.1f} s after another rank failed")
+        answers = stacks.request_stacks(
+            [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
+        for handle, (threads, raw) in zip(running, answers):
             self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
                                              stacks=threads, raw_stack=raw)
         for handle in running:

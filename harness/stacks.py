@@ -16,8 +16,9 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
 from harness.models import Frame, ThreadStack
 
@@ -72,21 +73,39 @@ def arm_faulthandler(write_fd: int) -> None:
 
 
 def request_stacks(
-    conn: Connection, pid: int, faulthandler_fd: int, timeout: float = 0.5
-) -> tuple[tuple[ThreadStack, ...], str | None]:
-    """Ask a live rank for its stacks; return (structured stacks, raw faulthandler text)."""
-    try:
-        conn.send("stacks")
-        if conn.poll(timeout):
-            return conn.recv(), None
-    except (EOFError, OSError, BrokenPipeError):
-        pass
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        return (), None
-    raw = _read_until_quiet(faulthandler_fd, first=timeout, quiet=0.05)
-    return parse_faulthandler(raw), raw or None
+    targets: list[tuple[Connection, int, int]], timeout: float = 0.5
+) -> list[tuple[tuple[ThreadStack, ...], str | None]]:
+    """Ask live ranks, all at once, for their stacks: (structured stacks, raw text) each.
+
+    ``targets`` holds (stack connection, pid, faulthandler read fd) per rank. A rank whose
+    stack thread does not answer within ``timeout`` gets SIGUSR1 and its faulthandler text.
+    """
+    answers: dict[int, tuple[tuple[ThreadStack, ...], str | None]] = {}
+    asked = {}
+    for index, (conn, _, _) in enumerate(targets):
+        try:
+            conn.send("stacks")
+            asked[conn] = index
+        except OSError:
+            pass
+    end = time.monotonic() + timeout
+    while asked and (left := end - time.monotonic()) > 0:
+        for conn in wait(list(asked), left):
+            index = asked.pop(conn)
+            try:
+                answers[index] = (conn.recv(), None)
+            except (EOFError, OSError):
+                pass
+    silent = [i for i in range(len(targets)) if i not in answers]
+    for index in silent:
+        try:
+            os.kill(targets[index][1], signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    for index in silent:
+        raw = _read_until_quiet(targets[index][2], first=timeout, quiet=0.05)
+        answers[index] = (parse_faulthandler(raw), raw or None)
+    return [answers[i] for i in range(len(targets))]
 
 
 def _read_until_quiet(fd: int, first: float, quiet: float) -> str:
