@@ -1,0 +1,84 @@
+"""Jobs the tests run on real ranks (module-level, so they pickle by reference)."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+def rank_sum(ctx, length: int) -> list[float]:
+    """All-reduce a tensor holding rank + 1: every rank ends with 1 + 2 + ... + N."""
+    tensor = torch.full((length,), float(ctx.rank + 1))
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def whoami(ctx) -> tuple[int, int, int]:
+    return ctx.rank, dist.get_world_size(), os.getpid()
+
+
+def raise_on_rank(ctx, bad_rank: int) -> None:
+    if ctx.rank == bad_rank:
+        raise ValueError(f"rank {bad_rank} is broken")  # RAISE-LINE
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+
+
+def raise_while_peer_waits(ctx) -> None:
+    """Rank 0 raises; rank 1 waits on something no socket error can interrupt."""
+    if ctx.rank == 0:
+        raise RuntimeError("rank 0 gave up")
+    threading.Event().wait()  # PEER-WAIT-LINE
+
+
+def p2p_cycle_with_helper_thread(ctx) -> None:
+    """Every rank blocks receiving from its right neighbour; a named helper thread idles."""
+    helper = threading.Thread(target=threading.Event().wait, name=f"helper-{ctx.rank}",
+                              daemon=True)
+    helper.start()
+    buffer = torch.zeros(4)
+    dist.recv(buffer, src=(ctx.rank + 1) % ctx.world_size)  # RECV-LINE
+
+
+def hold_the_gil(ctx) -> None:
+    """Catastrophic regex backtracking: the GIL is never released, so only a signal works."""
+    ctx.progress()
+    re.match(r"(a+)+$", "a" * 64 + "b")  # GIL-LINE
+
+
+def die_on_rank(ctx, bad_rank: int, code: int) -> None:
+    if ctx.rank == bad_rank:
+        os._exit(code)
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+
+
+def emit_then_hang(ctx, count: int) -> None:
+    for i in range(count):
+        ctx.emit(("tick", i))
+    buffer = torch.zeros(1)
+    dist.recv(buffer, src=(ctx.rank + 1) % ctx.world_size)
+
+
+def unpicklable_result(ctx):
+    return threading.Lock()
+
+
+def announce_then_hang(ctx) -> None:
+    """Print this rank's pid for a watching test, then block forever."""
+    os.write(1, f"rank-pid {os.getpid()}\n".encode())  # one write: lines never interleave
+    buffer = torch.zeros(1)
+    dist.recv(buffer, src=(ctx.rank + 1) % ctx.world_size)
+
+
+def line_of(marker: str) -> int:
+    """The line in this file that carries ``# marker``."""
+    with open(__file__) as source:
+        for number, text in enumerate(source, 1):
+            if text.rstrip().endswith(f"# {marker}"):
+                return number
+    raise LookupError(marker)

@@ -1,0 +1,60 @@
+"""The process table, read from /proc: what is alive and whose child it is."""
+
+from __future__ import annotations
+
+import os
+import select
+from pathlib import Path
+
+
+def children(parent: int | None = None) -> set[int]:
+    """Pids of live (non-zombie) processes whose parent is ``parent`` (default: us)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, ppid = fields[0], int(fields[1])
+        if ppid == parent and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_all_exit(pids: list[int], timeout: float) -> set[int]:
+    """Block until every pid has exited (pidfds, no polling); return those still running."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    try:
+        remaining = dict(fds)
+        end = _now() + timeout
+        while remaining and _now() < end:
+            ready, _, _ = select.select(list(remaining), [], [], max(0.0, end - _now()))
+            for fd in ready:
+                remaining.pop(fd)
+        return set(remaining.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

@@ -1,0 +1,112 @@
+"""launch(): fresh ranks, every outcome, and nothing left behind (checked in /proc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jobs
+import pytest
+import proctable
+
+from harness.pool import launch
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def no_new_children():
+    """Fail the test if it leaves a live child process of ours behind."""
+    before = proctable.children()
+    yield
+    left = proctable.children() - before
+    assert not left, f"processes left behind: {sorted(left)}"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_rank_returns_its_value(world_size, no_new_children):
+    result = launch(jobs.rank_sum, 3, world_size=world_size, deadline=10)
+    expected = float(world_size * (world_size + 1) // 2)
+    assert result.ok
+    assert result.values == tuple([expected] * 3 for _ in range(world_size))
+    assert [e.rank for e in result.ends] == list(range(world_size))
+
+
+def test_raising_rank_is_reported_with_its_traceback_and_stops_the_rest(no_new_children):
+    result = launch(jobs.raise_on_rank, 1, world_size=3, deadline=60)
+    root = result.root_cause
+    assert root is not None and root.rank == 1 and root.status == "raised"
+    assert "ValueError: rank 1 is broken" in root.error
+    assert f'{jobs.__file__}", line {jobs.line_of("RAISE-LINE")}, in raise_on_rank' in root.error
+    others = [e for e in result.ends if e.rank != 1]
+    assert all(not e.ok for e in others)
+    # stopped long before any group timeout: within 2 s of the failure
+    assert max(e.at for e in result.ends) - root.at < 2.0
+    assert result.wall_s < 2.0 + root.at
+
+
+def test_rank_that_cannot_be_interrupted_is_stopped_after_the_grace(no_new_children):
+    result = launch(jobs.raise_while_peer_waits, world_size=2, deadline=60, error_grace=0.5)
+    assert result.root_cause.rank == 0
+    peer = result.ends[1]
+    assert peer.status == "stopped"
+    assert peer.at - result.ends[0].at < 2.0
+    main = next(s for s in peer.stacks if s.main)
+    assert (main.frames[0].file, main.frames[0].line) == (jobs.__file__,
+                                                          jobs.line_of("PEER-WAIT-LINE"))
+
+
+def test_deadline_captures_every_thread_of_every_rank_then_kills(no_new_children):
+    deadline = 1.0
+    result = launch(jobs.p2p_cycle_with_helper_thread, world_size=3, deadline=deadline)
+    assert [e.status for e in result.ends] == ["hung"] * 3
+    assert deadline <= result.wall_s < deadline + 2.0
+    for end in result.ends:
+        main = next(s for s in end.stacks if s.main)
+        user = [f for f in main.frames if f.file == jobs.__file__]
+        assert (user[-1].function, user[-1].line) == ("p2p_cycle_with_helper_thread",
+                                                      jobs.line_of("RECV-LINE"))
+        innermost = main.frames[-1]  # down inside torch's blocking call
+        assert (Path(innermost.file).name, innermost.function) == ("distributed_c10d.py", "recv")
+        assert any(s.name == f"helper-{end.rank}" for s in end.stacks)
+
+
+def test_rank_holding_the_gil_is_dumped_by_faulthandler(no_new_children):
+    result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
+    for end in result.ends:
+        assert end.status == "hung"
+        assert end.raw_stack and "hold_the_gil" in end.raw_stack
+        frames = [f for s in end.stacks for f in s.frames if f.file == jobs.__file__]
+        assert frames and frames[-1].line == jobs.line_of("GIL-LINE")
+
+
+def test_rank_that_dies_is_reported_with_its_exit_code(no_new_children):
+    result = launch(jobs.die_on_rank, 0, 7, world_size=2, deadline=30)
+    root = result.root_cause
+    assert (root.rank, root.status, root.exitcode) == (0, "died", 7)
+    assert "exited with code 7" in root.error
+    assert not result.ends[1].ok
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=lambda s: s.name)
+def test_killing_the_parent_takes_every_rank_within_two_seconds(signum, tmp_path):
+    world_size = 3
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS))
+    parent = subprocess.Popen([sys.executable, str(TESTS / "hang_parent.py"), str(world_size)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                              text=True)
+    try:
+        pids = [int(parent.stdout.readline().split()[1]) for _ in range(world_size)]
+        assert all(proctable.alive(pid) for pid in pids)
+        parent.send_signal(signum)
+        assert proctable.wait_all_exit(pids, timeout=2.0) == set()
+        parent.wait(timeout=2.0)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not any(proctable.alive(pid) for pid in pids)
+    assert list(tmp_path.iterdir()) == []  # no temporary file survives

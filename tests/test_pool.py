@@ -1,0 +1,89 @@
+"""Warm pools: many jobs on one group, and recovery from jobs that raise, die or hang."""
+
+from __future__ import annotations
+
+import pickle
+
+import jobs
+import proctable
+import pytest
+
+from harness.models import RankEnd
+from harness.pool import JobResult, RankPool, RanksFailed
+
+
+@pytest.fixture
+def pool():
+    """A private pool, for tests that break it on purpose; reaped and checked afterwards."""
+    with RankPool(2) as pool:
+        yield pool
+    assert not proctable.children() & set(pool.pids)
+
+
+def test_many_jobs_share_one_group(pools):
+    pool = pools(4)
+    pool.start()
+    generation, pids = pool.generations, pool.pids
+    for length in range(1, 41):
+        result = pool.run(jobs.rank_sum, length, deadline=10)
+        assert result.values == tuple([10.0] * length for _ in range(4))
+    assert (pool.generations, pool.pids) == (generation, pids)
+    assert [v[2] for v in pool.run(jobs.whoami).values] == list(pids)
+
+
+def test_a_raising_job_does_not_poison_the_pool(pool):
+    pool.start()
+    old = pool.pids
+    failed = pool.run(jobs.raise_on_rank, 0, deadline=10)
+    assert failed.root_cause.rank == 0
+    with pytest.raises(RanksFailed, match="rank 0 raised first"):
+        failed.raise_for_status()
+    assert pool.run(jobs.rank_sum, 2, deadline=10).values == ([3.0, 3.0], [3.0, 3.0])
+    assert pool.generations == 2
+    assert not set(old) & proctable.children()
+
+
+def test_a_hanging_job_is_stopped_and_the_group_reformed_together(pool):
+    pool.start()
+    old = pool.pids
+    hung = pool.run(jobs.emit_then_hang, 3, deadline=0.5)
+    assert [e.status for e in hung.ends] == ["hung", "hung"]
+    assert hung.events == ((("tick", 0), ("tick", 1), ("tick", 2)),) * 2  # kept past the hang
+    ranks = pool.run(jobs.whoami, deadline=10).values
+    assert [(r, n) for r, n, _ in ranks] == [(0, 2), (1, 2)]
+    assert not set(old) & set(p for *_, p in ranks)
+    assert not set(old) & proctable.children()
+
+
+def test_a_job_that_cannot_be_pickled_is_refused_before_any_rank_runs(pool):
+    pool.start()
+    pids = pool.pids
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        pool.run(lambda ctx: None)
+    assert pool.pids == pids and pool.run(jobs.whoami).ok
+
+
+def test_a_result_that_cannot_be_sent_back_is_a_raised_rank(pool):
+    result = pool.run(jobs.unpicklable_result, deadline=10)
+    assert [e.status for e in result.ends] == ["raised", "raised"]
+    assert "could not be sent" in result.ends[0].error
+
+
+def test_close_reaps_every_rank():
+    pool = RankPool(3)
+    pool.start()
+    pids = pool.pids
+    assert all(proctable.alive(p) for p in pids)
+    pool.close()
+    assert not any(proctable.alive(p) for p in pids)
+
+
+def test_the_root_cause_is_the_failure_not_the_peers_connection_errors():
+    echo = ("Traceback (most recent call last):\n  ...\nRuntimeError: [pair.cc:537] Read error "
+            "[127.0.0.1]:4242: Connection reset by peer. This is typically caused by ...")
+    ends = (RankEnd(0, "died", at=0.020, error="exited with code 7", exitcode=7),
+            RankEnd(1, "raised", at=0.012, error=echo),
+            RankEnd(2, "stopped", at=1.0))
+    assert JobResult(ends, (None,) * 3, ((),) * 3, 1.0).root_cause.rank == 0
+    only_echoes = (RankEnd(0, "raised", at=0.3, error=echo), RankEnd(1, "raised", at=0.2, error=echo))
+    assert JobResult(only_echoes, (None,) * 2, ((),) * 2, 1.0).root_cause.rank == 1
