@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import NoReturn, Sequence
 
+from harness.pool import PoolStartError
 from harness.strategies import STRATEGIES
 
 
@@ -133,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("distdoctor: interrupted; every rank was stopped", file=sys.stderr)
         return 130
+    except PoolStartError as exc:  # the ranks could not form a group as asked
+        return _usage_error(str(exc).strip().splitlines()[-1])
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

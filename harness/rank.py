@@ -62,13 +62,13 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         _join_group(ctx, host)
         conn.send(("ready", procs.now()))
         code = _serve_jobs(ctx, conn)
-    except (EOFError, OSError, KeyboardInterrupt):
-        pass  # the parent went away or stopped us; nothing left to report to
-    except BaseException:
+    except KeyboardInterrupt:
+        pass  # stopped on purpose
+    except BaseException:  # e.g. the group could not form: tell the parent why
         try:
             conn.send(("raised", procs.now(), traceback.format_exc()))
         except BaseException:
-            pass
+            pass  # the parent is gone; nobody is left to tell
     finally:
         os._exit(code)  # no atexit, no destructors: torch's can deadlock at teardown
 
@@ -90,6 +90,9 @@ def _join_group(ctx: RankContext, host: str) -> None:
     if ctx.backend == "nccl":
         import torch
 
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend nccl needs a CUDA GPU per rank and this machine has "
+                               "none; use the gloo backend")
         torch.cuda.set_device(ctx.rank % torch.cuda.device_count())
     dist.init_process_group(ctx.backend, store=store, rank=ctx.rank,
                             world_size=ctx.world_size, timeout=GROUP_TIMEOUT)

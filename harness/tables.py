@@ -19,7 +19,7 @@ def step_table(record: RunRecord, verdict: Verdict) -> str:
     n = record.spec.world_size
     spread = spreads(record)
     reference = verdict.reference.per_step if verdict.reference else ()
-    loss_width = max(len("loss per rank"), 8 * n - 1)
+    loss_width = max(len("(after construction)"), 8 * n - 1)
     rows = [f"{'step':>4}  {'epoch':>5}  {'loss per rank':<{loss_width}}  "
             f"{'spread':>8}  {'vs 1-proc':>9}"]
     for index in range(record.spec.num_steps + 1):

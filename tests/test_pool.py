@@ -9,7 +9,7 @@ import proctable
 import pytest
 
 from harness.models import RankEnd
-from harness.pool import JobResult, RankPool, RanksFailed
+from harness.pool import JobResult, PoolStartError, RankPool, RanksFailed
 
 
 @pytest.fixture
@@ -87,3 +87,11 @@ def test_the_root_cause_is_the_failure_not_the_peers_connection_errors():
     assert JobResult(ends, (None,) * 3, ((),) * 3, 1.0).root_cause.rank == 0
     only_echoes = (RankEnd(0, "raised", at=0.3, error=echo), RankEnd(1, "raised", at=0.2, error=echo))
     assert JobResult(only_echoes, (None,) * 2, ((),) * 2, 1.0).root_cause.rank == 1
+
+
+def test_a_group_that_cannot_form_fails_with_the_ranks_reason():
+    before = proctable.children()
+    pool = RankPool(2, backend="nccl")  # passed through to the ranks; no GPU here
+    with pytest.raises(PoolStartError, match="nccl needs a CUDA GPU"):
+        pool.start()
+    assert proctable.children() == before and pool.pids == ()
