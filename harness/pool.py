@@ -17,6 +17,7 @@ forks N new ranks that form a new group together.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -33,6 +34,7 @@ from harness.rank import rank_main
 
 DEFAULT_DEADLINE = 30.0
 DEFAULT_ERROR_GRACE = 1.0
+STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 
 
 class PoolStartError(RuntimeError):
@@ -92,7 +94,7 @@ class JobResult:
                 frame = end.stacks[0].frames[-1]
                 where = f" in {frame.function} at {frame.file}:{frame.line}"
             lines.append(f"rank {end.rank} {end.status}{where}"
-                         + (f": {end.error.strip().splitlines()[-1]}" if end.error else ""))
+                         + (f": {end.headline}" if end.error else ""))
         return "\n".join(lines)
 
 
@@ -103,8 +105,33 @@ _PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer
 
 def is_peer_echo(end: RankEnd) -> bool:
     """Did this rank only fail because a peer went away?"""
-    return end.status == "raised" and end.error is not None and any(
-        message in end.error.strip().splitlines()[-1] for message in _PEER_FAILURE_MESSAGES)
+    return end.status == "raised" and any(m in end.headline for m in _PEER_FAILURE_MESSAGES)
+
+
+@dataclass
+class _RankPipes:
+    """Everything between the parent and one rank: jobs and results, stack requests,
+    faulthandler's text, and the rank's stderr. Parent ends first, child ends second."""
+
+    conn: tuple[Connection, Connection]
+    ctrl: tuple[Connection, Connection]
+    faulthandler: tuple[int, int]
+    stderr: tuple[int, int]
+
+    @classmethod
+    def open(cls, ctx) -> "_RankPipes":
+        faulthandler, stderr = os.pipe(), os.pipe()
+        os.set_blocking(faulthandler[0], False)
+        os.set_blocking(stderr[0], False)
+        return cls(ctx.Pipe(), ctx.Pipe(), faulthandler, stderr)
+
+    def ends(self, side: int) -> list[Connection | int]:
+        return [self.conn[side], self.ctrl[side], self.faulthandler[side], self.stderr[side]]
+
+
+def _close(ends: list[Connection | int]) -> None:
+    for end in ends:
+        end.close() if isinstance(end, Connection) else os.close(end)
 
 
 @dataclass
@@ -116,6 +143,7 @@ class _RankHandle:
     conn: Connection
     ctrl: Connection
     faulthandler_fd: int
+    stderr_fd: int
 
 
 class RankPool:
@@ -182,32 +210,25 @@ class RankPool:
     # -- internals -------------------------------------------------------------------------
     def _fork(self) -> None:
         ctx = mp.get_context("fork")
-        pipes = []
-        for _ in range(self.world_size):
-            conn_parent, conn_child = ctx.Pipe()
-            ctrl_parent, ctrl_child = ctx.Pipe()
-            fh_read, fh_write = os.pipe()
-            os.set_blocking(fh_read, False)
-            pipes.append((conn_parent, conn_child, ctrl_parent, ctrl_child, fh_read, fh_write))
+        pipes = [_RankPipes.open(ctx) for _ in range(self.world_size)]
         parent_pid = os.getpid()
         try:
-            for rank, (conn_p, conn_c, ctrl_p, ctrl_c, fh_r, fh_w) in enumerate(pipes):
-                others = [end for i, ends in enumerate(pipes) for end in ends
-                          if i != rank or end not in (conn_c, ctrl_c, fh_w)]
+            for rank, own in enumerate(pipes):
+                inherited = [end for other in pipes for end in other.ends(0)] + \
+                            [end for other in pipes if other is not own for end in other.ends(1)]
                 process = ctx.Process(
                     target=rank_main, name=f"distdoctor-rank{rank}",
                     args=(rank, self.world_size, self.backend, self.host, parent_pid,
-                          conn_c, ctrl_c, fh_w, others))
+                          own.conn[1], own.ctrl[1], own.faulthandler[1], own.stderr[1],
+                          inherited))
                 process.start()
-                self._ranks.append(_RankHandle(rank, process, conn_p, ctrl_p, fh_r))
+                self._ranks.append(_RankHandle(rank, process, own.conn[0], own.ctrl[0],
+                                               own.faulthandler[0], own.stderr[0]))
         finally:
-            for _, conn_c, _, ctrl_c, fh_r, fh_w in pipes:
-                conn_c.close()
-                ctrl_c.close()
-                os.close(fh_w)
-            for _, _, ctrl_p, _, fh_r, _ in pipes[len(self._ranks):]:
-                ctrl_p.close()
-                os.close(fh_r)
+            for own in pipes:
+                _close(own.ends(1))
+            for own in pipes[len(self._ranks):]:  # ranks that never started
+                _close(own.ends(0))
 
     def _rendezvous(self) -> None:
         deadline = procs.now() + self.start_timeout
@@ -242,9 +263,7 @@ class RankPool:
         for handle in self._ranks:
             procs.kill(handle.process)
         for handle in self._ranks:
-            handle.conn.close()
-            handle.ctrl.close()
-            os.close(handle.faulthandler_fd)
+            _close([handle.conn, handle.ctrl, handle.faulthandler_fd, handle.stderr_fd])
         self._ranks = []
 
 
@@ -261,25 +280,35 @@ class _Job:
         self.first_error: float | None = None
         self.started = procs.now()
         self.last_progress = {h.rank: self.started for h in ranks}
+        self.stderr = {h.rank: _Tail() for h in ranks}
+        for handle in ranks:
+            _read_available(handle.stderr_fd)  # left over from an earlier job: not ours
 
     def run(self, payload: bytes) -> JobResult:
         for handle in self.ranks:
             handle.conn.send_bytes(payload)
+        stderr_open = {h.stderr_fd: h.rank for h in self.ranks}
         while True:
             running = [h for h in self.ranks if h.rank not in self.ends]
             if not running:
                 break
             timeout = self._time_left(running)
-            ready = wait([h.conn for h in running] + [h.process.sentinel for h in running],
-                         max(0.0, timeout)) if timeout > 0 else []
+            watched = [h.conn for h in running] + [h.process.sentinel for h in running]
+            ready = wait(watched + list(stderr_open), max(0.0, timeout)) if timeout > 0 else []
             if not ready:
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
+            for fd in set(ready) & set(stderr_open):
+                if not self.stderr[stderr_open[fd]].add(_read_available(fd)):
+                    del stderr_open[fd]  # the rank closed it: it has exited
             for handle in running:
                 if handle.conn in ready or handle.process.sentinel in ready:
                     self._drain(handle)
+        for handle in self.ranks:
+            self.stderr[handle.rank].add(_read_available(handle.stderr_fd))
         return JobResult(
-            ends=tuple(self.ends[h.rank] for h in self.ranks),
+            ends=tuple(dataclasses.replace(self.ends[h.rank], stderr=str(self.stderr[h.rank]))
+                       for h in self.ranks),
             values=tuple(self.values.get(h.rank) for h in self.ranks),
             events=tuple(tuple(self.events[h.rank]) for h in self.ranks),
             wall_s=procs.now() - self.started,
@@ -301,8 +330,11 @@ class _Job:
             pass
         if rank not in self.ends and not handle.process.is_alive():
             handle.process.join()
+            tail = self.stderr[rank]
+            tail.add(_read_available(handle.stderr_fd))
+            last_words = f"; its stderr ended with:\n{tail.last_lines(12)}" if str(tail) else ""
             self._end(RankEnd(rank, "died", at=procs.now() - self.started,
-                              error=_describe_exit(handle.process),
+                              error=_describe_exit(handle.process) + last_words,
                               exitcode=handle.process.exitcode))
 
     def _handle(self, rank: int, message: tuple) -> None:
@@ -333,6 +365,42 @@ class _Job:
                                              stacks=threads, raw_stack=raw)
         for handle in running:
             procs.kill(handle.process)
+
+
+class _Tail:
+    """The last STDERR_TAIL bytes a rank wrote to stderr."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def add(self, chunk: bytes | None) -> bool:
+        """Keep ``chunk``; False when the writer has closed its end."""
+        if chunk is None:
+            return True
+        self.data = (self.data + chunk)[-STDERR_TAIL:]
+        return bool(chunk)
+
+    def last_lines(self, count: int) -> str:
+        return "\n".join(str(self).rstrip().splitlines()[-count:])
+
+    def __str__(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds now: b"" at end of file, None when empty."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        except OSError:
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks) or None
 
 
 def _describe_exit(process: BaseProcess) -> str:

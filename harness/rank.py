@@ -48,14 +48,16 @@ class RankContext:
 
 
 def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
-              conn: Connection, ctrl: Connection, faulthandler_fd: int,
+              conn: Connection, ctrl: Connection, faulthandler_fd: int, stderr_fd: int,
               inherited: list[Connection | int]) -> None:
     """Entry point of a forked rank process. Never returns into the parent's code."""
     code = 1
     try:
         procs.become_rank(parent_pid)
-        for other in inherited:  # the parent's ends of every pipe: ours to drop
+        for other in inherited:  # every other pipe end the fork copied: not ours
             other.close() if isinstance(other, Connection) else os.close(other)
+        os.dup2(stderr_fd, 2)  # warnings and last words go to the parent, per rank
+        os.close(stderr_fd)
         stacks.arm_faulthandler(faulthandler_fd)
         stacks.serve_stacks(ctrl)
         ctx = RankContext(rank, world_size, backend, conn)
