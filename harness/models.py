@@ -22,6 +22,8 @@ REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
 
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
 SamplerKind = Literal["distributed", "shared-seed"]
+AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
+Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class Knobs:
     sampler_set_epoch: bool = True  # reshuffle every epoch (False repeats epoch 0's order)
     average_gradients: bool = True  # divide the all-reduced SUM by the world size
     no_sync_accumulation: bool = True  # skip the gradient sync on all but the last micro-batch
-    skip_aux_on_ranks: tuple[int, ...] = ()  # ranks whose loss leaves the aux head out
+    aux_skipped_on: AuxSkip = "none"  # ranks whose loss leaves the aux head out (the
+    # workload's own choice: the reference leaves it out on the same ranks)
     find_unused_parameters: bool = False  # let DDP reduce parameters that got no gradient
 
 
@@ -78,13 +81,14 @@ class RunSpec:
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
         if not (self.lr > 0 and math.isfinite(self.lr)):
             yield f"lr must be positive, got {self.lr}"
-        bad_ranks = [r for r in self.knobs.skip_aux_on_ranks if not 0 <= r < self.world_size]
-        if bad_ranks:
-            yield f"skip_aux_on_ranks names ranks {bad_ranks} outside world size {self.world_size}"
 
     @property
     def steps_per_epoch(self) -> int:
         return self.num_samples // (self.world_size * self.batch_size)
+
+    def uses_aux(self, rank: int) -> bool:
+        skip = self.knobs.aux_skipped_on
+        return skip == "none" or (skip == "odd-ranks" and rank % 2 == 0)
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,21 @@ class StepEvidence:
     params: Fingerprint  # after the optimiser step
     grad_local: Fingerprint | None  # this rank's gradient before synchronisation
     grad_synced: Fingerprint | None  # the gradient the optimiser used
-    no_grad_params: tuple[str, ...]  # parameters that got no gradient from this rank's loss
     allreduce_calls: int  # gradient all-reduces issued in this step
     allreduce_bytes: int  # bytes handed to those all-reduces
+    gradient_bytes: int  # bytes of all gradients: what one synchronisation must move
+
+
+@dataclass(frozen=True)
+class BackwardEvidence:
+    """Which parameters got a gradient, recorded before the step's first gradient sync.
+
+    Emitted before the collective that a missing gradient would hang or break, so it
+    reaches the parent even when that collective never returns.
+    """
+
+    step: int
+    no_grad_params: tuple[str, ...]  # parameters that got no gradient from this rank's loss
 
 
 @dataclass(frozen=True)
@@ -123,7 +139,9 @@ class Evidence:
     """Everything one rank recorded over a run."""
 
     rank: int
+    built_params: Fingerprint | None = None  # as this rank built them, before any wrapping
     initial_params: Fingerprint | None = None  # after construction (and any broadcast)
+    backward: tuple[BackwardEvidence, ...] = ()
     steps: tuple[StepEvidence, ...] = ()
 
 
@@ -163,10 +181,22 @@ class RankEnd:
     exitcode: int | None = None
     stacks: tuple[ThreadStack, ...] = ()  # every thread, captured before the rank was killed
     raw_stack: str | None = None  # faulthandler text, when the rank could not answer itself
+    stderr: str = ""  # the tail of what the rank wrote to stderr during the job
 
     @property
     def ok(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def headline(self) -> str:
+        """The exception line of the last traceback in ``error`` (or its last line)."""
+        lines = (self.error or "").rstrip().splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        if starts:
+            for line in lines[starts[-1] + 1:]:
+                if line and not line[0].isspace():
+                    return line
+        return lines[-1].strip() if lines else ""
 
 
 @dataclass(frozen=True)
@@ -203,6 +233,7 @@ class Finding:
     fix_changes: dict[str, Any]  # dotted RunSpec path -> new value, e.g. "knobs.sampler"
     ranks: tuple[int, ...] = ()
     measured: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""  # the key number in a few words, for tables
 
     def apply_fix(self, spec: RunSpec) -> RunSpec:
         return apply_changes(spec, self.fix_changes)
@@ -222,20 +253,43 @@ class ReferenceComparison:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    findings_before: tuple[Finding, ...]
-    findings_after: tuple[Finding, ...] | None  # None when no fix was applied
+class Assessment:
+    """What the checks and the reference say about one run."""
+
+    findings: tuple[Finding, ...]
     reference: ReferenceComparison | None
     param_spread: float | None  # largest parameter difference between ranks, any step
     ranks_finished: bool
     spread_tolerance: float = 1e-6
 
     @property
-    def passed(self) -> bool:
-        findings = self.findings_after if self.findings_after is not None else self.findings_before
+    def healthy(self) -> bool:
         spread_ok = self.param_spread is not None and self.param_spread <= self.spread_tolerance
         reference_ok = self.reference is not None and self.reference.matches
-        return self.ranks_finished and not findings and spread_ok and reference_ok
+        return self.ranks_finished and not self.findings and spread_ok and reference_ok
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run before any fix, the run after it (if one was applied), and what that means.
+
+    outcome: ``healthy``/``unhealthy`` for a single run; for an injected fault ``fixed``
+    (found, and gone after the fix with the reference matched), ``not-fixed``, ``masked``
+    (the strategy itself prevents the fault: see ``note``) or ``not-reproduced``.
+    """
+
+    outcome: Outcome
+    before: Assessment
+    after: Assessment | None = None
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome in ("healthy", "fixed", "masked")
+
+    @property
+    def final(self) -> Assessment:
+        return self.after if self.after is not None else self.before
 
 
 @dataclass(frozen=True)
@@ -245,6 +299,7 @@ class RunReport:
     record: RunRecord
     verdict: Verdict
     fixed_record: RunRecord | None = None
+    fault: str | None = None  # "id" or "id:variant" when a fault was injected on purpose
     schema: str = REPORT_SCHEMA
 
 

@@ -1,9 +1,10 @@
 """The single-process reference: what correct training on the same samples produces.
 
-One process trains the same model from rank 0's initialisation on each step's global
-batch (every rank's share, as a correct distributed sampler deals it) with a mean loss.
-Correct data parallelism must land on the same parameters within float tolerance, so
-the reference ignores the spec's knobs: it is what the knobs are supposed to preserve.
+One process trains the same model from rank 0's initialisation, each step on every rank's
+share of the global batch (as a correct distributed sampler deals it), minimising the mean
+of the per-rank losses: the objective data parallelism is meant to optimise. It ignores
+the spec's knobs, which is the point (they are what a fault breaks), except the
+workload's own choice of which ranks' losses include the aux head.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ from harness.workload import batch_ids, build_model, loss_fn, make_dataset
 
 def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
     """Parameter fingerprints after construction (index 0) and after every step."""
-    clean = dataclasses.replace(spec, knobs=Knobs())
+    clean = dataclasses.replace(spec, knobs=Knobs(aux_skipped_on=spec.knobs.aux_skipped_on))
     model = build_model(clean, rank=0)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=clean.lr)
     x, y = make_dataset(clean)
     prints = [fingerprint(params, clean.fingerprint_values)]
     for step in range(1, clean.num_steps + 1):
-        ids = [i for rank in range(clean.world_size) for i in batch_ids(clean, rank, step)]
         optimizer.zero_grad(set_to_none=True)
-        out, aux = model(x[ids])
-        loss_fn(out, aux, y[ids]).backward()
+        losses = []
+        for rank in range(clean.world_size):
+            ids = batch_ids(clean, rank, step)
+            out, aux = model(x[ids], use_aux=clean.uses_aux(rank))
+            losses.append(loss_fn(out, aux, y[ids]))
+        (sum(losses) / clean.world_size).backward()
         optimizer.step()
         prints.append(fingerprint(params, clean.fingerprint_values))
     return tuple(prints)
@@ -59,3 +63,9 @@ def spreads(record: RunRecord) -> tuple[float, ...]:
     histories = [param_history(record, r.rank) for r in record.ranks]
     common = min(len(h) for h in histories)
     return tuple(spread([h[i] for h in histories]) for i in range(common))
+
+
+def built_spread(record: RunRecord) -> float | None:
+    """Parameter spread across ranks as each rank built its model, before any wrapping."""
+    prints = [r.evidence.built_params for r in record.ranks]
+    return spread(prints) if prints and all(p is not None for p in prints) else None

@@ -15,7 +15,7 @@ from torch import nn
 
 from harness import strategies
 from harness.fingerprint import fingerprint
-from harness.models import Evidence, RunSpec, StepEvidence
+from harness.models import BackwardEvidence, Evidence, RunSpec, StepEvidence
 from harness.rank import RankContext
 from harness.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
@@ -42,21 +42,31 @@ class GradProbe:
 
 
 def train_job(ctx: RankContext, spec: RunSpec) -> None:
-    """Train ``spec.num_steps`` steps on this rank, emitting ("initial"|"step", evidence)."""
+    """Train ``spec.num_steps`` steps on this rank, emitting evidence as it goes.
+
+    Emits ("built", Fingerprint) as the model is built, ("initial", Fingerprint) once the
+    strategy has wrapped it, then per step ("backward", BackwardEvidence) before the
+    step's first gradient sync and ("step", StepEvidence) after the optimiser step.
+    """
     model = build_model(spec, ctx.rank)
+    ctx.emit(("built", fingerprint(model.parameters(), spec.fingerprint_values)))
     dp = strategies.wrap(model, spec)
     probe = GradProbe(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
     x, y = make_dataset(spec)
     params = list(model.parameters())
+    gradient_bytes = sum(p.numel() * p.element_size() for p in params)
     ctx.emit(("initial", fingerprint(params, spec.fingerprint_values)))
-    use_aux = ctx.rank not in spec.knobs.skip_aux_on_ranks
+    use_aux = spec.uses_aux(ctx.rank)
     k = spec.micro_batches
     for step in range(1, spec.num_steps + 1):
         ids = batch_ids(spec, ctx.rank, step)
         optimizer.zero_grad(set_to_none=True)
         probe.reset()
         dp.comm.reset()
+        report_backward = _once(lambda: ctx.emit(("backward", BackwardEvidence(
+            step=step, no_grad_params=probe.missing()))))
+        dp.comm.on_sync = report_backward
         loss_total = 0.0
         for i in range(k):
             micro = ids[i * len(ids) // k: (i + 1) * len(ids) // k]
@@ -65,6 +75,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
                 out, aux = dp(x[micro], use_aux=use_aux)
                 loss = loss_fn(out, aux, y[micro]) / k
                 loss.backward()
+                if i == k - 1:
+                    report_backward()
                 dp.finish_backward()
             loss_total += loss.item()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -79,14 +91,28 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             params=fingerprint(params, spec.fingerprint_values),
             grad_local=fingerprint(local, spec.fingerprint_values),
             grad_synced=synced,
-            no_grad_params=probe.missing(),
             allreduce_calls=dp.comm.calls,
             allreduce_bytes=dp.comm.bytes,
+            gradient_bytes=gradient_bytes,
         )))
+
+
+def _once(action):
+    done = False
+
+    def run_once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+    return run_once
 
 
 def evidence_from_events(rank: int, events: tuple) -> Evidence:
     """Rebuild one rank's Evidence from what it emitted (however far it got)."""
+    built = next((payload for kind, payload in events if kind == "built"), None)
     initial = next((payload for kind, payload in events if kind == "initial"), None)
+    backward = tuple(payload for kind, payload in events if kind == "backward")
     steps = tuple(payload for kind, payload in events if kind == "step")
-    return Evidence(rank=rank, initial_params=initial, steps=steps)
+    return Evidence(rank=rank, built_params=built, initial_params=initial, backward=backward,
+                    steps=steps)

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from torch import nn
 
 
 @dataclass
-class CommCounter:
-    """Gradient all-reduces a strategy issued, and the bytes it handed them."""
+class SyncLog:
+    """Gradient all-reduces a strategy issued and their bytes; ``on_sync`` runs before each.
+
+    Strategies call :meth:`add` just before handing a buffer to the collective, so the
+    training loop can record evidence that must reach home before a collective hangs.
+    """
 
     calls: int = 0
     bytes: int = 0
+    on_sync: Callable[[], None] | None = None
 
     def add(self, tensor: torch.Tensor) -> None:
+        if self.on_sync is not None:
+            self.on_sync()
         self.calls += 1
         self.bytes += tensor.numel() * tensor.element_size()
 
@@ -26,7 +33,7 @@ class CommCounter:
 
 class DataParallel(Protocol):
     module: nn.Module
-    comm: CommCounter
+    comm: SyncLog
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 

@@ -15,13 +15,13 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import CommCounter
+from harness.strategies.base import SyncLog
 
 
 class HandRolledDDP:
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
-        self.comm = CommCounter()
+        self.comm = SyncLog()
         self._knobs = spec.knobs
         self._syncing = True
         if self._knobs.broadcast_params_at_start:
@@ -45,11 +45,16 @@ class HandRolledDDP:
             self.sync_gradients()
 
     def sync_gradients(self) -> None:
-        """All-reduce every gradient in one flat buffer, then divide by the world size."""
-        params = [p for p in self.module.parameters()
-                  if p.grad is not None or self._knobs.find_unused_parameters]
-        if not params:
-            return
+        """All-reduce every gradient in one flat buffer, then divide by the world size.
+
+        A parameter without a gradient is an error, as in torch DDP, unless
+        find_unused_parameters says to reduce zeros for it.
+        """
+        params = list(self.module.parameters())
+        missing = [name for name, p in self.module.named_parameters() if p.grad is None]
+        if missing and not self._knobs.find_unused_parameters:
+            raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
+                               f"gradient; cannot all-reduce them")
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in params])
         self.comm.add(flat)

@@ -15,13 +15,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.models import RunSpec
-from harness.strategies.base import CommCounter
+from harness.strategies.base import SyncLog
 
 
 class TorchDDP:
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
-        self.comm = CommCounter()
+        self.comm = SyncLog()
         self.ddp = DistributedDataParallel(
             module, find_unused_parameters=spec.knobs.find_unused_parameters)
         self.ddp.register_comm_hook(_HookState(self.comm, spec.knobs.average_gradients),
@@ -38,7 +38,7 @@ class TorchDDP:
 
 
 class _HookState:
-    def __init__(self, comm: CommCounter, average: bool):
+    def __init__(self, comm: SyncLog, average: bool):
         self.comm = comm
         self.average = average
 
