@@ -25,3 +25,28 @@ def detectors() -> list[ModuleType]:
 
 def run_all(record: RunRecord) -> tuple[Finding, ...]:
     return tuple(finding for module in detectors() for finding in module.check(record))
+
+
+def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,
+            ranks=(), measured: dict | None = None, cause: str | None = None,
+            fix: str | None = None) -> Finding:
+    """A finding for a catalogued failure mode, with its cause and fix text."""
+    import faults
+
+    fault = faults.get(fault_id)
+    return Finding(check=check, fault=fault_id, symptom=symptom,
+                   cause=cause or fault.cause, fix=fix or fault.fix,
+                   fix_changes=fix_changes, ranks=tuple(ranks), measured=measured or {},
+                   headline=headline)
+
+
+def steps_on_every_rank(record: RunRecord) -> list[list]:
+    """Per step that every rank completed: each rank's StepEvidence, in rank order."""
+    by_rank = [{s.step: s for s in r.evidence.steps} for r in record.ranks]
+    common = set.intersection(*(set(steps) for steps in by_rank)) if by_rank else set()
+    return [[steps[n] for steps in by_rank] for n in sorted(common)]
+
+
+def rank_list(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

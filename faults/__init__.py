@@ -1,1 +1,74 @@
-"""Failure modes: one module per fault, each flipping RunSpec knobs and nothing else."""
+"""Failure modes: one module per fault, each declaring a ``FAULT``.
+
+A fault flips RunSpec knobs and nothing else (``inject`` refuses any other change), so
+the same detectors judge injected runs and users' own runs alike. ``scenario`` sets up
+the workload the fault needs to show at all (two epochs, several micro-batches): it is
+applied to both the faulty run and the fixed one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness.models import RunSpec, apply_changes
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    knobs: dict[str, Any]  # dotted paths under "knobs." -> faulty value
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: str
+    title: str  # the symptom as a user first meets it
+    strategies: tuple[str, ...]
+    symptom: str
+    cause: str
+    fix: str
+    variants: tuple[Variant, ...]  # the first is the default
+    scenario: Callable[[RunSpec], RunSpec] = field(default=lambda spec: spec)
+    masked_by: dict[str, str] = field(default_factory=dict)  # strategy -> why it cannot occur
+
+    def __post_init__(self) -> None:
+        for variant in self.variants:
+            bad = [path for path in variant.knobs if not path.startswith("knobs.")]
+            if bad:
+                raise ValueError(f"fault {self.id} may only flip knobs, not {bad}")
+
+    def variant(self, name: str | None = None) -> Variant:
+        if name is None:
+            return self.variants[0]
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        raise ValueError(f"fault {self.id} has no variant {name!r}; "
+                         f"choose from {', '.join(v.name for v in self.variants)}")
+
+    def inject(self, spec: RunSpec, variant: str | None = None) -> RunSpec:
+        return apply_changes(spec, self.variant(variant).knobs)
+
+    def detectable_on(self, strategy: str) -> bool:
+        return strategy in self.strategies and strategy not in self.masked_by
+
+
+def catalogue() -> dict[str, Fault]:
+    """Every fault module's FAULT, by id, in file-name order."""
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        fault = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FAULT", None)
+        if isinstance(fault, Fault):
+            found[fault.id] = fault
+    return found
+
+
+def get(fault_id: str) -> Fault:
+    faults = catalogue()
+    if fault_id not in faults:
+        raise ValueError(f"unknown fault {fault_id!r}; choose from {', '.join(faults)}")
+    return faults[fault_id]

@@ -1,11 +1,11 @@
-"""Run a spec on real ranks and judge the result: the forward path of the design."""
+"""Run a spec on real ranks and assess the result: the forward path of the design."""
 
 from __future__ import annotations
 
 import torch
 
 import checks
-from harness.models import Finding, RankRecord, RunRecord, RunSpec, Verdict
+from harness.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
 from harness.pool import RankPool, shared_pool
 from harness.reference import compare, reference_params, spreads
 from harness.train import evidence_from_events, train_job
@@ -24,13 +24,18 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
                      torch_version=torch.__version__)
 
 
-def judge(record: RunRecord, findings_after: tuple[Finding, ...] | None = None) -> Verdict:
-    """Findings, spread between ranks and distance from the single-process reference."""
+def assess(record: RunRecord) -> Assessment:
+    """Every detector's findings, the spread between ranks, the distance from one process."""
     spread_per_step = spreads(record)
-    return Verdict(
-        findings_before=checks.run_all(record),
-        findings_after=findings_after,
+    return Assessment(
+        findings=checks.run_all(record),
         reference=compare(record, reference_params(record.spec)),
         param_spread=max(spread_per_step) if spread_per_step else None,
         ranks_finished=record.finished,
     )
+
+
+def judge(record: RunRecord) -> Verdict:
+    """The verdict on a single run: healthy or not."""
+    assessment = assess(record)
+    return Verdict("healthy" if assessment.healthy else "unhealthy", assessment)

@@ -1,0 +1,60 @@
+"""Parameters that got no gradient, named per rank, caught at the step they first occur.
+
+Ranks record which parameters got no gradient before their first gradient sync of the
+step, so the evidence reaches home even when that sync hangs or kills the run. Missing
+gradients are fine when the sync coped (every rank finished the step, issued an
+all-reduce and applied the same gradient, as with find_unused_parameters=True); any
+other outcome is reported with what went wrong.
+"""
+
+from __future__ import annotations
+
+from checks import finding, rank_list
+from harness.models import Finding, RunRecord
+
+NAME = "unused_params"
+
+
+def check(record: RunRecord) -> list[Finding]:
+    missing_by_step: dict[int, dict[int, tuple[str, ...]]] = {}
+    for rank in record.ranks:
+        for backward in rank.evidence.backward:
+            if backward.no_grad_params:
+                missing_by_step.setdefault(backward.step, {})[rank.rank] = backward.no_grad_params
+    for step in sorted(missing_by_step):
+        problem = _sync_problem(record, step)
+        if problem is None:
+            continue
+        missing = missing_by_step[step]
+        names = sorted({name for names in missing.values() for name in names})
+        by_names: dict[tuple[str, ...], list[int]] = {}
+        for rank, names in sorted(missing.items()):
+            by_names.setdefault(names, []).append(rank)
+        listing = "; ".join(f"{', '.join(names)} on {rank_list(ranks)}"
+                            for names, ranks in by_names.items())
+        return [finding(
+            "unused-params", NAME,
+            f"{len(names)} params without grad, "
+            f"{'all ranks' if len(missing) == len(record.ranks) else rank_list(missing)}, "
+            f"step {step}",
+            f"at step {step}, before its gradient sync, parameters got no gradient: "
+            f"{listing}; then {problem}",
+            {"knobs.find_unused_parameters": True}, sorted(missing),
+            {"step": step, "no_grad_params": {str(r): list(n) for r, n in missing.items()},
+             "sync_problem": problem})]
+    return []
+
+
+def _sync_problem(record: RunRecord, step: int) -> str | None:
+    """What went wrong with the gradient sync of ``step``, or None if it coped."""
+    done = {r.rank: s for r in record.ranks for s in r.evidence.steps if s.step == step}
+    unfinished = [r.rank for r in record.ranks if r.rank not in done]
+    if unfinished:
+        return f"{rank_list(unfinished)} never finished step {step}"
+    silent = [r for r, s in done.items() if s.allreduce_calls == 0]
+    if silent:
+        return (f"{rank_list(silent)} issued no gradient all-reduce at all "
+                f"(gradients silently not averaged)")
+    if len({s.grad_synced.digest for s in done.values() if s.grad_synced}) > 1:
+        return "the ranks applied different gradients"
+    return None

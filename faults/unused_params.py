@@ -1,0 +1,20 @@
+"""Some parameters take no part in the loss, and data parallelism is not told."""
+
+from faults import Fault, Variant
+
+FAULT = Fault(
+    id="unused-params",
+    title="Allreduce deadlocks",
+    strategies=("ddp", "torch-ddp"),
+    symptom="the gradient all-reduce hangs, errors (torch DDP: 'Expected to have finished "
+            "reduction in the prior iteration' at step 2, with parameter indices only) or "
+            "silently leaves gradients un-averaged at step 1",
+    cause="some parameters got no gradient (their branch was skipped), so a rank has "
+          "nothing to contribute for them and the ranks' gradient syncs no longer match",
+    fix="find_unused_parameters=True, so missing gradients are reduced as zeros "
+        "(or make every rank use every parameter)",
+    variants=(
+        Variant("some-ranks", "odd ranks skip the aux head", {"knobs.aux_skipped_on": "odd-ranks"}),
+        Variant("all-ranks", "every rank skips the aux head", {"knobs.aux_skipped_on": "all-ranks"}),
+    ),
+)
