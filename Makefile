@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/distdoctor train --strategy torch-ddp --world-size 4 --num-steps 6 --batch-size 8 --seed 0
+	$(BIN)/distdoctor demo --all
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from typing import NoReturn, Sequence
 
 from harness.pool import PoolStartError
@@ -20,6 +21,10 @@ from harness.strategies import STRATEGIES
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: one line, exit code 2."""
 
 
 def _count(minimum: int):
@@ -44,6 +49,29 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _run_options(world_size: int) -> argparse.ArgumentParser:
+    """Options every command that trains shares."""
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("run")
+    group.add_argument("--world-size", type=_count(1), default=world_size, metavar="N",
+                       help="number of ranks (default: %(default)s)")
+    group.add_argument("--num-steps", type=_count(1), default=6, metavar="S",
+                       help="optimiser steps (default: %(default)s)")
+    group.add_argument("--batch-size", type=_count(1), default=8, metavar="B",
+                       help="samples per rank per step (default: %(default)s)")
+    group.add_argument("--num-samples", type=_count(1), default=64, metavar="M",
+                       help="data set size; an epoch is M // (N*B) steps (default: %(default)s)")
+    group.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                       help="process-group backend; nccl needs one GPU per rank "
+                            "(default: %(default)s)")
+    group.add_argument("--seed", type=int, default=0,
+                       help="model, data and shuffle seed (default: %(default)s)")
+    group.add_argument("--deadline", type=_seconds, default=30.0, metavar="SECONDS",
+                       help="seconds without progress before the ranks count as hung and "
+                            "are stopped with their stacks (default: %(default)s)")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="distdoctor",
@@ -51,62 +79,94 @@ def build_parser() -> argparse.ArgumentParser:
                     "bugs, detect them from what the ranks recorded, and prove the fix.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
+    strategies = sorted(STRATEGIES)
+    strategy_help = ("ddp: hand-rolled (broadcast, all-reduce SUM, divide); torch-ddp: "
+                     "torch.nn.parallel.DistributedDataParallel")
 
     train = commands.add_parser(
-        "train", help="train the clean baseline on N ranks and check it against one process",
-        description="Train a small MLP on N real ranks (forked, one gloo process group), "
-                    "print loss per rank, parameter spread across ranks and the distance "
-                    "from a single-process run on the same samples, and write the run "
-                    "record with its verdict as JSON. Exit 0 when the verdict passes.")
-    train.add_argument("--strategy", choices=sorted(STRATEGIES), default="ddp",
-                       help="ddp: hand-rolled (broadcast, all-reduce SUM, divide); "
-                            "torch-ddp: torch.nn.parallel.DistributedDataParallel "
-                            "(default: %(default)s)")
-    train.add_argument("--world-size", type=_count(1), default=2, metavar="N",
-                       help="number of ranks (default: %(default)s)")
-    train.add_argument("--num-steps", type=_count(1), default=6, metavar="S",
-                       help="optimiser steps (default: %(default)s)")
-    train.add_argument("--batch-size", type=_count(1), default=8, metavar="B",
-                       help="samples per rank per step (default: %(default)s)")
+        "train", parents=[_run_options(2)],
+        help="train the clean baseline on N ranks and check it against one process",
+        description="Train a small MLP on N real ranks (forked, one process group), print "
+                    "loss per rank, parameter spread across ranks and the distance from a "
+                    "single-process run on the same samples, and write the run record with "
+                    "its verdict as JSON. Exit 0 when the verdict passes, 1 when not.")
+    train.add_argument("--strategy", choices=strategies, default="ddp",
+                       help=strategy_help + " (default: %(default)s)")
     train.add_argument("--micro-batches", type=_count(1), default=1, metavar="K",
                        help="gradient-accumulation micro-batches per step (default: %(default)s)")
-    train.add_argument("--num-samples", type=_count(1), default=64, metavar="M",
-                       help="data set size; an epoch is M // (N*B) steps (default: %(default)s)")
-    train.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
-                       help="process-group backend; nccl needs one GPU per rank "
-                            "(default: %(default)s)")
-    train.add_argument("--seed", type=int, default=0, help="model, data and shuffle seed "
-                                                           "(default: %(default)s)")
-    train.add_argument("--deadline", type=_seconds, default=30.0, metavar="SECONDS",
-                       help="seconds without progress before the ranks count as hung and "
-                            "are stopped with their stacks (default: %(default)s)")
     out = train.add_mutually_exclusive_group()
     out.add_argument("--out", default="outputs/ddp-demo.json", metavar="PATH",
                      help="where to write the run record and verdict (default: %(default)s)")
     out.add_argument("--no-write", action="store_true", help="do not write the JSON record")
     train.set_defaults(handler=_train)
+
+    diagnose = commands.add_parser(
+        "diagnose", parents=[_run_options(2)],
+        help="inject a fault, detect it, apply the fix, and verify it",
+        description="Inject FAULT into a run, detect it from what the ranks recorded (the "
+                    "detectors never see which fault was injected), apply the fix the "
+                    "findings carry, run again, and print the verdict. Exit 0 when the fix "
+                    "is verified (or the strategy masks the fault), 1 when not.")
+    diagnose.add_argument("--strategy", choices=strategies, required=True, help=strategy_help)
+    diagnose.add_argument("--fault", required=True, metavar="FAULT",
+                          help="a fault id from 'distdoctor faults'")
+    diagnose.add_argument("--variant", metavar="NAME", help="one of the fault's variants "
+                          "(default: its first)")
+    diagnose.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    diagnose.set_defaults(handler=_diagnose)
+
+    demo = commands.add_parser(
+        "demo", parents=[_run_options(4)],
+        help="show a failure mode as a short lesson, or all of them",
+        description="Each fault as a narrated lesson: what goes wrong, what was measured, "
+                    "why, the fix, and the numbers after it. With --all, every fault, then "
+                    "one summary table over every variant and strategy.")
+    which = demo.add_mutually_exclusive_group(required=True)
+    which.add_argument("fault", nargs="?", metavar="FAULT", help="a fault id")
+    which.add_argument("--all", action="store_true", help="every fault in the catalogue")
+    demo.add_argument("--strategy", choices=strategies,
+                      help="strategy for the lesson (default: the first that shows the fault)")
+    demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
+    demo.set_defaults(handler=_demo)
+
+    listing = commands.add_parser("faults", help="list the fault catalogue",
+                                  description="Every failure mode distdoctor can inject.")
+    listing.set_defaults(handler=_faults)
     return parser
 
 
-def _train(args: argparse.Namespace) -> int:
-    from harness.models import RunReport, RunSpec, dump_report
+def _spec(args: argparse.Namespace, strategy: str, **extra):
+    from harness.models import RunSpec
 
     try:
-        spec = RunSpec(strategy=args.strategy, world_size=args.world_size,
-                       num_steps=args.num_steps, batch_size=args.batch_size,
-                       micro_batches=args.micro_batches, num_samples=args.num_samples,
-                       backend=args.backend, seed=args.seed, deadline=args.deadline)
+        return RunSpec(strategy=strategy, world_size=args.world_size, num_steps=args.num_steps,
+                       batch_size=args.batch_size, num_samples=args.num_samples,
+                       backend=args.backend, seed=args.seed, deadline=args.deadline, **extra)
     except ValueError as exc:
-        return _usage_error(str(exc))
+        raise UsageError(str(exc)) from None
+
+
+def _fault(fault_id: str):
+    import faults
+
+    try:
+        return faults.get(fault_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from harness import tables
+    from harness.models import RunReport, dump_report
+    from harness.run import judge, run
+
+    spec = _spec(args, args.strategy, micro_batches=args.micro_batches)
     print(f"distdoctor train: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "
           f"{spec.num_steps} steps, batch {spec.batch_size} per rank, seed {spec.seed}",
           flush=True)
-    from harness import tables
-    from harness.run import judge, run
-
     record = run(spec)
     verdict = judge(record)
-    print(tables.step_table(record, verdict))
+    print(tables.step_table(record, verdict.before))
     if not record.finished:
         print(tables.rank_ends(record))
     print(tables.verdict_line(verdict))
@@ -114,6 +174,103 @@ def _train(args: argparse.Namespace) -> int:
         dump_report(RunReport(record=record, verdict=verdict), args.out)
         print(f"wrote {args.out} (training took {record.wall_s:.2f} s once the ranks were up)")
     return 0 if verdict.passed else 1
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from harness import tables
+    from harness.diagnose import diagnose
+    from harness.models import dump_report
+
+    fault = _fault(args.fault)
+    _check_variant(fault, args.variant)
+    spec = _spec(args, args.strategy)
+    variant = fault.variant(args.variant)
+    print(f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}, "
+          f"{spec.world_size} {spec.backend} ranks\n"
+          f"injected: {tables.changes_text(variant.knobs)} ({variant.description})\n",
+          flush=True)
+    report = diagnose(fault, spec, args.variant)
+    print(tables.diagnosis_text(report))
+    if args.json:
+        dump_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0 if report.verdict.passed else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import faults
+    from harness.diagnose import diagnose
+    from harness.lessons import DemoRow, lesson, masked_note, summary_table
+
+    chosen = list(faults.catalogue().values()) if args.all else [_fault(args.fault)]
+    if args.all and args.variant:
+        raise UsageError("--variant goes with one FAULT, not --all")
+    for fault in chosen:
+        _check_variant(fault, args.variant)
+        if args.strategy and args.strategy not in fault.strategies:
+            raise UsageError(f"fault {fault.id} does not apply to {args.strategy}")
+    rows: list[DemoRow] = []
+    started = time.monotonic()
+
+    def diagnosed(fault, strategy: str, variant: str | None) -> DemoRow:
+        report, seconds = _timed(diagnose, fault, _spec(args, strategy), variant)
+        rows.append(DemoRow(fault.id, fault.variant(variant).name, strategy, args.world_size,
+                            report, seconds))
+        return rows[-1]
+
+    for fault in chosen:
+        strategy = args.strategy or next(s for s in fault.strategies if fault.detectable_on(s))
+        text = lesson(fault, diagnosed(fault, strategy, args.variant).report)
+        for masked in fault.masked_by if not args.strategy else ():
+            text += "\n" + masked_note(diagnosed(fault, masked, args.variant).report)
+        print(text + "\n", flush=True)
+    if args.all:
+        print("sweeping every variant on every strategy ...", flush=True)
+        for fault in chosen:
+            for variant in fault.variants:
+                for strategy in fault.strategies:
+                    if any(r.fault == fault.id and r.variant == variant.name
+                           and r.strategy == strategy for r in rows):
+                        continue
+                    diagnosed(fault, strategy, variant.name)
+        rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
+        print(summary_table(rows))
+        print(f"wall time {time.monotonic() - started:.1f} s")
+    return 0 if all(r.report.verdict.passed for r in rows) else 1
+
+
+def _timed(fn, *args):
+    start = time.monotonic()
+    result = fn(*args)
+    return result, time.monotonic() - start
+
+
+def _check_variant(fault, variant: str | None) -> None:
+    try:
+        fault.variant(variant)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _faults(args: argparse.Namespace) -> int:
+    import faults
+
+    from harness.tables import changes_text, wrap
+
+    catalogue = faults.catalogue()
+    print(f"distdoctor fault catalogue: {len(catalogue)} failure modes\n")
+    for fault in catalogue.values():
+        print(f"{fault.id}: {fault.title}")
+        print(f"  strategies: {', '.join(fault.strategies)}")
+        for strategy, why in fault.masked_by.items():
+            print(wrap(f"masked on {strategy}: {why}", "  "))
+        for variant in fault.variants:
+            print(wrap(f"variant {variant.name}: {variant.description} "
+                       f"({changes_text(variant.knobs)})", "  "))
+        for label in ("symptom", "cause", "fix"):
+            print(wrap(f"{label}: {getattr(fault, label)}", "  "))
+        print()
+    return 0
 
 
 def _usage_error(message: str) -> int:
@@ -131,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
         return args.handler(args)
+    except UsageError as exc:
+        return _usage_error(str(exc))
     except KeyboardInterrupt:
         print("distdoctor: interrupted; every rank was stopped", file=sys.stderr)
         return 130

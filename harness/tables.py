@@ -1,24 +1,37 @@
-"""Plain-text renderings of records and verdicts for the terminal."""
+"""Plain-text renderings of records, assessments and verdicts for the terminal."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 
-from harness.models import RunRecord, Verdict
+from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
+from harness.pool import is_peer_echo
 from harness.reference import spreads
 
+WIDTH = 100
 
-def _num(value: float | None) -> str:
+
+def num(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isinf(value)):
         return "-"
     return "0" if value == 0 else f"{value:.2e}"
 
 
-def step_table(record: RunRecord, verdict: Verdict) -> str:
+def wrap(text: str, indent: str = "", first: str | None = None) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent=indent if first is None else first,
+                         subsequent_indent=indent + "  ")
+
+
+def changes_text(changes: dict) -> str:
+    return ", ".join(f"{path}={value}" for path, value in changes.items())
+
+
+def step_table(record: RunRecord, assessment: Assessment) -> str:
     """One row per step: loss on every rank, spread across ranks, distance from reference."""
     n = record.spec.world_size
     spread = spreads(record)
-    reference = verdict.reference.per_step if verdict.reference else ()
+    reference = assessment.reference.per_step if assessment.reference else ()
     loss_width = max(len("(after construction)"), 8 * n - 1)
     rows = [f"{'step':>4}  {'epoch':>5}  {'loss per rank':<{loss_width}}  "
             f"{'spread':>8}  {'vs 1-proc':>9}"]
@@ -33,30 +46,86 @@ def step_table(record: RunRecord, verdict: Verdict) -> str:
                 losses.append(f"{'-':>7}")
         loss_text = " ".join(losses) if index else "(after construction)"
         rows.append(f"{index:>4}  {epoch:>5}  {loss_text:<{loss_width}}  "
-                    f"{_num(spread[index] if index < len(spread) else None):>8}  "
-                    f"{_num(reference[index] if index < len(reference) else None):>9}")
+                    f"{num(spread[index] if index < len(spread) else None):>8}  "
+                    f"{num(reference[index] if index < len(reference) else None):>9}")
     return "\n".join(rows)
 
 
+def numbers_line(assessment: Assessment) -> str:
+    reference = assessment.reference
+    return (f"spread across ranks {num(assessment.param_spread)} "
+            f"(limit {assessment.spread_tolerance:g}), largest difference from the "
+            f"single-process run {num(reference.max_abs_diff if reference else None)} "
+            f"(limit {reference.tolerance if reference else 0:g})")
+
+
 def verdict_line(verdict: Verdict) -> str:
-    findings = verdict.findings_after if verdict.findings_after is not None \
-        else verdict.findings_before
-    reference = verdict.reference
-    parts = [
-        "PASS" if verdict.passed else "FAIL",
-        f"spread across ranks {_num(verdict.param_spread)} (limit {verdict.spread_tolerance:g})",
-        f"largest difference from the single-process run "
-        f"{_num(reference.max_abs_diff if reference else None)}"
-        f" (limit {reference.tolerance if reference else 0:g})",
-        f"{len(findings)} finding{'s' * (len(findings) != 1)}",
-    ]
-    if not verdict.ranks_finished:
-        parts.append("not every rank finished")
-    return parts[0] + ": " + ", ".join(parts[1:])
+    final = verdict.final
+    findings = len(final.findings)
+    text = (f"{'PASS' if verdict.passed else 'FAIL'}: {numbers_line(final)}, "
+            f"{findings} finding{'s' * (findings != 1)}")
+    return text if final.ranks_finished else text + ", not every rank finished"
+
+
+def ranks_line(record: RunRecord) -> str:
+    """How the ranks ended, root cause first: 'all 4 finished' or who failed how."""
+    ends = [r.end for r in record.ranks]
+    if all(e.ok for e in ends):
+        return f"all {len(ends)} ranks finished"
+    parts = []
+    for end in sorted(ends, key=lambda e: (e.ok, is_peer_echo(e), e.at or 0.0)):
+        if end.ok:
+            parts.append(f"rank {end.rank} finished")
+        elif is_peer_echo(end):
+            parts.append(f"rank {end.rank} {end.status} (echo: a peer went away)")
+        else:
+            parts.append(f"rank {end.rank} {end.status}: {end.headline[:160]}")
+    return "; ".join(parts)
+
+
+def finding_text(found: Finding, indent: str = "  ") -> str:
+    ranks = f", ranks {', '.join(map(str, found.ranks))}" if found.ranks else ""
+    lines = [f"{indent}finding [{found.check}] {found.fault}{ranks}: {found.headline}",
+             wrap(found.symptom, indent + "  "),
+             wrap("cause: " + found.cause, indent + "  ")]
+    fix = "fix: " + found.fix
+    if found.fix_changes:
+        fix += f" (as knobs: {changes_text(found.fix_changes)})"
+    lines.append(wrap(fix, indent + "  "))
+    return "\n".join(lines)
+
+
+def run_section(title: str, record: RunRecord, assessment: Assessment) -> str:
+    lines = [title, "  ranks: " + ranks_line(record)]
+    lines += [finding_text(f) for f in assessment.findings] or ["  no findings"]
+    lines.append(wrap(numbers_line(assessment), "  "))
+    return "\n".join(lines)
+
+
+OUTCOME_TEXT = {
+    "fixed": "FIXED: detected, fixed, and the fixed run matches the single-process reference",
+    "not-fixed": "NOT FIXED: the fix was applied but the run is still not healthy",
+    "masked": "MASKED: the strategy prevents this fault, and the run shows it",
+    "not-reproduced": "NOT REPRODUCED: no detector fired",
+    "healthy": "HEALTHY",
+    "unhealthy": "UNHEALTHY",
+}
+
+
+def diagnosis_text(report: RunReport) -> str:
+    verdict = report.verdict
+    sections = [run_section("the faulty run", report.record, verdict.before)]
+    if report.fixed_record is not None and verdict.after is not None:
+        sections.append(run_section(f"after the fix ({verdict.note.removeprefix('applied ')})",
+                                    report.fixed_record, verdict.after))
+    closing = "verdict: " + OUTCOME_TEXT[verdict.outcome]
+    if verdict.note and verdict.outcome in ("masked", "not-reproduced", "not-fixed"):
+        closing += "\n" + wrap(verdict.note, "  ")
+    return "\n\n".join(sections + [closing])
 
 
 def rank_ends(record: RunRecord) -> str:
-    """What happened to every rank that did not finish."""
+    """What happened to every rank that did not finish, with tracebacks and stacks."""
     lines = []
     for rank in record.ranks:
         end = rank.end
