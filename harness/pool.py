@@ -111,19 +111,22 @@ def is_peer_echo(end: RankEnd) -> bool:
 @dataclass
 class _RankPipes:
     """Everything between the parent and one rank: jobs and results, stack requests,
-    faulthandler's text, and the rank's stderr. Parent ends first, child ends second."""
+    faulthandler's text, and the rank's stderr. Index 0 is the parent's end, 1 the rank's;
+    the rank's ends are Connections so they survive a spawn as well as a fork."""
 
     conn: tuple[Connection, Connection]
     ctrl: tuple[Connection, Connection]
-    faulthandler: tuple[int, int]
-    stderr: tuple[int, int]
+    faulthandler: tuple[int, Connection]
+    stderr: tuple[int, Connection]
 
     @classmethod
     def open(cls, ctx) -> "_RankPipes":
-        faulthandler, stderr = os.pipe(), os.pipe()
-        os.set_blocking(faulthandler[0], False)
-        os.set_blocking(stderr[0], False)
-        return cls(ctx.Pipe(), ctx.Pipe(), faulthandler, stderr)
+        ends = []
+        for _ in range(2):
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            ends.append((read, Connection(write, readable=False)))
+        return cls(ctx.Pipe(), ctx.Pipe(), ends[0], ends[1])
 
     def ends(self, side: int) -> list[Connection | int]:
         return [self.conn[side], self.ctrl[side], self.faulthandler[side], self.stderr[side]]
@@ -150,9 +153,14 @@ class RankPool:
     """N ranks with an initialised process group, kept warm across jobs."""
 
     def __init__(self, world_size: int, backend: str = "gloo", host: str = "127.0.0.1",
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, start_method: str = "fork"):
+        """``start_method="spawn"`` costs seconds per group (each rank imports torch) but
+        is what a parent that has already initialised CUDA needs."""
         if world_size < 1:
             raise ValueError(f"world size must be at least 1, got {world_size}")
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start method must be fork or spawn, got {start_method!r}")
+        self.start_method = start_method
         self.world_size = world_size
         self.backend = backend
         self.host = host
@@ -177,7 +185,8 @@ class RankPool:
         """Fork the ranks and form the group, unless a healthy generation is up."""
         if self._ranks:
             return
-        procs.preload_heavy_modules()
+        if self.start_method == "fork":
+            procs.preload_heavy_modules()
         try:
             self._fork()
             self._rendezvous()
@@ -209,13 +218,14 @@ class RankPool:
 
     # -- internals -------------------------------------------------------------------------
     def _fork(self) -> None:
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context(self.start_method)
         pipes = [_RankPipes.open(ctx) for _ in range(self.world_size)]
         parent_pid = os.getpid()
         try:
             for rank, own in enumerate(pipes):
-                inherited = [end for other in pipes for end in other.ends(0)] + \
-                            [end for other in pipes if other is not own for end in other.ends(1)]
+                inherited = [] if self.start_method == "spawn" else (  # a fork copies them all
+                    [end for other in pipes for end in other.ends(0)]
+                    + [end for other in pipes if other is not own for end in other.ends(1)])
                 process = ctx.Process(
                     target=rank_main, name=f"distdoctor-rank{rank}",
                     args=(rank, self.world_size, self.backend, self.host, parent_pid,

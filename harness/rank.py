@@ -48,16 +48,18 @@ class RankContext:
 
 
 def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
-              conn: Connection, ctrl: Connection, faulthandler_fd: int, stderr_fd: int,
-              inherited: list[Connection | int]) -> None:
-    """Entry point of a forked rank process. Never returns into the parent's code."""
+              conn: Connection, ctrl: Connection, faulthandler_out: Connection,
+              stderr_out: Connection, inherited: list[Connection | int]) -> None:
+    """Entry point of a rank process. Never returns into the parent's code."""
     code = 1
     try:
         procs.become_rank(parent_pid)
-        for other in inherited:  # every other pipe end the fork copied: not ours
+        for other in inherited:  # every other pipe end a fork copied: not ours
             other.close() if isinstance(other, Connection) else os.close(other)
-        os.dup2(stderr_fd, 2)  # warnings and last words go to the parent, per rank
-        os.close(stderr_fd)
+        os.dup2(stderr_out.fileno(), 2)  # warnings and last words go to the parent, per rank
+        stderr_out.close()
+        faulthandler_fd = os.dup(faulthandler_out.fileno())
+        faulthandler_out.close()
         stacks.arm_faulthandler(faulthandler_fd)
         stacks.serve_stacks(ctrl)
         ctx = RankContext(rank, world_size, backend, conn)
