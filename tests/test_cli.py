@@ -66,3 +66,71 @@ def test_the_module_entry_point_runs_the_same_command(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_diagnose_prints_before_and_after_and_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    code = main(["diagnose", "--strategy", "ddp", "--fault", "sum-without-mean",
+                 "--world-size", "4", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "4.00x the mean" in printed and "verdict: FIXED" in printed
+    report = load_report(out)
+    assert report.fault == "sum-without-mean:sum" and report.verdict.outcome == "fixed"
+    assert report.fixed_record.spec.knobs.average_gradients is True
+
+
+@pytest.mark.parametrize("argv, code, verdict", [
+    (["--strategy", "torch-ddp", "--fault", "divergent-init"], 0, "verdict: MASKED"),
+    (["--strategy", "ddp", "--fault", "unused-params", "--world-size", "1"], 1,
+     "verdict: NOT REPRODUCED"),
+])
+def test_diagnose_exit_codes_follow_the_verdict(argv, code, verdict, capsys):
+    assert main(["diagnose", *argv]) == code
+    assert verdict in capsys.readouterr().out
+
+
+def test_demo_of_one_fault_tells_the_lesson_in_order(capsys):
+    assert main(["demo", "divergent-init"]) == 0
+    printed = capsys.readouterr().out
+    sections = ["What goes wrong:", "What we measured:", "Why:", "The fix:", "After the fix:",
+                "On torch-ddp: MASKED"]
+    positions = [printed.index(section) for section in sections]
+    assert positions == sorted(positions)
+    assert "spread 0.677 at step 0" in printed
+
+
+def test_demo_all_sweeps_every_fault_and_ends_with_the_summary(capsys):
+    assert main(["demo", "--all"]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.split()[:1] and
+            line.split()[0] in {"divergent-init", "shared-shuffle-seed", "unused-params",
+                                "sum-without-mean", "allreduce-every-microbatch"}]
+    assert len(rows) == 14 and all(row.split()[-1] in ("fixed", "masked") for row in rows)
+    assert "14 of 14 detected and fixed" in printed
+
+
+def test_faults_lists_the_catalogue(capsys):
+    assert main(["faults"]) == 0
+    printed = capsys.readouterr().out
+    for fault_id in ("divergent-init", "shared-shuffle-seed", "unused-params",
+                     "sum-without-mean", "allreduce-every-microbatch"):
+        assert f"\n{fault_id}: " in printed
+
+
+@pytest.mark.parametrize("argv", [
+    ["diagnose", "--strategy", "ddp", "--fault", "nope"],
+    ["diagnose", "--strategy", "ddp", "--fault", "unused-params", "--variant", "nope"],
+    ["diagnose", "--fault", "sum-without-mean"],
+    ["demo"],
+    ["demo", "--all", "--variant", "sum"],
+    ["demo", "nope"],
+])
+def test_bad_diagnose_and_demo_arguments_get_one_line_and_exit_code_2(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1
+    assert "Traceback" not in captured.err + captured.out

@@ -95,3 +95,14 @@ def test_a_group_that_cannot_form_fails_with_the_ranks_reason():
     with pytest.raises(PoolStartError, match="nccl needs a CUDA GPU"):
         pool.start()
     assert proctable.children() == before and pool.pids == ()
+
+
+def test_spawned_ranks_run_jobs_and_report_failures_like_forked_ones():
+    """Spawn is for parents that already initialised CUDA; slower, but the same contract."""
+    with RankPool(2, start_method="spawn") as pool:
+        assert pool.run(jobs.rank_sum, 2, deadline=60).values == ([3.0, 3.0], [3.0, 3.0])
+        died = pool.run(jobs.die_on_rank, 1, 9, deadline=60)
+        assert (died.root_cause.rank, died.root_cause.status, died.root_cause.exitcode) == \
+            (1, "died", 9)
+        pids = pool.pids
+    assert not any(proctable.alive(p) for p in pids)

@@ -1,0 +1,65 @@
+"""Detectors on hand-made records: edge cases whose numbers can be worked out by hand."""
+
+from __future__ import annotations
+
+from checks import gradient_scale, sample_overlap, sync_frequency, unused_params
+from harness.models import (
+    BackwardEvidence, Evidence, Fingerprint, RankEnd, RankRecord, RunRecord, RunSpec,
+    StepEvidence,
+)
+
+
+def fp(values, digest=None) -> Fingerprint:
+    return Fingerprint(len(values), digest or repr(values), 0.0, tuple(values))
+
+
+def step(n, ids=(), local=(1.0,), synced=(1.0,), calls=1, sent=4, grad_bytes=4, epoch=0):
+    return StepEvidence(step=n, epoch=epoch, sample_ids=tuple(ids), loss=0.0, params=fp([0.0]),
+                        grad_local=fp(local), grad_synced=fp(synced), allreduce_calls=calls,
+                        allreduce_bytes=sent, gradient_bytes=grad_bytes)
+
+
+def record(*per_rank_steps, backward=None, status="finished") -> RunRecord:
+    ranks = []
+    for rank, steps in enumerate(per_rank_steps):
+        evidence = Evidence(rank, backward=tuple((backward or {}).get(rank, ())), steps=tuple(steps))
+        ranks.append(RankRecord(rank, RankEnd(rank, status), evidence))
+    return RunRecord(RunSpec(world_size=len(ranks)), tuple(ranks), 0.1)
+
+
+def test_overlap_share_is_shared_ids_over_all_ids_seen_in_the_epoch():
+    found = sample_overlap.check(record([step(1, ids=[0, 1, 2, 3, 4, 5])],
+                                        [step(1, ids=[4, 5, 6, 7, 8, 9])]))
+    assert found[0].measured["overlap_share_per_epoch"] == {"0": 2 / 10}
+
+
+def test_a_single_epoch_cannot_be_replayed_and_one_rank_cannot_overlap():
+    assert sample_overlap.check(record([step(1, ids=[1, 2]), step(2, ids=[3, 4])])) == []
+
+
+def test_gradient_scale_is_the_projection_on_the_mean_of_local_gradients():
+    # local gradients (1, 3) and (3, 1): mean (2, 2); a synced (6, 6) is 3x the mean
+    found = gradient_scale.check(record([step(1, local=(1, 3), synced=(6, 6))],
+                                        [step(1, local=(3, 1), synced=(6, 6))]))
+    assert found[0].measured["ratio"] == 3.0
+
+
+def test_gradient_scale_skips_steps_where_ranks_applied_different_gradients():
+    assert gradient_scale.check(record([step(1, local=(1, 3), synced=(1, 3))],
+                                       [step(1, local=(3, 1), synced=(3, 1))])) == []
+
+
+def test_several_buckets_moving_the_minimum_are_not_redundant():
+    assert sync_frequency.check(record([step(1, calls=3, sent=12, grad_bytes=12)])) == []
+    found = sync_frequency.check(record([step(1, calls=2, sent=24, grad_bytes=12)]))
+    assert found[0].measured["wasted_share"] == 0.5
+
+
+def test_missing_gradients_the_sync_coped_with_are_not_reported():
+    missing = {0: [BackwardEvidence(1, ("aux.weight",))], 1: [BackwardEvidence(1, ())]}
+    coped = record([step(1)], [step(1)], backward=missing)
+    assert unused_params.check(coped) == []
+    diverged = record([step(1, synced=(1.0,))], [step(1, synced=(2.0,))], backward=missing)
+    assert "different gradients" in unused_params.check(diverged)[0].symptom
+    stuck = record([step(1)], [], backward=missing, status="raised")
+    assert unused_params.check(stuck)[0].measured["sync_problem"] == "rank 1 never finished step 1"
