@@ -6,7 +6,7 @@ import math
 import textwrap
 
 from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
-from harness.pool import is_peer_echo
+from harness.results import is_peer_echo
 from harness.reference import spreads
 
 WIDTH = 100

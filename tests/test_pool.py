@@ -9,7 +9,8 @@ import proctable
 import pytest
 
 from harness.models import RankEnd
-from harness.pool import JobResult, PoolStartError, RankPool, RanksFailed
+from harness.pool import PoolStartError, RankPool
+from harness.results import JobResult, RanksFailed
 
 
 @pytest.fixture

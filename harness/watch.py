@@ -1,0 +1,181 @@
+"""The parent's watch over one job: read every rank until each has ended or been stopped.
+
+Progress is any message from a rank. With no progress from any running rank for
+``deadline`` seconds, every running rank's stacks are taken and it is killed ("hung"). After
+the first rank raises or dies, the others get ``error_grace`` seconds to end by themselves,
+then the same ("stopped"). Each rank's stderr is read as it comes, so a chatty rank never
+blocks and a dying rank's last words are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from harness import procs, stacks
+from harness.models import RankEnd
+from harness.results import JobResult
+
+STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
+
+
+@dataclass
+class RankHandle:
+    """The parent's end of one rank process."""
+
+    rank: int
+    process: BaseProcess
+    conn: Connection
+    ctrl: Connection
+    faulthandler_fd: int
+    stderr_fd: int
+
+
+class JobWatch:
+    """The parent's side of one job: watch every rank until each has ended or been stopped."""
+
+    def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float):
+        self.ranks = ranks
+        self.deadline = deadline
+        self.error_grace = error_grace
+        self.ends: dict[int, RankEnd] = {}
+        self.values: dict[int, Any] = {}
+        self.events: dict[int, list[Any]] = {h.rank: [] for h in ranks}
+        self.first_error: float | None = None
+        self.started = procs.now()
+        self.last_progress = {h.rank: self.started for h in ranks}
+        self.stderr = {h.rank: _Tail() for h in ranks}
+        for handle in ranks:
+            _read_available(handle.stderr_fd)  # left over from an earlier job: not ours
+
+    def run(self, payload: bytes) -> JobResult:
+        for handle in self.ranks:
+            handle.conn.send_bytes(payload)
+        stderr_open = {h.stderr_fd: h.rank for h in self.ranks}
+        while True:
+            running = [h for h in self.ranks if h.rank not in self.ends]
+            if not running:
+                break
+            timeout = self._time_left(running)
+            watched = [h.conn for h in running] + [h.process.sentinel for h in running]
+            ready = wait(watched + list(stderr_open), max(0.0, timeout)) if timeout > 0 else []
+            if not ready:
+                self._stop(running, "stopped" if self.first_error is not None else "hung")
+                break
+            for fd in set(ready) & set(stderr_open):
+                if not self.stderr[stderr_open[fd]].add(_read_available(fd)):
+                    del stderr_open[fd]  # the rank closed it: it has exited
+            for handle in running:
+                if handle.conn in ready or handle.process.sentinel in ready:
+                    self._drain(handle)
+        for handle in self.ranks:
+            self.stderr[handle.rank].add(_read_available(handle.stderr_fd))
+        return JobResult(
+            ends=tuple(dataclasses.replace(self.ends[h.rank], stderr=str(self.stderr[h.rank]))
+                       for h in self.ranks),
+            values=tuple(self.values.get(h.rank) for h in self.ranks),
+            events=tuple(tuple(self.events[h.rank]) for h in self.ranks),
+            wall_s=procs.now() - self.started,
+        )
+
+    def _time_left(self, running: list[RankHandle]) -> float:
+        if self.first_error is not None:
+            return self.first_error + self.error_grace - procs.now()
+        latest = max(self.last_progress[h.rank] for h in running)
+        return latest + self.deadline - procs.now()
+
+    def _drain(self, handle: RankHandle) -> None:
+        """Read everything a rank has sent; notice if its process is gone."""
+        rank = handle.rank
+        try:
+            while rank not in self.ends and handle.conn.poll():
+                self._handle(rank, handle.conn.recv())
+        except (EOFError, OSError):
+            pass
+        if rank not in self.ends and not handle.process.is_alive():
+            handle.process.join()
+            tail = self.stderr[rank]
+            tail.add(_read_available(handle.stderr_fd))
+            last_words = f"; its stderr ended with:\n{tail.last_lines(12)}" if str(tail) else ""
+            self._end(RankEnd(rank, "died", at=procs.now() - self.started,
+                              error=describe_exit(handle.process) + last_words,
+                              exitcode=handle.process.exitcode))
+
+    def _handle(self, rank: int, message: tuple) -> None:
+        kind, at = message[0], message[1]
+        self.last_progress[rank] = procs.now()
+        if kind == "event":
+            self.events[rank].append(message[2])
+        elif kind == "done":
+            self.values[rank] = message[2]
+            self._end(RankEnd(rank, "finished", at=at - self.started))
+        elif kind == "raised":
+            self._end(RankEnd(rank, "raised", at=at - self.started, error=message[2]))
+
+    def _end(self, end: RankEnd) -> None:
+        self.ends[end.rank] = end
+        if not end.ok and self.first_error is None:
+            self.first_error = procs.now()
+
+    def _stop(self, running: list[RankHandle], status: str) -> None:
+        """Take the stacks of every rank still running, then kill them."""
+        at = procs.now() - self.started
+        why = (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
+               else f"still running {self.error_grace:.1f} s after another rank failed")
+        answers = stacks.request_stacks(
+            [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
+        for handle, (threads, raw) in zip(running, answers):
+            self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
+                                             stacks=threads, raw_stack=raw)
+        for handle in running:
+            procs.kill(handle.process)
+
+
+class _Tail:
+    """The last STDERR_TAIL bytes a rank wrote to stderr."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def add(self, chunk: bytes | None) -> bool:
+        """Keep ``chunk``; False when the writer has closed its end."""
+        if chunk is None:
+            return True
+        self.data = (self.data + chunk)[-STDERR_TAIL:]
+        return bool(chunk)
+
+    def last_lines(self, count: int) -> str:
+        return "\n".join(str(self).rstrip().splitlines()[-count:])
+
+    def __str__(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds now: b"" at end of file, None when empty."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        except OSError:
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks) or None
+
+
+def describe_exit(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code} without reporting a result"
