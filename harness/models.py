@@ -23,6 +23,8 @@ REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
 SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
+P2POrder = Literal["even-odd", "send-first", "batched"]
+StageSplit = Literal["flops", "params"]
 Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
 
 
@@ -39,6 +41,22 @@ class Knobs:
     aux_skipped_on: AuxSkip = "none"  # ranks whose loss leaves the aux head out (the
     # workload's own choice: the reference leaves it out on the same ranks)
     find_unused_parameters: bool = False  # let DDP reduce parameters that got no gradient
+    p2p_order: P2POrder = "even-odd"  # how a stage pairs its send and receive to one peer
+    stage_split: StageSplit = "flops"  # what a pipeline equalises when it cuts the layers
+
+
+@dataclass(frozen=True)
+class PipeShape:
+    """The pipeline workload: a stack of residual blocks on (batch, seq_len, d_model).
+
+    ``layers`` spells the stack: "m" an MLP block, "a" a self-attention block written out
+    as matmuls (so FLOP counters see it). At equal parameter counts an attention block
+    costs far more than an MLP block once seq_len is large.
+    """
+
+    layers: str = "m" * 12 + "a" * 4
+    seq_len: int = 32
+    d_model: int = 16
 
 
 @dataclass(frozen=True)
@@ -57,8 +75,9 @@ class RunSpec:
     lr: float = 0.05
     seed: int = 0
     deadline: float = 30.0  # seconds without progress before the ranks count as hung
-    fingerprint_values: int = 512  # parameter values kept per fingerprint (all, for the MLP)
+    fingerprint_values: int = 4096  # values kept per fingerprint (all, for these models)
     knobs: Knobs = field(default_factory=Knobs)
+    pipe: PipeShape = field(default_factory=PipeShape)
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -73,14 +92,24 @@ class RunSpec:
                 yield f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
         if self.batch_size >= 1 and self.micro_batches >= 1 and self.batch_size % self.micro_batches:
             yield f"batch-size {self.batch_size} is not divisible by micro-batches {self.micro_batches}"
-        if self.world_size >= 1 and self.batch_size >= 1 and \
-                self.num_samples < self.world_size * self.batch_size:
+        if self.world_size >= 1 and self.batch_size >= 1 and self.num_samples < self.global_batch:
             yield (f"num-samples {self.num_samples} is smaller than one global batch "
-                   f"(world-size {self.world_size} x batch-size {self.batch_size})")
+                   f"({self.global_batch} samples)")
         if not (self.deadline > 0 and math.isfinite(self.deadline)):
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
         if not (self.lr > 0 and math.isfinite(self.lr)):
             yield f"lr must be positive, got {self.lr}"
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Pipeline strategies are named pipe-* (hand-rolled) or torch-pipe-*."""
+        return "pipe-" in self.strategy
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimiser step: batch-size per rank for data parallelism, batch-size
+        in all for a pipeline (its ranks hold stages, not replicas)."""
+        return self.batch_size if self.is_pipeline else self.world_size * self.batch_size
 
     @property
     def steps_per_epoch(self) -> int:
@@ -135,6 +164,49 @@ class BackwardEvidence:
 
 
 @dataclass(frozen=True)
+class StageCost:
+    """One pipeline stage: its layers, parameters and FLOPs per micro-batch (counted with
+    torch.utils.flop_counter.FlopCounterMode)."""
+
+    stage: int
+    first_layer: int
+    end_layer: int  # exclusive
+    kinds: str  # the block kinds, e.g. "mmaa"
+    params: int
+    forward_flops: int
+    backward_flops: int
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One forward (F) or backward (B, or W for weights only) of one stage on one micro-batch.
+
+    start and end are on the machine-wide monotonic clock; cpu is the thread's CPU time,
+    which other processes sharing the core do not inflate.
+    """
+
+    step: int
+    stage: int
+    micro: int
+    kind: str
+    start: float
+    end: float
+    cpu: float
+
+
+@dataclass(frozen=True)
+class PipeStepEvidence:
+    """One pipeline rank's optimiser step."""
+
+    step: int
+    loss: float | None  # on the rank that holds the last stage
+    params: Fingerprint  # after the step
+    grads: Fingerprint  # before the step
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one rank recorded over a run."""
 
@@ -143,6 +215,10 @@ class Evidence:
     initial_params: Fingerprint | None = None  # after construction (and any broadcast)
     backward: tuple[BackwardEvidence, ...] = ()
     steps: tuple[StepEvidence, ...] = ()
+    holds: str = "replica"  # the parameters this rank holds: a full replica, or stages
+    stages: tuple[StageCost, ...] = ()
+    stage_events: tuple[StageEvent, ...] = ()
+    pipe_steps: tuple[PipeStepEvidence, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -258,13 +334,13 @@ class Assessment:
 
     findings: tuple[Finding, ...]
     reference: ReferenceComparison | None
-    param_spread: float | None  # largest parameter difference between ranks, any step
+    param_spread: float | None  # largest difference between replicas, any step (None: no replicas)
     ranks_finished: bool
     spread_tolerance: float = 1e-6
 
     @property
     def healthy(self) -> bool:
-        spread_ok = self.param_spread is not None and self.param_spread <= self.spread_tolerance
+        spread_ok = self.param_spread is None or self.param_spread <= self.spread_tolerance
         reference_ok = self.reference is not None and self.reference.matches
         return self.ranks_finished and not self.findings and spread_ok and reference_ok
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 import checks
+from harness.evidence import evidence_from_events
 from harness.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
+from harness.pipeline.train import pipeline_job
 from harness.pool import RankPool, shared_pool
 from harness.reference import compare, reference_params, spreads
-from harness.train import evidence_from_events, train_job
+from harness.train import train_job
 
 
 def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
@@ -17,7 +19,8 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
         pool = shared_pool(spec.world_size, spec.backend)
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, the spec asks for {spec.world_size}")
-    result = pool.run(train_job, spec, deadline=spec.deadline)
+    job = pipeline_job if spec.is_pipeline else train_job
+    result = pool.run(job, spec, deadline=spec.deadline)
     ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, events))
                   for end, events in zip(result.ends, result.events))
     return RunRecord(spec=spec, ranks=ranks, wall_s=result.wall_s,
@@ -25,14 +28,18 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
 
 
 def assess(record: RunRecord) -> Assessment:
-    """Every detector's findings, the spread between ranks, the distance from one process."""
-    spread_per_step = spreads(record)
-    return Assessment(
-        findings=checks.run_all(record),
-        reference=compare(record, reference_params(record.spec)),
-        param_spread=max(spread_per_step) if spread_per_step else None,
-        ranks_finished=record.finished,
-    )
+    """Every detector's findings, the spread between replicas, the distance from one process."""
+    if record.spec.is_pipeline:
+        from harness.pipeline.reference import compare_pipeline, pipeline_reference
+
+        reference = compare_pipeline(record, pipeline_reference(record.spec))
+        spread = None  # pipeline ranks hold different stages: there are no replicas
+    else:
+        reference = compare(record, reference_params(record.spec))
+        spread_per_step = spreads(record)
+        spread = max(spread_per_step) if spread_per_step else None
+    return Assessment(findings=checks.run_all(record), reference=reference,
+                      param_spread=spread, ranks_finished=record.finished)
 
 
 def judge(record: RunRecord) -> Verdict:

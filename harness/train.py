@@ -15,7 +15,7 @@ from torch import nn
 
 from harness import strategies
 from harness.fingerprint import fingerprint
-from harness.models import BackwardEvidence, Evidence, RunSpec, StepEvidence
+from harness.models import BackwardEvidence, RunSpec, StepEvidence
 from harness.rank import RankContext
 from harness.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
@@ -106,13 +106,3 @@ def _once(action):
             done = True
             action()
     return run_once
-
-
-def evidence_from_events(rank: int, events: tuple) -> Evidence:
-    """Rebuild one rank's Evidence from what it emitted (however far it got)."""
-    built = next((payload for kind, payload in events if kind == "built"), None)
-    initial = next((payload for kind, payload in events if kind == "initial"), None)
-    backward = tuple(payload for kind, payload in events if kind == "backward")
-    steps = tuple(payload for kind, payload in events if kind == "step")
-    return Evidence(rank=rank, built_params=built, initial_params=initial, backward=backward,
-                    steps=steps)

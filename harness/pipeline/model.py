@@ -1,0 +1,123 @@
+"""The pipeline workload: residual blocks, their measured costs, and how to cut them.
+
+Blocks are built in one process order from one seed, so every rank (and the single-process
+reference) holds identical parameters for the layers it keeps. Attention is written out as
+matmuls: torch's FlopCounterMode counts CPU scaled_dot_product_attention as 0 FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.models import PipeShape, RunSpec
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention: about the parameters of an MLP block, but its score
+    matrix costs seq_len^2 per sequence."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        return x + self.o(torch.softmax(scores, dim=-1) @ self.v(x))
+
+
+BLOCKS = {"m": MLPBlock, "a": AttentionBlock}
+
+
+def build_layers(shape: PipeShape, seed: int) -> nn.ModuleList:
+    unknown = set(shape.layers) - set(BLOCKS)
+    if unknown or not shape.layers:
+        raise ValueError(f"pipeline layers must be a non-empty string of {set(BLOCKS)}, "
+                         f"got {shape.layers!r}")
+    torch.manual_seed(seed)
+    return nn.ModuleList(BLOCKS[kind](shape.d_model) for kind in shape.layers)
+
+
+def make_data(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and per-token targets for every sample, identical on every rank."""
+    gen = torch.Generator().manual_seed(20_000 + spec.seed)
+    shape = spec.pipe
+    x = torch.randn(spec.num_samples, shape.seq_len, shape.d_model, generator=gen)
+    mix = torch.randn(shape.d_model, shape.d_model, generator=gen) / math.sqrt(shape.d_model)
+    return x, torch.tanh(x @ mix)
+
+
+def step_batch(spec: RunSpec, step: int) -> slice:
+    """The samples of optimiser step ``step`` (1-based): consecutive, wrapping around."""
+    start = ((step - 1) * spec.batch_size) % (spec.num_samples - spec.batch_size + 1)
+    return slice(start, start + spec.batch_size)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    params: int
+    forward_flops: int
+    backward_flops: int
+
+
+def layer_costs(layers: nn.ModuleList, shape: PipeShape, micro_size: int) -> list[LayerCost]:
+    """Parameters and FLOPs of every layer for one micro-batch, counted by torch."""
+    costs = []
+    for layer in layers:
+        x = torch.randn(micro_size, shape.seq_len, shape.d_model, requires_grad=True)
+        with FlopCounterMode(display=False) as forward:
+            out = layer(x)
+        with FlopCounterMode(display=False) as backward:
+            out.sum().backward()
+        layer.zero_grad(set_to_none=True)
+        costs.append(LayerCost(sum(p.numel() for p in layer.parameters()),
+                               forward.get_total_flops(), backward.get_total_flops()))
+    return costs
+
+
+def partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
+    """Cut ``weights`` into ``parts`` contiguous [start, end) runs, minimising the largest
+    run's total (exact, by dynamic programming over prefixes)."""
+    n = len(weights)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot cut {n} layers into {parts} stages")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for end in range(k, n - (parts - k) + 1):
+            for start in range(k - 1, end):
+                value = max(best[k - 1][start], prefix[end] - prefix[start])
+                if value < best[k][end] - 1e-12:
+                    best[k][end], cut[k][end] = value, start
+    bounds, end = [], n
+    for k in range(parts, 0, -1):
+        bounds.append((cut[k][end], end))
+        end = cut[k][end]
+    return bounds[::-1]
+
+
+def split_layers(spec: RunSpec, costs: list[LayerCost], parts: int) -> list[tuple[int, int]]:
+    """The stage boundaries the spec's knob asks for: by parameter count or by FLOPs."""
+    if spec.knobs.stage_split == "params":
+        weights = [c.params for c in costs]
+    else:
+        weights = [c.forward_flops + c.backward_flops for c in costs]
+    return partition(weights, parts)

@@ -1,0 +1,80 @@
+"""The pipeline training job a rank runs, hand-rolled or under torch's schedules.
+
+Every rank builds all layers from one seed and keeps its stages, cut by the spec's
+``stage_split`` knob from FLOPs torch counted (or parameter counts). It records the cost of
+its stages, every forward and backward with wall and CPU times, and per step its loss (last
+stage), gradients and parameters.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from harness.fingerprint import fingerprint
+from harness.models import PipeStepEvidence, RunSpec, StageCost
+from harness.pipeline import handrolled
+from harness.pipeline.model import build_layers, layer_costs, make_data, split_layers, step_batch
+from harness.pipeline.torchpipe import TORCH_SCHEDULES, TorchPipeline, stage_ranks
+from harness.rank import RankContext
+
+HANDROLLED = {"pipe-gpipe": "gpipe", "pipe-1f1b": "1f1b"}
+PIPELINE_STRATEGIES = tuple(HANDROLLED) + tuple(TORCH_SCHEDULES)
+
+
+def stage_layout(strategy: str, world: int) -> list[int]:
+    """The rank that holds each stage of ``strategy`` on ``world`` ranks."""
+    if strategy in HANDROLLED:
+        return list(range(world))
+    _, per_rank, style = TORCH_SCHEDULES[strategy]
+    return stage_ranks(world, per_rank, style)
+
+
+def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(out, target)
+
+
+def pipeline_job(ctx: RankContext, spec: RunSpec) -> None:
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    layers = build_layers(spec.pipe, spec.seed)
+    micro = spec.micro_batches
+    costs = layer_costs(layers, spec.pipe, spec.batch_size // micro)
+    owner = stage_layout(spec.strategy, ctx.world_size)
+    if len(layers) < len(owner):
+        raise ValueError(f"{len(layers)} layers cannot fill {len(owner)} stages")
+    bounds = split_layers(spec, costs, len(owner))
+    mine = [k for k, rank in enumerate(owner) if rank == ctx.rank]
+    modules = {k: nn.Sequential(*layers[bounds[k][0]:bounds[k][1]]) for k in mine}
+    ctx.emit(("holds", "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))
+    for k in mine:
+        first, end = bounds[k]
+        ctx.emit(("stage", StageCost(k, first, end, spec.pipe.layers[first:end],
+                                     sum(c.params for c in costs[first:end]),
+                                     sum(c.forward_flops for c in costs[first:end]),
+                                     sum(c.backward_flops for c in costs[first:end]))))
+    params = [p for k in mine for p in modules[k].parameters()]
+    optimizer = torch.optim.SGD(params, lr=spec.lr)
+    x, y = make_data(spec)
+    record = lambda event: ctx.emit(("stage_event", event))  # noqa: E731
+    runner = None if spec.strategy in HANDROLLED else TorchPipeline(
+        spec.strategy, modules, ctx.world_size, micro, loss_fn, record)
+    for step in range(1, spec.num_steps + 1):
+        batch = step_batch(spec, step)
+        optimizer.zero_grad(set_to_none=True)
+        start = time.monotonic()
+        if runner is None:
+            loss = handrolled.run_step(
+                HANDROLLED[spec.strategy], modules[ctx.rank], ctx.rank, ctx.world_size, step,
+                list(x[batch].chunk(micro)), list(y[batch].chunk(micro)), loss_fn,
+                spec.knobs.p2p_order, record)
+        else:
+            loss = runner.step(step, x[batch], y[batch])
+        end = time.monotonic()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grad_print = fingerprint(grads, spec.fingerprint_values)
+        optimizer.step()
+        ctx.emit(("pipe_step", PipeStepEvidence(step, loss, fingerprint(
+            params, spec.fingerprint_values), grad_print, start, end)))
