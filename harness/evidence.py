@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence
+from harness.tracer import fold
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
@@ -11,8 +12,10 @@ _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
 _ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds"}
 
 
-def evidence_from_events(rank: int, events: tuple) -> Evidence:
+def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidence:
+    """``events`` as the rank emitted them; ``trace`` its tracer's JSON events."""
     fields: dict = {name: [] for name in _SERIES.values()}
+    fields["calls"] = list(fold(trace))
     for kind, payload in events:
         if kind in _SERIES:
             fields[_SERIES[kind]].append(payload)

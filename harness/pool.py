@@ -41,25 +41,28 @@ class PoolStartError(RuntimeError):
 @dataclass
 class _RankPipes:
     """Everything between the parent and one rank: jobs and results, stack requests,
-    faulthandler's text, and the rank's stderr. Index 0 is the parent's end, 1 the rank's;
+    faulthandler's text, the rank's stderr and its call trace. Index 0 is the parent's end,
+    1 the rank's;
     the rank's ends are Connections so they survive a spawn as well as a fork."""
 
     conn: tuple[Connection, Connection]
     ctrl: tuple[Connection, Connection]
     faulthandler: tuple[int, Connection]
     stderr: tuple[int, Connection]
+    trace: tuple[int, Connection]
 
     @classmethod
     def open(cls, ctx) -> "_RankPipes":
         ends = []
-        for _ in range(2):
+        for _ in range(3):
             read, write = os.pipe()
             os.set_blocking(read, False)
             ends.append((read, Connection(write, readable=False)))
-        return cls(ctx.Pipe(), ctx.Pipe(), ends[0], ends[1])
+        return cls(ctx.Pipe(), ctx.Pipe(), *ends)
 
     def ends(self, side: int) -> list[Connection | int]:
-        return [self.conn[side], self.ctrl[side], self.faulthandler[side], self.stderr[side]]
+        return [self.conn[side], self.ctrl[side], self.faulthandler[side], self.stderr[side],
+                self.trace[side]]
 
 
 def _close(ends: list[Connection | int]) -> None:
@@ -149,10 +152,11 @@ class RankPool:
                     target=rank_main, name=f"distdoctor-rank{rank}",
                     args=(rank, self.world_size, self.backend, self.host, parent_pid,
                           own.conn[1], own.ctrl[1], own.faulthandler[1], own.stderr[1],
-                          inherited))
+                          own.trace[1], inherited))
                 process.start()
                 self._ranks.append(RankHandle(rank, process, own.conn[0], own.ctrl[0],
-                                               own.faulthandler[0], own.stderr[0]))
+                                               own.faulthandler[0], own.stderr[0],
+                                               own.trace[0]))
         finally:
             for own in pipes:
                 _close(own.ends(1))
@@ -189,10 +193,10 @@ class RankPool:
                                      f"{self.backend} group within {self.start_timeout:.0f} s")
 
     def _teardown(self) -> None:
+        procs.kill([handle.process for handle in self._ranks])
         for handle in self._ranks:
-            procs.kill(handle.process)
-        for handle in self._ranks:
-            _close([handle.conn, handle.ctrl, handle.faulthandler_fd, handle.stderr_fd])
+            _close([handle.conn, handle.ctrl, handle.faulthandler_fd, handle.stderr_fd,
+                    handle.trace_fd])
         self._ranks = []
 
 

@@ -73,17 +73,22 @@ def become_rank(parent_pid: int) -> None:
     torch.set_num_threads(1)
 
 
-def kill(process: BaseProcess, timeout: float = 2.0) -> None:
-    """SIGKILL a rank and everything it started, then reap it."""
-    pid = process.pid
-    if pid is None:
-        return
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError):
-            pass
-    process.join(timeout)
+def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:
+    """SIGKILL ranks and everything they started, all at once (so none outlives another
+    long enough to see its peers' sockets close), then reap them."""
+    for process in processes:
+        pid = process.pid
+        if pid is None:
+            continue
+        for target in (lambda: os.killpg(pid, signal.SIGKILL),
+                       lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError):
+                pass
+    for process in processes:
+        if process.pid is not None:
+            process.join(timeout)
 
 
 def now() -> float:

@@ -49,7 +49,8 @@ class RankContext:
 
 def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
               conn: Connection, ctrl: Connection, faulthandler_out: Connection,
-              stderr_out: Connection, inherited: list[Connection | int]) -> None:
+              stderr_out: Connection, trace_out: Connection,
+              inherited: list[Connection | int]) -> None:
     """Entry point of a rank process. Never returns into the parent's code."""
     code = 1
     try:
@@ -61,11 +62,15 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         faulthandler_fd = os.dup(faulthandler_out.fileno())
         faulthandler_out.close()
         stacks.arm_faulthandler(faulthandler_fd)
+        from harness.tracer import Tracer
+
+        tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
+        trace_out.close()
         stacks.serve_stacks(ctrl)
         ctx = RankContext(rank, world_size, backend, conn)
         _join_group(ctx, host)
         conn.send(("ready", procs.now()))
-        code = _serve_jobs(ctx, conn)
+        code = _serve_jobs(ctx, conn, tracer)
     except KeyboardInterrupt:
         pass  # stopped on purpose
     except BaseException:  # e.g. the group could not form: tell the parent why
@@ -102,12 +107,13 @@ def _join_group(ctx: RankContext, host: str) -> None:
                             world_size=ctx.world_size, timeout=GROUP_TIMEOUT)
 
 
-def _serve_jobs(ctx: RankContext, conn: Connection) -> int:
+def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
     while True:
         message = conn.recv()
         if message[0] == "close":
             return 0
         _, fn, args, kwargs = message
+        tracer.reset()  # a job's calls are numbered from its own start, on every rank
         ctx.progress()
         try:
             value = fn(ctx, *args, **kwargs)

@@ -24,6 +24,8 @@ class JobResult:
     values: tuple[Any, ...]  # None where the rank did not finish
     events: tuple[tuple[Any, ...], ...]  # what each rank emitted, in order
     wall_s: float
+    traces: tuple[tuple[dict, ...], ...] = ()  # each rank's tracer events (JSON objects)
+    started: float = 0.0  # when the job was sent, on the machine-wide monotonic clock
 
     @property
     def ok(self) -> bool:

@@ -3,13 +3,15 @@
 Progress is any message from a rank. With no progress from any running rank for
 ``deadline`` seconds, every running rank's stacks are taken and it is killed ("hung"). After
 the first rank raises or dies, the others get ``error_grace`` seconds to end by themselves,
-then the same ("stopped"). Each rank's stderr is read as it comes, so a chatty rank never
-blocks and a dying rank's last words are kept.
+then the same ("stopped"). Each rank's stderr and trace pipes are read as they come, so a
+chatty rank never blocks, a dying rank's last words are kept, and the tracer's record of
+the call a rank is blocked in arrives before the rank is stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ class RankHandle:
     ctrl: Connection
     faulthandler_fd: int
     stderr_fd: int
+    trace_fd: int
 
 
 class JobWatch:
@@ -50,38 +53,51 @@ class JobWatch:
         self.started = procs.now()
         self.last_progress = {h.rank: self.started for h in ranks}
         self.stderr = {h.rank: _Tail() for h in ranks}
-        for handle in ranks:
-            _read_available(handle.stderr_fd)  # left over from an earlier job: not ours
+        self.trace = {h.rank: _Lines() for h in ranks}
+        self.streams = {}  # fd -> (rank, reader), while the rank's end is open
+        for h in ranks:
+            self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
+            self.streams[h.trace_fd] = (h.rank, self.trace[h.rank])
+            for fd in (h.stderr_fd, h.trace_fd):
+                _read_available(fd)  # left over from an earlier job: not ours
 
     def run(self, payload: bytes) -> JobResult:
         for handle in self.ranks:
             handle.conn.send_bytes(payload)
-        stderr_open = {h.stderr_fd: h.rank for h in self.ranks}
         while True:
             running = [h for h in self.ranks if h.rank not in self.ends]
             if not running:
                 break
             timeout = self._time_left(running)
             watched = [h.conn for h in running] + [h.process.sentinel for h in running]
-            ready = wait(watched + list(stderr_open), max(0.0, timeout)) if timeout > 0 else []
+            ready = wait(watched + list(self.streams), max(0.0, timeout)) if timeout > 0 else []
             if not ready:
+                self._read_streams(list(self.streams))  # calls entered just before the end
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
-            for fd in set(ready) & set(stderr_open):
-                if not self.stderr[stderr_open[fd]].add(_read_available(fd)):
-                    del stderr_open[fd]  # the rank closed it: it has exited
+            self._read_streams(set(ready) & set(self.streams))
             for handle in running:
                 if handle.conn in ready or handle.process.sentinel in ready:
                     self._drain(handle)
-        for handle in self.ranks:
-            self.stderr[handle.rank].add(_read_available(handle.stderr_fd))
+        self._read_streams(list(self.streams))
         return JobResult(
             ends=tuple(dataclasses.replace(self.ends[h.rank], stderr=str(self.stderr[h.rank]))
                        for h in self.ranks),
             values=tuple(self.values.get(h.rank) for h in self.ranks),
             events=tuple(tuple(self.events[h.rank]) for h in self.ranks),
             wall_s=procs.now() - self.started,
+            traces=tuple(tuple(self.trace[h.rank].items) for h in self.ranks),
+            started=self.started,
         )
+
+    def _read_streams(self, fds) -> None:
+        for fd in fds:
+            rank, reader = self.streams[fd]
+            chunk = _read_available(fd)
+            if chunk and reader is self.trace[rank]:
+                self.last_progress[rank] = procs.now()  # a rank entering calls is moving
+            if not reader.add(chunk):
+                del self.streams[fd]  # the rank closed it: it has exited
 
     def _time_left(self, running: list[RankHandle]) -> float:
         if self.first_error is not None:
@@ -132,8 +148,29 @@ class JobWatch:
         for handle, (threads, raw) in zip(running, answers):
             self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
                                              stacks=threads, raw_stack=raw)
-        for handle in running:
-            procs.kill(handle.process)
+        procs.kill([handle.process for handle in running])
+        stopped = {handle.rank for handle in running}
+        for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:
+            del self.streams[fd]  # what they wrote while dying is not evidence
+
+
+class _Lines:
+    """JSON lines as they arrive, split across reads as they may be."""
+
+    def __init__(self) -> None:
+        self.partial = b""
+        self.items: list[dict] = []
+
+    def add(self, chunk: bytes | None) -> bool:
+        if chunk is None:
+            return True
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in lines:
+            try:
+                self.items.append(json.loads(line))
+            except ValueError:
+                pass  # a line cut by a killed writer
+        return bool(chunk)
 
 
 class _Tail:

@@ -1,0 +1,224 @@
+"""The collective tracer: every point-to-point and collective call a rank makes.
+
+Each call is written as JSON lines to a file descriptor the moment it is entered, waited
+on and completed, so whoever reads the other end (the pool's parent, or a file under
+``--trace-dir``) knows which call a rank is blocked in while it is still blocked. A call
+records its op, its sequence number on its group (collectives) or on its channel (sends
+to one peer, receives from one peer), peer, group, shapes, dtype, reduce op and the
+user's file:line. Wrapping ``torch.distributed``'s functions (and ``distributed_c10d``'s
+own names, which P2POp and batch_isend_irecv compare against) sees every caller that
+looks them up at call time: DDP comm hooks, ZeroRedundancyOptimizer, pipelining.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from harness.models import Call
+
+# op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
+OPS: dict[str, tuple[str | None, str | None]] = {
+    "send": ("dst", "send"), "recv": ("src", "recv"),
+    "isend": ("dst", "send"), "irecv": ("src", "recv"),
+    "batch_isend_irecv": (None, None),
+    "all_reduce": (None, None), "broadcast": ("src", None), "reduce": ("dst", None),
+    "all_gather": (None, None), "all_gather_into_tensor": (None, None),
+    "reduce_scatter": (None, None), "reduce_scatter_tensor": (None, None),
+    "all_to_all": (None, None), "all_to_all_single": (None, None),
+    "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
+    "monitored_barrier": (None, None),
+}
+_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
+              + os.sep + "tracer.py", os.path.dirname(os.__file__))
+
+
+class Tracer:
+    """Install with :meth:`install`; every traced call then writes JSON lines to ``fd``."""
+
+    def __init__(self, fd: int, rank: int):
+        self.fd = fd
+        self.rank = rank
+        self._ids = 0
+        self._seq: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._originals: dict[str, Callable] = {}
+
+    def install(self) -> "Tracer":
+        for name in OPS:
+            original = getattr(c10d, name, None)
+            if original is None or name in self._originals:
+                continue
+            self._originals[name] = original
+            wrapped = self._wrap(name, original)
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
+        return self
+
+    def reset(self) -> None:
+        """Number calls from zero again (every rank does this at the same point)."""
+        with self._lock:
+            self._ids = 0
+            self._seq = {}
+
+    def uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+        self._originals = {}
+
+    def write(self, **event: Any) -> None:
+        line = json.dumps(event, separators=(",", ":")) + "\n"
+        try:
+            os.write(self.fd, line.encode())
+        except OSError:
+            pass  # nobody is listening any more: tracing must never break the job
+
+    def _wrap(self, name: str, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+        peer_arg, direction = OPS[name]
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._local, "inside", False):  # e.g. isend inside batch_isend_irecv
+                return original(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            call = self._describe(name, bound, peer_arg, direction)
+            self.write(ev="enter", **call)
+            self._local.inside = True
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                self.write(ev="error", id=call["id"], t=time.monotonic(), error=repr(exc)[:300])
+                raise
+            finally:
+                self._local.inside = False
+            if call["async_op"]:
+                return _wrap_works(result, self, call["id"])
+            self.write(ev="done", id=call["id"], t=time.monotonic())
+            return result
+
+        traced.__wrapped__ = original
+        traced.__name__ = name
+        return traced
+
+    def _describe(self, name: str, bound: dict, peer_arg: str | None,
+                  direction: str | None) -> dict:
+        if name == "batch_isend_irecv":
+            ops = bound.get("p2p_op_list") or []
+            tensors = [op.tensor for op in ops]
+            group = _ranks(ops[0].group if ops else None)
+            peers = [(("send" if op.op.__name__ == "isend" else "recv"), op.peer) for op in ops]
+            peer = None
+            key = ("batch", group)
+        else:
+            tensors = _tensors(bound)
+            group = _ranks(bound.get("group"))
+            peer = bound.get(peer_arg) if peer_arg else None
+            if peer is None and peer_arg:
+                peer = bound.get("group_" + peer_arg)
+            peers = []
+            key = (direction, peer, group) if direction else ("collective", group)
+        op = bound.get("op")
+        with self._lock:
+            self._ids += 1
+            seq = self._seq.get(key, 0)
+            self._seq[key] = seq + 1
+            call_id = self._ids
+        return {
+            "id": call_id, "t": time.monotonic(), "op": name, "seq": seq, "group": list(group),
+            "peer": peer, "peers": peers, "shapes": [list(t.shape) for t in tensors],
+            "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+            "reduce_op": getattr(op, "name", None) or (str(op).rsplit(".", 1)[-1] if op is not None else None),
+            "where": user_line(), "rank": self.rank,
+            "async_op": bool(bound.get("async_op")) or name in ("isend", "irecv",
+                                                                 "batch_isend_irecv"),
+        }
+
+
+class _TracedWork:
+    """A Work handle that reports when its owner waits on it and when the wait returns."""
+
+    def __init__(self, work: Any, tracer: Tracer, call_id: int):
+        self._work, self._tracer, self._id = work, tracer, call_id
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._tracer.write(ev="wait", id=self._id, t=time.monotonic(), where=user_line())
+        result = self._work.wait(*args, **kwargs)
+        self._tracer.write(ev="done", id=self._id, t=time.monotonic())
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _wrap_works(result: Any, tracer: Tracer, call_id: int) -> Any:
+    if isinstance(result, list):
+        return [_TracedWork(w, tracer, call_id) for w in result]
+    return None if result is None else _TracedWork(result, tracer, call_id)
+
+
+def _tensors(bound: dict) -> list[torch.Tensor]:
+    found = []
+    for value in bound.values():
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+            found.extend(t for v in value if isinstance(v, (list, tuple))
+                         for t in v if isinstance(t, torch.Tensor))
+    return found
+
+
+def _ranks(group: Any) -> tuple[int, ...]:
+    try:
+        return tuple(dist.get_process_group_ranks(group or c10d._get_default_group()))
+    except Exception:
+        return ()
+
+
+def user_line() -> str:
+    """file:line of the innermost frame outside torch, the tracer and the stdlib."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<"):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def fold(events: Iterable[dict]) -> tuple[Call, ...]:
+    """Turn a rank's JSON events into one Call per call, in the order they were entered."""
+    calls: dict[int, dict] = {}
+    for event in events:
+        kind = event.get("ev")
+        if kind == "enter":
+            calls[event["id"]] = {k: v for k, v in event.items() if k not in ("ev", "t")}
+            calls[event["id"]]["entered"] = event["t"]
+        elif event.get("id") in calls:
+            call = calls[event["id"]]
+            if kind == "wait":
+                call.setdefault("waited", event["t"])
+                call.setdefault("wait_where", event.get("where", ""))
+            elif kind == "done":
+                call["completed"] = event["t"]
+            elif kind == "error":
+                call["error"] = event.get("error")
+    return tuple(Call(
+        id=c["id"], rank=c.get("rank", -1), op=c["op"], seq=c["seq"], group=tuple(c["group"]),
+        peer=c.get("peer"), peers=tuple((d, p) for d, p in c.get("peers", [])),
+        shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
+        reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
+        entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
+        completed=c.get("completed"), error=c.get("error"))
+        for c in calls.values())
