@@ -1,0 +1,33 @@
+"""Pipeline stages cut by parameter count over layers of very unequal cost."""
+
+import dataclasses
+
+from faults import Fault, Variant
+from harness.models import PipeShape, RunSpec
+
+
+def _costly_attention(spec: RunSpec) -> RunSpec:
+    """Long sequences make an attention block about 3x an MLP block in time at equal
+    parameters; 24 layers let a cut by time come within a few percent of even; enough
+    steps give stable per-stage timings."""
+    return dataclasses.replace(
+        spec, pipe=PipeShape(layers="m" * 18 + "a" * 6, seq_len=256, d_model=32),
+        micro_batches=spec.micro_batches if spec.micro_batches >= 2 else 8,
+        batch_size=spec.batch_size if spec.batch_size >= 16 else 16,
+        num_steps=max(spec.num_steps, 6))
+
+
+FAULT = Fault(
+    id="unbalanced-stages",
+    title="One stage gates every cycle",
+    strategies=("pipe-gpipe", "pipe-1f1b", "torch-pipe-gpipe", "torch-pipe-1f1b"),
+    symptom="one stage takes far longer than the others on every micro-batch, so every "
+            "other stage waits for it and the pipeline runs at its pace",
+    cause="the layers were split into stages by parameter count, but attention blocks "
+          "cost about three times an MLP block at the same parameter count",
+    fix="cut the stages so each does the same work: equal measured time per stage (equal "
+        "FLOPs gets close, but FLOP counters miss softmax and transposes)",
+    variants=(Variant("by-params", "stages cut at equal parameter counts",
+                      {"knobs.stage_split": "params"}),),
+    scenario=_costly_attention,
+)
