@@ -24,7 +24,7 @@ RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
 SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
 P2POrder = Literal["even-odd", "send-first", "batched"]
-StageSplit = Literal["flops", "params"]
+StageSplit = Literal["flops", "params", "time"]
 Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
 
 
@@ -42,7 +42,8 @@ class Knobs:
     # workload's own choice: the reference leaves it out on the same ranks)
     find_unused_parameters: bool = False  # let DDP reduce parameters that got no gradient
     p2p_order: P2POrder = "even-odd"  # how a stage pairs its send and receive to one peer
-    stage_split: StageSplit = "flops"  # what a pipeline equalises when it cuts the layers
+    stage_split: StageSplit = "time"  # what a pipeline equalises when it cuts the layers:
+    # CPU time measured on every rank and averaged, torch-counted FLOPs, or parameter counts
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,41 @@ class PipeStepEvidence:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One point-to-point or collective call a rank made, as its tracer recorded it.
+
+    ``seq`` numbers the call on its group (collectives) or on its channel (this rank's
+    sends to one peer, or receives from one peer), so calls that should meet across
+    ranks share a number. Times are on the machine-wide monotonic clock.
+    """
+
+    id: int
+    rank: int
+    op: str
+    seq: int
+    group: tuple[int, ...]
+    peer: int | None
+    peers: tuple[tuple[str, int], ...]  # batch_isend_irecv: ("send"|"recv", peer) each
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    reduce_op: str | None
+    where: str  # the user's file:line
+    async_op: bool
+    entered: float
+    waited: float | None = None  # when the owner started waiting on an async call
+    wait_where: str = ""
+    completed: float | None = None
+    error: str | None = None
+
+    @property
+    def blocking(self) -> bool:
+        """Is the rank inside this call right now (entered a blocking call, or waiting)?"""
+        if self.completed is not None or self.error is not None:
+            return False
+        return not self.async_op or self.waited is not None
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one rank recorded over a run."""
 
@@ -219,6 +255,7 @@ class Evidence:
     stages: tuple[StageCost, ...] = ()
     stage_events: tuple[StageEvent, ...] = ()
     pipe_steps: tuple[PipeStepEvidence, ...] = ()
+    calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
 
 
 @dataclass(frozen=True)
@@ -291,6 +328,7 @@ class RunRecord:
     wall_s: float
     torch_version: str = ""
     schema_version: int = SCHEMA_VERSION
+    started: float = 0.0  # job start on the machine-wide monotonic clock (RankEnd.at is after it)
 
     @property
     def finished(self) -> bool:

@@ -21,10 +21,11 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
         raise ValueError(f"pool has {pool.world_size} ranks, the spec asks for {spec.world_size}")
     job = pipeline_job if spec.is_pipeline else train_job
     result = pool.run(job, spec, deadline=spec.deadline)
-    ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, events))
-                  for end, events in zip(result.ends, result.events))
+    traces = result.traces or ((),) * len(result.ends)
+    ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, events, trace))
+                  for end, events, trace in zip(result.ends, result.events, traces))
     return RunRecord(spec=spec, ranks=ranks, wall_s=result.wall_s,
-                     torch_version=torch.__version__)
+                     torch_version=torch.__version__, started=result.started)
 
 
 def assess(record: RunRecord) -> Assessment:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 
 from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
@@ -53,10 +54,27 @@ def step_table(record: RunRecord, assessment: Assessment) -> str:
 
 def numbers_line(assessment: Assessment) -> str:
     reference = assessment.reference
-    return (f"spread across ranks {num(assessment.param_spread)} "
-            f"(limit {assessment.spread_tolerance:g}), largest difference from the "
-            f"single-process run {num(reference.max_abs_diff if reference else None)} "
+    spread = ("" if assessment.param_spread is None else
+              f"spread across ranks {num(assessment.param_spread)} "
+              f"(limit {assessment.spread_tolerance:g}), ")
+    return (f"{spread}largest difference from the single-process run "
+            f"{num(reference.max_abs_diff if reference else None)} "
             f"(limit {reference.tolerance if reference else 0:g})")
+
+
+def hang_timing(record: RunRecord, printed_at: float) -> str | None:
+    """For a hung run: when the ranks blocked, when the hang was declared, and how long
+    until the diagnosis was printed (all measured on the machine-wide monotonic clock)."""
+    hung = [r for r in record.ranks if r.end.status == "hung"]
+    entered = [c.entered for r in hung for c in r.evidence.calls if c.blocking]
+    if not hung or not entered:
+        return None
+    blocked = max(entered)
+    declared = record.started + max(r.end.at or 0.0 for r in hung)
+    return (f"hang: the last rank blocked {blocked - record.started:.2f} s into the run; the "
+            f"hang was declared {declared - blocked:.2f} s later (deadline "
+            f"{record.spec.deadline:g} s) and this diagnosis printed {printed_at - blocked:.2f} s "
+            f"after the ranks blocked (gloo's own timeout: 30 minutes)")
 
 
 def verdict_line(verdict: Verdict) -> str:
@@ -72,15 +90,27 @@ def ranks_line(record: RunRecord) -> str:
     ends = [r.end for r in record.ranks]
     if all(e.ok for e in ends):
         return f"all {len(ends)} ranks finished"
-    parts = []
+    groups: dict[str, list[int]] = {}
     for end in sorted(ends, key=lambda e: (e.ok, is_peer_echo(e), e.at or 0.0)):
         if end.ok:
-            parts.append(f"rank {end.rank} finished")
+            text = "finished"
         elif is_peer_echo(end):
-            parts.append(f"rank {end.rank} {end.status} (echo: a peer went away)")
+            text = f"{end.status} (echo: a peer went away)"
         else:
-            parts.append(f"rank {end.rank} {end.status}: {end.headline[:160]}")
-    return "; ".join(parts)
+            text = f"{end.status}: {end.headline[:160]}"
+        groups.setdefault(text, []).append(end.rank)
+    return "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {text}"
+                     for text, r in groups.items())
+
+
+def step_time(record: RunRecord) -> float | None:
+    """Median wall time of a pipeline step across all ranks (steps after the first)."""
+    spans = []
+    steps = {s.step for r in record.ranks for s in r.evidence.pipe_steps}
+    for step in sorted(steps)[1:] or sorted(steps):
+        mine = [s for r in record.ranks for s in r.evidence.pipe_steps if s.step == step]
+        spans.append(max(s.end for s in mine) - min(s.start for s in mine))
+    return sorted(spans)[len(spans) // 2] if spans else None
 
 
 def finding_text(found: Finding, indent: str = "  ") -> str:
@@ -118,6 +148,17 @@ def diagnosis_text(report: RunReport) -> str:
     if report.fixed_record is not None and verdict.after is not None:
         sections.append(run_section(f"after the fix ({verdict.note.removeprefix('applied ')})",
                                     report.fixed_record, verdict.after))
+    if report.fixed_record is not None and report.record.spec.is_pipeline:
+        before, after = step_time(report.record), step_time(report.fixed_record)
+        if before and after:
+            text = (f"step time: {before * 1e3:.1f} ms before the fix, {after * 1e3:.1f} ms "
+                    f"after: {before / after:.2f}x (median over steps, measured in this run)")
+            cores = os.cpu_count() or 1
+            if report.record.spec.world_size > cores:
+                text += (f"; {report.record.spec.world_size} ranks share {cores} cores here, "
+                         f"so idle ranks lend their core to the slow one and balance shows in "
+                         f"the stage times more than in the step time")
+            sections.append(wrap(text))
     closing = "verdict: " + OUTCOME_TEXT[verdict.outcome]
     if verdict.note and verdict.outcome in ("masked", "not-reproduced", "not-fixed"):
         closing += "\n" + wrap(verdict.note, "  ")

@@ -82,3 +82,36 @@ def line_of(marker: str) -> int:
             if text.rstrip().endswith(f"# {marker}"):
                 return number
     raise LookupError(marker)
+
+
+def many_calls(ctx) -> None:
+    """One of every kind of call the tracer must see, each on a marked line."""
+    world, rank = ctx.world_size, ctx.rank
+    values = torch.full((3,), float(rank))
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)  # ALLREDUCE-LINE
+    dist.broadcast(torch.zeros(2, 2, dtype=torch.float64), src=world - 1)  # BROADCAST-LINE
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([rank]))  # ALLGATHER-LINE
+    out, inbox = torch.full((4,), float(rank)), torch.zeros(4)
+    works = dist.batch_isend_irecv([  # BATCH-LINE
+        dist.P2POp(dist.isend, out, (rank + 1) % world),
+        dist.P2POp(dist.irecv, inbox, (rank - 1) % world)])
+    for work in works:
+        work.wait()  # WAIT-LINE
+    assert inbox[0] == (rank - 1) % world
+
+
+def send_cycle(ctx) -> None:
+    dist.send(torch.zeros(4), dst=(ctx.rank + 1) % ctx.world_size)  # SEND-CYCLE-LINE
+
+
+def skip_collective_on_last_rank(ctx) -> None:
+    if ctx.rank != ctx.world_size - 1:
+        dist.all_reduce(torch.ones(2))  # SKIPPED-LINE
+
+
+def mismatched_collectives(ctx) -> None:
+    if ctx.rank == 0:
+        dist.all_reduce(torch.ones(4))  # MISMATCH-ALLREDUCE-LINE
+    else:
+        dist.broadcast(torch.ones(4), src=0)  # MISMATCH-BROADCAST-LINE

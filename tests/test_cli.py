@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faults
 import pytest
 
 from harness.cli import main
@@ -49,6 +50,10 @@ def test_no_write_leaves_no_file(tmp_path, capsys, monkeypatch):
     ["demo"],
     ["demo", "--all", "--variant", "sum"],
     ["demo", "nope"],
+    ["pipeline", "simulate", "--stages", "0"],
+    ["pipeline", "simulate", "--schedule", "dualpipe", "--stages", "3"],
+    ["pipeline", "simulate", "--f", "-1"],
+    ["pipeline", "run", "--schedule", "nope"],
 ])
 def test_bad_arguments_get_one_line_and_exit_code_2(argv, capsys):
     try:
@@ -109,16 +114,52 @@ def test_demo_of_one_fault_tells_the_lesson_in_order(capsys):
 def test_demo_all_sweeps_every_fault_and_ends_with_the_summary(capsys):
     assert main(["demo", "--all"]) == 0
     printed = capsys.readouterr().out
+    catalogue = faults.catalogue()
     rows = [line for line in printed.splitlines() if line.split()[:1] and
-            line.split()[0] in {"divergent-init", "shared-shuffle-seed", "unused-params",
-                                "sum-without-mean", "allreduce-every-microbatch"}]
-    assert len(rows) == 14 and all(row.split()[-1] in ("fixed", "masked") for row in rows)
-    assert "14 of 14 detected and fixed" in printed
+            line.split()[0] in catalogue]
+    expected = sum(len(f.variants) * len(f.strategies) for f in catalogue.values())
+    assert len(rows) == expected == 19
+    assert all(row.split()[-1] in ("fixed", "masked") for row in rows)
+    assert f"{expected} of {expected} detected and fixed" in printed
 
 
 def test_faults_lists_the_catalogue(capsys):
     assert main(["faults"]) == 0
     printed = capsys.readouterr().out
     for fault_id in ("divergent-init", "shared-shuffle-seed", "unused-params",
-                     "sum-without-mean", "allreduce-every-microbatch"):
+                     "sum-without-mean", "allreduce-every-microbatch", "send-before-receive",
+                     "unbalanced-stages"):
         assert f"\n{fault_id}: " in printed
+
+
+@pytest.mark.parametrize("micro, bubble", [(8, "27.27%"), (64, "4.48%")])
+def test_pipeline_simulate_prints_the_bubble_simulated_and_closed(micro, bubble, capsys):
+    assert main(["pipeline", "simulate", "--stages", "4", "--microbatches", str(micro)]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] and line.split()[0] in ("gpipe", "1f1b", "zb", "dualpipe")}
+    assert rows["gpipe"][2] == rows["gpipe"][3] == rows["1f1b"][2] == bubble
+    assert rows["zb"][4] == rows["zb"][5] == "3.00"  # (PP-1)(F+B-2W) at F=B=W=1
+    assert rows["dualpipe"][-1] == "2x"
+
+
+def test_pipeline_simulate_one_schedule_draws_its_chart(capsys):
+    assert main(["pipeline", "simulate", "--schedule", "zb", "--stages", "2",
+                 "--microbatches", "4"]) == 0
+    assert "rank 1  |" in capsys.readouterr().out
+
+
+def test_pipeline_run_checks_the_reference_and_compares_bubbles(capsys):
+    assert main(["pipeline", "run", "--schedule", "pipe-1f1b", "--world-size", "2",
+                 "--num-steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "bubble: measured" in printed and "simulated 1f1b" in printed
+    assert "verdict: PASS" in printed
+
+
+def test_diagnosing_a_hang_reports_the_time_from_block_to_diagnosis(capsys):
+    code = main(["diagnose", "--strategy", "pipe-1f1b", "--fault", "send-before-receive",
+                 "--world-size", "2", "--deadline", "1"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "send cycle 0 -> 1 -> 0" in printed
+    seconds = float(printed.split("this diagnosis printed ")[1].split(" s")[0])
+    assert 1.0 <= seconds <= 1.0 + 2.0

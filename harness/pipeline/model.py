@@ -8,6 +8,7 @@ matmuls: torch's FlopCounterMode counts CPU scaled_dot_product_attention as 0 FL
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +90,24 @@ def layer_costs(layers: nn.ModuleList, shape: PipeShape, micro_size: int) -> lis
     return costs
 
 
+def layer_times(layers: nn.ModuleList, shape: PipeShape, micro_size: int,
+                repeats: int = 3) -> list[float]:
+    """CPU seconds of each layer's forward and backward on one micro-batch (median of
+    ``repeats`` after a warm-up): the cost a FLOP counter misses (softmax, transposes)."""
+    times = []
+    for layer in layers:
+        samples = []
+        for attempt in range(repeats + 1):
+            x = torch.randn(micro_size, shape.seq_len, shape.d_model, requires_grad=True)
+            start = time.thread_time()
+            layer(x).sum().backward()
+            if attempt:
+                samples.append(time.thread_time() - start)
+        layer.zero_grad(set_to_none=True)
+        times.append(sorted(samples)[len(samples) // 2])
+    return times
+
+
 def partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
     """Cut ``weights`` into ``parts`` contiguous [start, end) runs, minimising the largest
     run's total (exact, by dynamic programming over prefixes)."""
@@ -114,10 +133,50 @@ def partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
-def split_layers(spec: RunSpec, costs: list[LayerCost], parts: int) -> list[tuple[int, int]]:
-    """The stage boundaries the spec's knob asks for: by parameter count or by FLOPs."""
+def balance_ranks(weights: list[float], bounds: list[tuple[int, int]],
+                  owner: list[int]) -> list[tuple[int, int]]:
+    """Move cut points one layer at a time while that lowers the heaviest rank's load.
+
+    When a rank holds several stages (interleaved, V-shaped), equal stages need not give
+    equal ranks; this hill-climb starts from the best cut per stage and stops at the first
+    cut no single move improves."""
+    cuts = [end for _, end in bounds[:-1]]
+
+    def worst(cuts: list[int]) -> float:
+        edges = [0, *cuts, len(weights)]
+        load: dict[int, float] = {}
+        for stage, (a, b) in enumerate(zip(edges, edges[1:])):
+            load[owner[stage]] = load.get(owner[stage], 0.0) + sum(weights[a:b])
+        return max(load.values())
+
+    best = worst(cuts)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(cuts)):
+            for step in (-1, 1):
+                moved = cuts[:i] + [cuts[i] + step] + cuts[i + 1:]
+                edges = [0, *moved, len(weights)]
+                if any(b <= a for a, b in zip(edges, edges[1:])):
+                    continue
+                value = worst(moved)
+                if value < best - 1e-12:
+                    cuts, best, improved = moved, value, True
+    edges = [0, *cuts, len(weights)]
+    return list(zip(edges, edges[1:]))
+
+
+def split_layers(spec: RunSpec, costs: list[LayerCost], owner: list[int],
+                 times: list[float] | None = None) -> list[tuple[int, int]]:
+    """The stage boundaries the spec's knob asks for (by parameter count, FLOPs or time),
+    balanced per rank when ranks hold several stages (``owner``: the rank of each stage)."""
     if spec.knobs.stage_split == "params":
         weights = [c.params for c in costs]
+    elif spec.knobs.stage_split == "time":
+        if times is None:
+            raise ValueError("a split by time needs the layers' measured times")
+        weights = times
     else:
         weights = [c.forward_flops + c.backward_flops for c in costs]
-    return partition(weights, parts)
+    bounds = partition(weights, len(owner))
+    return bounds if len(set(owner)) == len(owner) else balance_ranks(weights, bounds, owner)

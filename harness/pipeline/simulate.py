@@ -2,7 +2,8 @@
 
 List scheduling in start-time order: every rank runs its actions in its list's order, each
 as soon as the rank is free and the actions it depends on have finished (communication is
-free). Costs are per rank-share of the model, as for 1F1B; a stage that is a fraction of
+free unless ``Costs.comm`` says a hop between ranks takes time). Costs are per
+rank-share of the model, as for 1F1B; a stage that is a fraction of
 that (interleaving's chunks, DualPipeV's half-stages) costs that fraction. The closed forms published for these schedules are computed beside the simulation,
 so that where a formula and the schedule disagree, both are shown.
 """
@@ -17,18 +18,31 @@ from harness.pipeline.orders import Action, Schedule, build
 
 @dataclass(frozen=True)
 class Costs:
-    """Time of a forward (f), a backward for inputs (b), a backward for weights (w), and of
-    an overlapped forward+full-backward pair (fb, default f + b + w: compute does not
-    overlap, only communication would)."""
+    """Time of a forward (f), a backward for inputs (b), a backward for weights (w), of an
+    overlapped forward+full-backward pair (fb, default f + b + w: compute does not
+    overlap, only communication would), and of one hop from a stage to the next when they
+    are on different ranks (comm)."""
 
     f: float = 1.0
     b: float = 1.0
     w: float = 1.0
     fb: float | None = None
+    comm: float = 0.0  # latency of one hop between ranks (0: communication is free)
+    per_stage: tuple[tuple[float, float, float], ...] = ()  # measured (f, b, w) per stage
 
     def of(self, kind: str) -> float:
         return {"F": self.f, "B": self.b, "W": self.w, "BW": self.b + self.w,
                 "FB": self.fb if self.fb is not None else self.f + self.b + self.w}[kind]
+
+    def duration(self, action: Action, stage_units: float) -> float:
+        """How long ``action`` takes: its stage's measured times when there are any (a
+        chunk's own time), else the uniform cost scaled to the stage's share."""
+        if not self.per_stage:
+            return self.of(action.kind) * stage_units
+        if action.parts:
+            return sum(self.duration(part, stage_units) for part in action.parts)
+        f, b, w = self.per_stage[action.stage]
+        return {"F": f, "B": b, "W": w, "BW": b + w}[action.kind]
 
     @property
     def full_backward(self) -> float:
@@ -108,10 +122,12 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> Timeline:
                 needs.append(("B", k, m))
         if any(n not in finished for n in needs):
             return None
-        return max((finished[n] for n in needs), default=0.0)
+        rank = layout.stage_rank[(action.parts or (action,))[0].stage]
+        return max((finished[n] + (costs.comm if layout.stage_rank[n[1]] != rank else 0.0)
+                    for n in needs), default=0.0)
 
     def run(rank: int, action: Action, start: float) -> None:
-        end = start + costs.of(action.kind) * layout.stage_units  # a chunk's share of a stage
+        end = start + costs.duration(action, layout.stage_units)
         slots.append(Slot(rank, start, end, action))
         free[rank] = end
         for part in action.parts or (action,):

@@ -16,16 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 from harness.models import StageEvent
-
-# strategy -> (schedule class, stages per rank, layout)
-TORCH_SCHEDULES = {
-    "torch-pipe-gpipe": ("ScheduleGPipe", 1, "loop"),
-    "torch-pipe-1f1b": ("Schedule1F1B", 1, "loop"),
-    "torch-pipe-interleaved": ("ScheduleInterleaved1F1B", 2, "loop"),
-    "torch-pipe-zbv": ("ScheduleZBVZeroBubble", 2, "v"),
-    "torch-pipe-dualpipev": ("ScheduleDualPipeV", 2, "v"),
-}
-
+from harness.pipeline import TORCH_SCHEDULES
 
 def stage_ranks(world: int, per_rank: int, style: str) -> list[int]:
     """The rank holding each stage."""

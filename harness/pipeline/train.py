@@ -1,7 +1,8 @@
 """The pipeline training job a rank runs, hand-rolled or under torch's schedules.
 
 Every rank builds all layers from one seed and keeps its stages, cut by the spec's
-``stage_split`` knob from FLOPs torch counted (or parameter counts). It records the cost of
+``stage_split`` knob: FLOPs torch counted, parameter counts, or CPU time measured per layer
+on every rank and averaged. It records the cost of
 its stages, every forward and backward with wall and CPU times, and per step its loss (last
 stage), gradients and parameters.
 """
@@ -12,17 +13,19 @@ import time
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from harness.fingerprint import fingerprint
 from harness.models import PipeStepEvidence, RunSpec, StageCost
 from harness.pipeline import handrolled
-from harness.pipeline.model import build_layers, layer_costs, make_data, split_layers, step_batch
-from harness.pipeline.torchpipe import TORCH_SCHEDULES, TorchPipeline, stage_ranks
+from harness.pipeline.model import (
+    build_layers, layer_costs, layer_times, make_data, split_layers, step_batch,
+)
+from harness.pipeline import HANDROLLED, TORCH_SCHEDULES
+from harness.pipeline.torchpipe import TorchPipeline, stage_ranks
 from harness.rank import RankContext
 
-HANDROLLED = {"pipe-gpipe": "gpipe", "pipe-1f1b": "1f1b"}
-PIPELINE_STRATEGIES = tuple(HANDROLLED) + tuple(TORCH_SCHEDULES)
 
 
 def stage_layout(strategy: str, world: int) -> list[int]:
@@ -37,6 +40,17 @@ def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out, target)
 
 
+def _agreed_times(layers: nn.ModuleList, spec: RunSpec, micro: int) -> list[float] | None:
+    """Per-layer CPU times measured on every rank and averaged with one all-reduce, so
+    that every rank cuts the layers at the same places (only for a split by time)."""
+    if spec.knobs.stage_split != "time":
+        return None
+    times = torch.tensor(layer_times(layers, spec.pipe, spec.batch_size // micro),
+                         dtype=torch.float64)
+    dist.all_reduce(times)
+    return (times / dist.get_world_size()).tolist()
+
+
 def pipeline_job(ctx: RankContext, spec: RunSpec) -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     layers = build_layers(spec.pipe, spec.seed)
@@ -45,7 +59,7 @@ def pipeline_job(ctx: RankContext, spec: RunSpec) -> None:
     owner = stage_layout(spec.strategy, ctx.world_size)
     if len(layers) < len(owner):
         raise ValueError(f"{len(layers)} layers cannot fill {len(owner)} stages")
-    bounds = split_layers(spec, costs, len(owner))
+    bounds = split_layers(spec, costs, owner, _agreed_times(layers, spec, micro))
     mine = [k for k, rank in enumerate(owner) if rank == ctx.rank]
     modules = {k: nn.Sequential(*layers[bounds[k][0]:bounds[k][1]]) for k in mine}
     ctx.emit(("holds", "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))

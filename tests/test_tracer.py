@@ -1,0 +1,76 @@
+"""The collective tracer, and hang analysis on real hangs of every kind it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jobs
+import pytest
+
+import checks
+from checks import hang
+from harness.evidence import evidence_from_events
+from harness.models import RankRecord, RunRecord, RunSpec
+from harness.tracer import fold
+
+JOBS = jobs.__file__
+
+
+def where(marker: str) -> str:
+    return f"{JOBS}:{jobs.line_of(marker)}"
+
+
+def as_record(result, world_size: int) -> RunRecord:
+    ranks = tuple(RankRecord(e.rank, e, evidence_from_events(e.rank, ev, tr))
+                  for e, ev, tr in zip(result.ends, result.events, result.traces))
+    return RunRecord(RunSpec(world_size=world_size), ranks, result.wall_s, started=result.started)
+
+
+def test_every_call_is_recorded_with_its_op_peer_shape_dtype_and_line(pools):
+    result = pools(3).run(jobs.many_calls, deadline=10).raise_for_status()
+    for rank, trace in enumerate(result.traces):
+        calls = {c.op: c for c in fold(trace)}
+        assert set(calls) == {"all_reduce", "broadcast", "all_gather", "batch_isend_irecv"}
+        reduce = calls["all_reduce"]
+        assert (reduce.seq, reduce.reduce_op, reduce.shapes, reduce.dtype, reduce.where) == \
+            (0, "MAX", ((3,),), "float32", where("ALLREDUCE-LINE"))
+        assert reduce.group == (0, 1, 2) and reduce.completed is not None
+        cast = calls["broadcast"]
+        assert (cast.seq, cast.peer, cast.shapes, cast.dtype) == (1, 2, ((2, 2),), "float64")
+        assert calls["all_gather"].shapes == ((1,),) * 4 and calls["all_gather"].dtype == "int64"
+        batch = calls["batch_isend_irecv"]
+        assert batch.peers == (("send", (rank + 1) % 3), ("recv", (rank - 1) % 3))
+        assert batch.async_op and batch.waited is not None and batch.completed is not None
+        assert (batch.where, batch.wait_where) == (where("BATCH-LINE"), where("WAIT-LINE"))
+
+
+def test_a_blocked_call_is_on_record_while_the_rank_is_still_blocked(pools):
+    result = pools(2).run(jobs.send_cycle, deadline=0.5)
+    for rank, trace in enumerate(result.traces):
+        (call,) = fold(trace)
+        assert call.blocking and call.completed is None and call.peer == 1 - rank
+        assert result.ends[rank].status == "hung"  # stopped only after the trace was read
+
+
+@pytest.mark.parametrize("job, world_size, fault, ranks, lines", [
+    (jobs.send_cycle, 2, "send-before-receive", (0, 1), ["SEND-CYCLE-LINE"]),
+    (jobs.p2p_cycle_with_helper_thread, 3, "p2p-cycle", (0, 1, 2), ["RECV-LINE"]),
+    (jobs.skip_collective_on_last_rank, 3, "missing-from-collective", (2,), ["SKIPPED-LINE"]),
+    (jobs.mismatched_collectives, 2, "collective-mismatch", (0, 1),
+     ["MISMATCH-ALLREDUCE-LINE", "MISMATCH-BROADCAST-LINE"]),
+])
+def test_hang_analysis_names_the_cause_and_every_blocked_line(pools, job, world_size, fault,
+                                                             ranks, lines):
+    record = as_record(pools(world_size).run(job, deadline=0.5), world_size)
+    (found,) = hang.check(record)
+    assert (found.fault, found.ranks) == (fault, ranks)
+    for marker in lines:
+        assert f"{Path(JOBS).name}:{jobs.line_of(marker)}" in found.symptom
+    if fault == "missing-from-collective":
+        assert "rank 2: it finished" in found.symptom
+        assert found.measured["waiting"] == [0, 1]
+
+
+def test_hang_analysis_stays_quiet_when_nothing_hung(pools):
+    record = as_record(pools(2).run(jobs.many_calls, deadline=10), 2)
+    assert hang.check(record) == [] and "hang" in {d.NAME for d in checks.detectors()}
