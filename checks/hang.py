@@ -169,7 +169,8 @@ def _from_stack(rank: RankRecord) -> str:
     main = next((s for s in rank.end.stacks if s.main), None)
     if main and main.frames:
         frame = main.frames[-1]
-        return f"no traced call; stack ends in {frame.function} at {_short(frame.file)}:{frame.line}"
+        return (f"no traced call; stack ends in {frame.function} at "
+                f"{_short(frame.file)}:{frame.line}")
     return "no traced call and no stack"
 
 

@@ -15,6 +15,7 @@ FAULT = Fault(
         "(or make every rank use every parameter)",
     variants=(
         Variant("some-ranks", "odd ranks skip the aux head", {"knobs.aux_skipped_on": "odd-ranks"}),
-        Variant("all-ranks", "every rank skips the aux head", {"knobs.aux_skipped_on": "all-ranks"}),
+        Variant("all-ranks", "every rank skips the aux head",
+                {"knobs.aux_skipped_on": "all-ranks"}),
     ),
 )

@@ -91,8 +91,10 @@ class RunSpec:
         for name in positive:
             if getattr(self, name) < 1:
                 yield f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
-        if self.batch_size >= 1 and self.micro_batches >= 1 and self.batch_size % self.micro_batches:
-            yield f"batch-size {self.batch_size} is not divisible by micro-batches {self.micro_batches}"
+        if self.batch_size >= 1 and self.micro_batches >= 1 and \
+                self.batch_size % self.micro_batches:
+            yield (f"batch-size {self.batch_size} is not divisible by micro-batches "
+                   f"{self.micro_batches}")
         if self.world_size >= 1 and self.batch_size >= 1 and self.num_samples < self.global_batch:
             yield (f"num-samples {self.num_samples} is smaller than one global batch "
                    f"({self.global_batch} samples)")

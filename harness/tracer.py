@@ -138,7 +138,7 @@ class Tracer:
             "id": call_id, "t": time.monotonic(), "op": name, "seq": seq, "group": list(group),
             "peer": peer, "peers": peers, "shapes": [list(t.shape) for t in tensors],
             "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
-            "reduce_op": getattr(op, "name", None) or (str(op).rsplit(".", 1)[-1] if op is not None else None),
+            "reduce_op": _op_name(op),
             "where": user_line(), "rank": self.rank,
             "async_op": bool(bound.get("async_op")) or name in ("isend", "irecv",
                                                                  "batch_isend_irecv"),
@@ -177,6 +177,12 @@ def _tensors(bound: dict) -> list[torch.Tensor]:
             found.extend(t for v in value if isinstance(v, (list, tuple))
                          for t in v if isinstance(t, torch.Tensor))
     return found
+
+
+def _op_name(op: Any) -> str | None:
+    if op is None:
+        return None
+    return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
 
 
 def _ranks(group: Any) -> tuple[int, ...]:

@@ -32,10 +32,11 @@ def test_clean_runs_agree_across_ranks_and_with_one_process(pools, strategy, wor
         per_rank = [r.evidence.steps[step] for r in record.ranks]
         # every rank applied the same gradient, and it is the mean of the local ones
         assert len({s.grad_synced.digest for s in per_rank}) == 1
-        mean_local = [sum(col) / world_size for col in zip(*(s.grad_local.values for s in per_rank))]
+        local = zip(*(s.grad_local.values for s in per_rank))
+        mean_local = [sum(col) / world_size for col in local]
         assert max(abs(m - g) for m, g in zip(mean_local, per_rank[0].grad_synced.values)) < 1e-6
-        assert all((s.allreduce_calls, s.allreduce_bytes, s.gradient_bytes) == (1, 4 * numel, 4 * numel)
-                   for s in per_rank)
+        assert all((s.allreduce_calls, s.allreduce_bytes, s.gradient_bytes)
+                   == (1, 4 * numel, 4 * numel) for s in per_rank)
         ids = [i for s in per_rank for i in s.sample_ids]
         assert len(ids) == len(set(ids)) == 8 * world_size
     for rank in record.ranks:  # recorded before each step's sync: every parameter had a gradient

@@ -22,7 +22,8 @@ def step(n, ids=(), local=(1.0,), synced=(1.0,), calls=1, sent=4, grad_bytes=4, 
 def record(*per_rank_steps, backward=None, status="finished") -> RunRecord:
     ranks = []
     for rank, steps in enumerate(per_rank_steps):
-        evidence = Evidence(rank, backward=tuple((backward or {}).get(rank, ())), steps=tuple(steps))
+        evidence = Evidence(rank, backward=tuple((backward or {}).get(rank, ())),
+                            steps=tuple(steps))
         ranks.append(RankRecord(rank, RankEnd(rank, status), evidence))
     return RunRecord(RunSpec(world_size=len(ranks)), tuple(ranks), 0.1)
 

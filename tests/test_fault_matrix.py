@@ -59,7 +59,8 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         # 1F1B's last stage has no warm-up, so it and its neighbour exchange first
         assert measured["cycle"] == [world_size - 2, world_size - 1]
         blocked = measured["blocked_in"]
-        assert len(blocked) == world_size and all(t.startswith("send to ") for t in blocked.values())
+        assert len(blocked) == world_size
+        assert all(text.startswith("send to ") for text in blocked.values())
         lines = {text.rsplit(":", 1)[1] for text in blocked.values()}
         assert len(lines) == 1  # every rank is blocked at the same line, and it is a send
         assert "dist.send(" in HANDROLLED.read_text().splitlines()[int(lines.pop()) - 1]
@@ -72,7 +73,8 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         stage = [sum(flops[k] for k in layers[i * per_stage:(i + 1) * per_stage])
                  for i in range(world_size)]
         assert measured["slowest_rank"] == world_size - 1  # the attention blocks come last
-        assert measured["max_over_mean_flops"] == pytest.approx(max(stage) / (sum(stage) / world_size))
+        mean = sum(stage) / world_size
+        assert measured["max_over_mean_flops"] == pytest.approx(max(stage) / mean)
         assert measured["max_over_mean_time"] > 1.25
     else:
         raise AssertionError(f"no expected numbers for {fault_id}")
@@ -133,7 +135,8 @@ def test_a_fault_that_cannot_show_is_not_reproduced_rather_than_fixed(pools):
 CLEAN = {
     "default": {},
     "accumulation": {"micro_batches": 4},
-    "aux-skipped-handled": {"knobs": Knobs(aux_skipped_on="odd-ranks", find_unused_parameters=True)},
+    "aux-skipped-handled": {"knobs": Knobs(aux_skipped_on="odd-ranks",
+                                           find_unused_parameters=True)},
     "three-epochs": {"num_steps": 24},
 }
 

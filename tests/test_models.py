@@ -52,8 +52,9 @@ findings = st.builds(Finding, check=st.text(max_size=8), fault=st.text(max_size=
                      measured=st.dictionaries(st.text(max_size=6), finite | st.text(max_size=6),
                                               max_size=3), headline=st.text(max_size=12))
 assessments = st.builds(Assessment, findings=st.lists(findings, max_size=2).map(tuple),
-                        reference=st.none() | st.builds(ReferenceComparison, max_abs_diff=finite,
-                                                        per_step=st.lists(finite, max_size=3).map(tuple)),
+                        reference=st.none() | st.builds(
+                            ReferenceComparison, max_abs_diff=finite,
+                            per_step=st.lists(finite, max_size=3).map(tuple)),
                         param_spread=st.none() | finite, ranks_finished=st.booleans())
 
 

@@ -61,7 +61,8 @@ def test_the_cut_minimises_the_heaviest_stage(weights, parts):
     parts = min(parts, len(weights))
     bounds = partition(weights, parts)
     assert bounds[0][0] == 0 and bounds[-1][1] == len(weights)
-    assert all(a < b for a, b in bounds) and all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
+    assert all(a < b for a, b in bounds)
+    assert all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
     best = min(max(sum(weights[a:b]) for a, b in zip((0, *cuts), (*cuts, len(weights))))
                for cuts in itertools.combinations(range(1, len(weights)), parts - 1))
     assert max(sum(weights[a:b]) for a, b in bounds) == best

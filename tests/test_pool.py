@@ -86,7 +86,8 @@ def test_the_root_cause_is_the_failure_not_the_peers_connection_errors():
             RankEnd(1, "raised", at=0.012, error=echo),
             RankEnd(2, "stopped", at=1.0))
     assert JobResult(ends, (None,) * 3, ((),) * 3, 1.0).root_cause.rank == 0
-    only_echoes = (RankEnd(0, "raised", at=0.3, error=echo), RankEnd(1, "raised", at=0.2, error=echo))
+    only_echoes = (RankEnd(0, "raised", at=0.3, error=echo),
+                   RankEnd(1, "raised", at=0.2, error=echo))
     assert JobResult(only_echoes, (None,) * 2, ((),) * 2, 1.0).root_cause.rank == 1
 
 

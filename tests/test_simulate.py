@@ -9,7 +9,9 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from harness.pipeline.gantt import png_gantt, text_gantt
 from harness.pipeline.orders import Action, Layout, Schedule, build
-from harness.pipeline.simulate import Costs, closed_form, gpipe_bubble_fraction, run_schedule, simulate
+from harness.pipeline.simulate import (
+    Costs, closed_form, gpipe_bubble_fraction, run_schedule, simulate,
+)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

@@ -41,7 +41,8 @@ class Exchanger:
         buffer = torch.empty(recv[0]) if recv else None
         paired = send is not None and recv is not None and send[1] == recv[1]
         if paired and self.order == "batched":
-            ops = [dist.P2POp(dist.isend, send[0], send[1]), dist.P2POp(dist.irecv, buffer, recv[1])]
+            ops = [dist.P2POp(dist.isend, send[0], send[1]),
+                   dist.P2POp(dist.irecv, buffer, recv[1])]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         elif paired and self.order == "even-odd" and self.rank % 2:

@@ -4,8 +4,9 @@ List scheduling in start-time order: every rank runs its actions in its list's o
 as soon as the rank is free and the actions it depends on have finished (communication is
 free unless ``Costs.comm`` says a hop between ranks takes time). Costs are per
 rank-share of the model, as for 1F1B; a stage that is a fraction of
-that (interleaving's chunks, DualPipeV's half-stages) costs that fraction. The closed forms published for these schedules are computed beside the simulation,
-so that where a formula and the schedule disagree, both are shown.
+that (interleaving's chunks, DualPipeV's half-stages) costs that fraction. The closed
+forms published for these schedules are computed beside the simulation, so that where a
+formula and the schedule disagree, both are shown.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ class _HookState:
         self.average = average
 
 
-def _allreduce_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _allreduce_hook(state: _HookState,
+                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
     state.comm.add(buffer)
     if state.average:
