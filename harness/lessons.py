@@ -71,7 +71,8 @@ def masked_note(report: RunReport) -> str:
 
 
 def summary_table(rows: list[DemoRow]) -> str:
-    header = (f"{'fault':<27} {'variant':<13} {'strategy':<9} {'N':>2}  "
+    width = max([len("strategy")] + [len(r.strategy) for r in rows])
+    header = (f"{'fault':<27} {'variant':<13} {'strategy':<{width}} {'N':>2}  "
               f"{'measured before the fix':<42} {'|Δ| before':>10} {'|Δ| after':>9}  outcome")
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -82,7 +83,7 @@ def summary_table(rows: list[DemoRow]) -> str:
         after = verdict.after.reference.max_abs_diff if verdict.after and verdict.after.reference \
             else (before.reference.max_abs_diff if before.reference else None)
         lines.append(
-            f"{row.fault:<27} {row.variant:<13} {row.strategy:<9} {row.world_size:>2}  "
+            f"{row.fault:<27} {row.variant:<13} {row.strategy:<{width}} {row.world_size:>2}  "
             f"{measured[:42]:<42} "
             f"{num(before.reference.max_abs_diff if before.reference else None):>10} "
             f"{num(after):>9}  {verdict.outcome}")

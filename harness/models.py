@@ -304,8 +304,12 @@ class RankEnd:
 
     @property
     def headline(self) -> str:
-        """The exception line of the last traceback in ``error`` (or its last line)."""
+        """The exception line of the last traceback in ``error``; for a rank that died, the
+        C++ exception it died of ("what(): ..."); else the last line."""
         lines = (self.error or "").rstrip().splitlines()
+        fatal = [line.strip() for line in lines if line.strip().startswith("what():")]
+        if self.status == "died" and fatal:
+            return fatal[-1]
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
         if starts:
             for line in lines[starts[-1] + 1:]:

@@ -8,6 +8,7 @@ the group timeout, and the parent re-forks the whole group for the next job.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import threading
 import traceback
@@ -59,6 +60,7 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
             other.close() if isinstance(other, Connection) else os.close(other)
         os.dup2(stderr_out.fileno(), 2)  # warnings and last words go to the parent, per rank
         stderr_out.close()
+        faulthandler.enable(all_threads=True)  # a fatal signal's stack joins the last words
         faulthandler_fd = os.dup(faulthandler_out.fileno())
         faulthandler_out.close()
         stacks.arm_faulthandler(faulthandler_fd)

@@ -117,7 +117,7 @@ class JobWatch:
             handle.process.join()
             tail = self.stderr[rank]
             tail.add(_read_available(handle.stderr_fd))
-            last_words = f"; its stderr ended with:\n{tail.last_lines(12)}" if str(tail) else ""
+            last_words = f"; its stderr ended with:\n{tail.last_lines(60)}" if str(tail) else ""
             self._end(RankEnd(rank, "died", at=procs.now() - self.started,
                               error=describe_exit(handle.process) + last_words,
                               exitcode=handle.process.exitcode))

@@ -115,3 +115,14 @@ def mismatched_collectives(ctx) -> None:
         dist.all_reduce(torch.ones(4))  # MISMATCH-ALLREDUCE-LINE
     else:
         dist.broadcast(torch.ones(4), src=0)  # MISMATCH-BROADCAST-LINE
+
+
+def reduce_op_differs(ctx) -> float:
+    values = torch.tensor([float(ctx.rank + 1)])
+    op = dist.ReduceOp.SUM if ctx.rank == 0 else dist.ReduceOp.MAX
+    dist.all_reduce(values, op=op)  # REDUCE-OP-LINE
+    return values.item()
+
+
+def shape_differs(ctx, shapes) -> None:
+    dist.all_reduce(torch.ones(shapes[ctx.rank]))  # SHAPE-LINE

@@ -8,7 +8,7 @@ import jobs
 import pytest
 
 import checks
-from checks import hang
+from checks import collective_mismatch, hang
 from harness.evidence import evidence_from_events
 from harness.models import RankRecord, RunRecord, RunSpec
 from harness.tracer import fold
@@ -74,3 +74,23 @@ def test_hang_analysis_names_the_cause_and_every_blocked_line(pools, job, world_
 def test_hang_analysis_stays_quiet_when_nothing_hung(pools):
     record = as_record(pools(2).run(jobs.many_calls, deadline=10), 2)
     assert hang.check(record) == [] and "hang" in {d.NAME for d in checks.detectors()}
+
+
+def test_a_silent_reduce_op_mismatch_is_named(pools):
+    result = pools(2).run(jobs.reduce_op_differs, deadline=10)
+    assert result.ok  # gloo says nothing
+    (found,) = collective_mismatch.check(as_record(result, 2))
+    assert found.measured["differs"] == ["reduce op"] and found.ranks == (0, 1)
+    assert "SUM" in found.symptom and "MAX" in found.symptom
+
+
+@pytest.mark.parametrize("shapes", [[(4,), (5,)], [(4,), (2, 2)]])
+def test_a_shape_mismatch_is_the_root_cause_not_the_connection_reset(pools, shapes):
+    result = pools(2).run(jobs.shape_differs, shapes, deadline=10)
+    (found,) = collective_mismatch.check(as_record(result, 2))
+    assert found.measured["differs"] == ["shape"]
+    assert f"{Path(JOBS).name}:{jobs.line_of('SHAPE-LINE')}" in found.symptom
+
+
+def test_matching_calls_give_no_mismatch(pools):
+    assert collective_mismatch.check(as_record(pools(3).run(jobs.many_calls, deadline=10), 3)) == []

@@ -1,0 +1,79 @@
+"""Did the ranks make the same calls? Every collective, and every send against its receive.
+
+Calls that should meet share a sequence number: the k-th collective on a group, or the
+k-th send from a to b and the k-th receive at b from a. gloo lets some mismatches through
+silently (SUM on one rank, MAX on another; shape [4] against [2, 2]) and answers others by
+aborting one rank ("Received data size doesn't match expected size") while the rest see
+only "Connection reset by peer". Either way the mismatch is the root cause. Runs that
+hung are left to the hang check, which names mismatches among the calls blocked.
+"""
+
+from __future__ import annotations
+
+from checks import rank_list
+from checks.hang import P2P, STOPPED, describe
+from harness.models import Call, Finding, RunRecord
+
+NAME = "collective_mismatch"
+
+
+def check(record: RunRecord) -> list[Finding]:
+    if any(r.end.status in STOPPED for r in record.ranks):
+        return []
+    return _collectives(record) or _point_to_point(record)
+
+
+def _signature(call: Call) -> tuple:
+    return (call.op, call.peer, call.shapes, call.dtype, call.reduce_op)
+
+
+def _collectives(record: RunRecord) -> list[Finding]:
+    slots: dict[tuple, dict[int, Call]] = {}
+    for rank in record.ranks:
+        for call in rank.evidence.calls:
+            if call.op not in P2P:
+                slots.setdefault((call.group, call.seq), {})[rank.rank] = call
+    for (group, seq), calls in sorted(slots.items(), key=lambda item: item[0][1]):
+        if len({_signature(c) for c in calls.values()}) > 1:
+            return [_finding(f"collective #{seq} on group {list(group)}", calls)]
+    return []
+
+
+def _point_to_point(record: RunRecord) -> list[Finding]:
+    sends, recvs = {}, {}
+    for rank in record.ranks:
+        for call in rank.evidence.calls:
+            if call.op in ("send", "isend"):
+                sends[(rank.rank, call.peer, call.seq)] = call
+            elif call.op in ("recv", "irecv") and call.peer is not None:
+                recvs[(call.peer, rank.rank, call.seq)] = call
+    for key in sorted(set(sends) & set(recvs)):
+        send, recv = sends[key], recvs[key]
+        if (send.shapes, send.dtype) != (recv.shapes, recv.dtype):
+            return [_finding(f"send #{key[2]} from rank {key[0]} to rank {key[1]}",
+                             {key[0]: send, key[1]: recv})]
+    return []
+
+
+def _finding(what: str, calls: dict[int, Call]) -> Finding:
+    listing = "; ".join(f"rank {rank}: {describe(call)}" for rank, call in sorted(calls.items()))
+    differs = [name for name, index in (("op", 0), ("root or peer", 1), ("shape", 2),
+                                        ("dtype", 3), ("reduce op", 4))
+               if len({_signature(c)[index] for c in calls.values()}) > 1
+               and not (name == "root or peer" and calls and
+                        all(c.op in P2P for c in calls.values()))]
+    return Finding(
+        check=NAME, fault="collective-mismatch",
+        headline=f"{' and '.join(differs) or 'call'} differ at {what.split(' on ')[0]}",
+        symptom=f"the ranks' {what} differ in {', '.join(differs) or 'their calls'}: {listing}",
+        cause="the ranks issued different calls (or different shapes, dtypes or reduce ops) "
+              "at the same point in their sequence; any connection errors on other ranks "
+              "follow from this",
+        fix="make every rank issue the same collectives in the same order with the same "
+            "shapes, dtypes and reduce ops, and match each send with a receive of the same "
+            "shape and dtype",
+        fix_changes={}, ranks=tuple(sorted(calls)), measured={
+            "calls": {str(k): describe(v) for k, v in calls.items()}, "differs": differs})
+
+
+__all__ = ["check", "rank_list"]
