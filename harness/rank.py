@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
             other.close() if isinstance(other, Connection) else os.close(other)
         os.dup2(stderr_out.fileno(), 2)  # warnings and last words go to the parent, per rank
         stderr_out.close()
-        faulthandler.enable(all_threads=True)  # a fatal signal's stack joins the last words
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # not the parent's (captured) one
+        faulthandler.enable(sys.stderr, all_threads=True)  # a fatal signal's stack, too
         faulthandler_fd = os.dup(faulthandler_out.fileno())
         faulthandler_out.close()
         stacks.arm_faulthandler(faulthandler_fd)
