@@ -12,78 +12,21 @@ import signal
 import sys
 import threading
 import time
-from typing import NoReturn, Sequence
+from typing import Sequence
 
+from harness.cliargs import Parser, UsageError, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
-from harness.pipeline.orders import SCHEDULES as SIMULATED
+from harness.pipeline import cli as pipeline_cli
 from harness.pool import PoolStartError
 from harness.strategies import STRATEGIES
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-class UsageError(Exception):
-    """Bad input found after parsing: one line, exit code 2."""
-
-
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _run_options(world_size: int) -> argparse.ArgumentParser:
-    """Options every command that trains shares."""
-    options = argparse.ArgumentParser(add_help=False)
-    group = options.add_argument_group("run")
-    group.add_argument("--world-size", type=_count(1), default=world_size, metavar="N",
-                       help="number of ranks (default: %(default)s)")
-    group.add_argument("--num-steps", type=_count(1), default=6, metavar="S",
-                       help="optimiser steps (default: %(default)s)")
-    group.add_argument("--batch-size", type=_count(1), default=None, metavar="B",
-                       help="samples per rank per step for data parallelism (default: 8), "
-                            "per step for a pipeline (default: 16)")
-    group.add_argument("--micro-batches", type=_count(1), default=None, metavar="K",
-                       help="gradient-accumulation micro-batches (default: 1), or pipeline "
-                            "micro-batches (default: 8)")
-    group.add_argument("--num-samples", type=_count(1), default=64, metavar="M",
-                       help="data set size; an epoch is M // (N*B) steps (default: %(default)s)")
-    group.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
-                       help="process-group backend; nccl needs one GPU per rank "
-                            "(default: %(default)s)")
-    group.add_argument("--seed", type=int, default=0,
-                       help="model, data and shuffle seed (default: %(default)s)")
-    group.add_argument("--deadline", type=_seconds, default=30.0, metavar="SECONDS",
-                       help="seconds without progress before the ranks count as hung and "
-                            "are stopped with their stacks (default: %(default)s)")
-    return options
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="distdoctor",
         description="Run real multi-process PyTorch training, inject classic distributed "
                     "bugs, detect them from what the ranks recorded, and prove the fix.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
     strategies = sorted(STRATEGIES)
     all_strategies = strategies + list(PIPELINES)
@@ -93,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "send/recv; torch-pipe-*: torch.distributed.pipelining")
 
     train = commands.add_parser(
-        "train", parents=[_run_options(2)],
+        "train", parents=[run_options(2)],
         help="train the clean baseline on N ranks and check it against one process",
         description="Train a small MLP on N real ranks (forked, one process group), print "
                     "loss per rank, parameter spread across ranks and the distance from a "
@@ -108,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     diagnose = commands.add_parser(
-        "diagnose", parents=[_run_options(2)],
+        "diagnose", parents=[run_options(2)],
         help="inject a fault, detect it, apply the fix, and verify it",
         description="Inject FAULT into a run, detect it from what the ranks recorded (the "
                     "detectors never see which fault was injected), apply the fix the "
@@ -124,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.set_defaults(handler=_diagnose)
 
     demo = commands.add_parser(
-        "demo", parents=[_run_options(4)],
+        "demo", parents=[run_options(4)],
         help="show a failure mode as a short lesson, or all of them",
         description="Each fault as a narrated lesson: what goes wrong, what was measured, "
                     "why, the fix, and the numbers after it. With --all, every fault, then "
@@ -138,60 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
     demo.set_defaults(handler=_demo)
 
-    pipeline = commands.add_parser(
-        "pipeline", help="simulate pipeline schedules, or run one on real ranks",
-        description="Pipeline parallelism: schedule simulators and real runs.")
-    pipeline_commands = pipeline.add_subparsers(dest="pipeline_command", metavar="ACTION",
-                                                parser_class=_Parser)
-    pipeline_commands.required = True
-    simulate = pipeline_commands.add_parser(
-        "simulate", help="bubble, activations and a Gantt chart of a schedule",
-        description="Simulate a pipeline schedule from per-action costs: bubble fraction, "
-                    "idle time per rank against the published closed form, peak in-flight "
-                    "activations and parameter copies, and a Gantt chart.")
-    simulate.add_argument("--schedule", default="all", choices=["all", *SIMULATED],
-                          help="(default: all, as one table)")
-    simulate.add_argument("--stages", type=_count(1), default=4, metavar="S")
-    simulate.add_argument("--microbatches", type=_count(1), default=8, metavar="M")
-    for name, default, text in (("f", 1.0, "forward"), ("b", 1.0, "backward for inputs"),
-                                ("w", 1.0, "backward for weights"),
-                                ("comm", 0.0, "hop between ranks")):
-        simulate.add_argument(f"--{name}", type=_cost, default=default, metavar="T",
-                              help=f"time of a {text} (default: %(default)s)")
-    simulate.add_argument("--fb", type=_cost, default=None, metavar="T",
-                          help="time of an overlapped forward+backward (default: f+b+w)")
-    simulate.add_argument("--png", metavar="PATH", help="also draw the chart as PNG "
-                          "(needs matplotlib)")
-    simulate.set_defaults(handler=_pipeline_simulate)
-    pipe_run = pipeline_commands.add_parser(
-        "run", parents=[_run_options(2)], help="train a pipeline on real ranks",
-        description="Train the pipeline workload on S real ranks, check loss, gradients and "
-                    "parameters against one process, and compare the bubble it measured with "
-                    "the simulator's for the same S, M and the run's own costs.")
-    pipe_run.add_argument("--schedule", required=True, choices=list(PIPELINES),
-                          metavar="SCHEDULE", help=", ".join(PIPELINES))
-    pipe_run.add_argument("--seq-len", type=_count(1), default=32)
-    pipe_run.add_argument("--d-model", type=_count(1), default=16)
-    pipe_run.set_defaults(handler=_pipeline_run)
+    pipeline_cli.add_commands(commands)
 
     listing = commands.add_parser("faults", help="list the fault catalogue",
                                   description="Every failure mode distdoctor can inject.")
     listing.set_defaults(handler=_faults)
     return parser
-
-
-def _spec(args: argparse.Namespace, strategy: str, **extra):
-    from harness.models import RunSpec
-
-    pipeline = "pipe-" in strategy
-    batch = args.batch_size or (16 if pipeline else 8)
-    micro = args.micro_batches or (8 if pipeline and batch % 8 == 0 else 1)
-    try:
-        return RunSpec(strategy=strategy, world_size=args.world_size, num_steps=args.num_steps,
-                       batch_size=batch, micro_batches=micro, num_samples=args.num_samples,
-                       backend=args.backend, seed=args.seed, deadline=args.deadline, **extra)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _fault(fault_id: str):
@@ -208,7 +103,7 @@ def _train(args: argparse.Namespace) -> int:
     from harness.models import RunReport, dump_report
     from harness.run import judge, run
 
-    spec = _spec(args, args.strategy)
+    spec = spec_from(args, args.strategy)
     print(f"distdoctor train: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "
           f"{spec.num_steps} steps, batch {spec.batch_size} per rank, seed {spec.seed}",
           flush=True)
@@ -231,7 +126,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     fault = _fault(args.fault)
     _check_variant(fault, args.variant)
-    spec = _spec(args, args.strategy)
+    spec = spec_from(args, args.strategy)
     variant = fault.variant(args.variant)
     print(f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}, "
           f"{spec.world_size} {spec.backend} ranks\n"
@@ -264,7 +159,7 @@ def _demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
 
     def diagnosed(fault, strategy: str, variant: str | None) -> DemoRow:
-        report, seconds = _timed(diagnose, fault, _spec(args, strategy), variant)
+        report, seconds = _timed(diagnose, fault, spec_from(args, strategy), variant)
         rows.append(DemoRow(fault.id, fault.variant(variant).name, strategy, args.world_size,
                             report, seconds))
         return rows[-1]
@@ -322,78 +217,6 @@ def _faults(args: argparse.Namespace) -> int:
             print(wrap(f"{label}: {getattr(fault, label)}", "  "))
         print()
     return 0
-
-
-def _cost(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a time, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
-
-
-def _pipeline_simulate(args: argparse.Namespace) -> int:
-    from harness.pipeline.gantt import png_gantt, text_gantt
-    from harness.pipeline.report import simulation_table
-    from harness.pipeline.simulate import Costs, run_schedule
-
-    costs = Costs(args.f, args.b, args.w, args.fb, args.comm)
-    names = list(SIMULATED) if args.schedule == "all" else [args.schedule]
-    print(simulation_table(names, args.stages, args.microbatches, costs))
-    if args.schedule != "all":
-        try:
-            timeline = run_schedule(args.schedule, args.stages, args.microbatches, costs)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        print()
-        print(text_gantt(timeline))
-        if args.png:
-            print(f"wrote {args.png}" if png_gantt(timeline, args.png)
-                  else "no PNG: matplotlib is not installed")
-    return 0
-
-
-def _pipeline_run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from harness import tables
-    from harness.models import PipeShape
-    from harness.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
-    from harness.pipeline.simulate import simulate as simulate_schedule
-    from harness.run import assess, run
-
-    spec = _spec(args, args.schedule)
-    try:
-        spec = dataclasses.replace(spec, pipe=PipeShape(spec.pipe.layers, args.seq_len,
-                                                        args.d_model))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(f"distdoctor pipeline run: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "
-          f"{spec.micro_batches} micro-batches of {spec.batch_size // spec.micro_batches}, "
-          f"{spec.num_steps} steps, layers {spec.pipe.layers} (seq {spec.pipe.seq_len}, "
-          f"d {spec.pipe.d_model})", flush=True)
-    record = run(spec)
-    assessment = assess(record)
-    print(pipeline_text(record, assessment))
-    bubble = measured_bubble(record)
-    simulated = simulated_for(record) if record.finished else None
-    if bubble is not None and simulated:
-        name, timeline = simulated
-        free = simulate_schedule(timeline.schedule, dataclasses.replace(timeline.costs, comm=0))
-        print(f"bubble: measured {bubble:.2%}; simulated {name} with this run's per-stage "
-              f"times {free.bubble_fraction:.2%}, and {timeline.bubble_fraction:.2%} adding "
-              f"its measured hop latency ({timeline.costs.comm * 1e3:.2f} ms); the rest is "
-              f"per-call overhead between a rank's actions, which the simulator does not model")
-        note = core_note(spec.world_size)
-        if note:
-            print(note)
-    elif bubble is not None:
-        print(f"bubble: measured {bubble:.2%} (no simulator for {spec.strategy})")
-    print("verdict: " + ("PASS" if assessment.healthy else "FAIL") + ": "
-          + tables.numbers_line(assessment))
-    return 0 if assessment.healthy else 1
 
 
 def _usage_error(message: str) -> int:

@@ -1,0 +1,92 @@
+"""Argument types and shared options for every distdoctor command.
+
+Bad input is reported as one line and exit code 2: argparse's own errors through
+:class:`Parser`, errors found after parsing by raising :class:`UsageError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: one line, exit code 2."""
+
+
+def count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def run_options(world_size: int) -> argparse.ArgumentParser:
+    """Options every command that trains shares."""
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("run")
+    group.add_argument("--world-size", type=count(1), default=world_size, metavar="N",
+                       help="number of ranks (default: %(default)s)")
+    group.add_argument("--num-steps", type=count(1), default=6, metavar="S",
+                       help="optimiser steps (default: %(default)s)")
+    group.add_argument("--batch-size", type=count(1), default=None, metavar="B",
+                       help="samples per rank per step for data parallelism (default: 8), "
+                            "per step for a pipeline (default: 16)")
+    group.add_argument("--micro-batches", type=count(1), default=None, metavar="K",
+                       help="gradient-accumulation micro-batches (default: 1), or pipeline "
+                            "micro-batches (default: 8)")
+    group.add_argument("--num-samples", type=count(1), default=64, metavar="M",
+                       help="data set size; an epoch is M // (N*B) steps (default: %(default)s)")
+    group.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                       help="process-group backend; nccl needs one GPU per rank "
+                            "(default: %(default)s)")
+    group.add_argument("--seed", type=int, default=0,
+                       help="model, data and shuffle seed (default: %(default)s)")
+    group.add_argument("--deadline", type=seconds, default=30.0, metavar="SECONDS",
+                       help="seconds without progress before the ranks count as hung and "
+                            "are stopped with their stacks (default: %(default)s)")
+    return options
+
+
+def cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a time, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def spec_from(args: argparse.Namespace, strategy: str, **extra):
+    from harness.models import RunSpec
+
+    pipeline = "pipe-" in strategy
+    batch = args.batch_size or (16 if pipeline else 8)
+    micro = args.micro_batches or (8 if pipeline and batch % 8 == 0 else 1)
+    try:
+        return RunSpec(strategy=strategy, world_size=args.world_size, num_steps=args.num_steps,
+                       batch_size=batch, micro_batches=micro, num_samples=args.num_samples,
+                       backend=args.backend, seed=args.seed, deadline=args.deadline, **extra)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
