@@ -16,6 +16,7 @@ from typing import Sequence
 
 from harness.cliargs import Parser, UsageError, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
+from harness import scriptcli as script_cli
 from harness.pipeline import cli as pipeline_cli
 from harness.pool import PoolStartError
 from harness.strategies import STRATEGIES
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     pipeline_cli.add_commands(commands)
+    script_cli.add_commands(commands)
 
     listing = commands.add_parser("faults", help="list the fault catalogue",
                                   description="Every failure mode distdoctor can inject.")

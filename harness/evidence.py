@@ -16,6 +16,9 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     """``events`` as the rank emitted them; ``trace`` its tracer's JSON events."""
     fields: dict = {name: [] for name in _SERIES.values()}
     fields["calls"] = list(fold(trace))
+    ddp = [event["params"] for event in trace if event.get("ev") == "ddp"]
+    if ddp:
+        fields["ddp_params"] = tuple(ddp[-1])
     for kind, payload in events:
         if kind in _SERIES:
             fields[_SERIES[kind]].append(payload)

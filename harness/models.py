@@ -258,6 +258,7 @@ class Evidence:
     stage_events: tuple[StageEvent, ...] = ()
     pipe_steps: tuple[PipeStepEvidence, ...] = ()
     calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
+    ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
 
 
 @dataclass(frozen=True)

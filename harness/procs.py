@@ -57,9 +57,14 @@ def preload_heavy_modules() -> None:
     _preloaded = True
 
 
-def become_rank(parent_pid: int) -> None:
-    """First thing in a freshly forked rank, before any torch op."""
-    os.setpgid(0, 0)
+def become_rank(parent_pid: int, set_threads: bool = True) -> None:
+    """First thing in a fresh rank, before any torch op. A rank that runs a user's script
+    keeps the script's own thread settings (the launcher sets OMP_NUM_THREADS, as torchrun
+    does)."""
+    try:
+        os.setpgid(0, 0)
+    except PermissionError:
+        pass  # already leading its own session
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -68,9 +73,10 @@ def become_rank(parent_pid: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import torch
+    if set_threads:
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
 
 
 def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:

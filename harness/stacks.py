@@ -12,6 +12,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import re
+import runpy
 import select
 import signal
 import sys
@@ -23,7 +24,11 @@ from multiprocessing.connection import Connection, wait
 from harness.models import Frame, ThreadStack
 
 _RESPONDER_NAME = "distdoctor-stacks"
-_RANK_LOOP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# frames that only carry a job or a script to the user's code
+_CARRIERS = {os.path.join(_HERE, "rank.py"), os.path.join(_HERE, "doctor.py"), runpy.__file__,
+             "<frozen runpy>"}
+_TRACER_FILE = os.path.join(_HERE, "tracer.py")  # the wrapper between user code and torch
 _FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -46,9 +51,11 @@ def capture_stacks() -> tuple[ThreadStack, ...]:
 
 
 def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """Drop the frames a forked rank inherited and the job loop: start at the job itself."""
-    loop = [i for i, f in enumerate(frames) if f.file == _RANK_LOOP_FILE]
-    return frames[loop[-1] + 1:] if loop else frames
+    """Drop the frames a forked rank inherited, the job loop and runpy: start at the
+    job or the script itself."""
+    carriers = [i for i, f in enumerate(frames) if f.file in _CARRIERS]
+    below = frames[carriers[-1] + 1:] if carriers else frames
+    return tuple(f for f in below if f.file != _TRACER_FILE)
 
 
 def serve_stacks(conn: Connection) -> threading.Thread:

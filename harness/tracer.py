@@ -53,6 +53,7 @@ class Tracer:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._originals: dict[str, Callable] = {}
+        self.last_event = time.monotonic()
 
     def install(self) -> "Tracer":
         for name in OPS:
@@ -77,7 +78,25 @@ class Tracer:
             setattr(dist, name, original)
         self._originals = {}
 
+    def record_ddp_parameters(self) -> None:
+        """Make every DistributedDataParallel write down its parameters' names, in the
+        order its reducer numbers them, so DDP's "Parameter indices which did not receive
+        grad: 2 3" can be read back as names."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        original = DistributedDataParallel.__init__
+        tracer = self
+
+        def init(ddp, module, *args: Any, **kwargs: Any) -> None:
+            original(ddp, module, *args, **kwargs)
+            ignored = getattr(ddp, "parameters_to_ignore", set())
+            names = [n for n, p in module.named_parameters() if p.requires_grad and n not in ignored]
+            tracer.write(ev="ddp", t=time.monotonic(), params=names, where=user_line())
+
+        DistributedDataParallel.__init__ = init
+
     def write(self, **event: Any) -> None:
+        self.last_event = time.monotonic()
         line = json.dumps(event, separators=(",", ":")) + "\n"
         try:
             os.write(self.fd, line.encode())

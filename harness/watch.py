@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Callable
 
 from harness import procs, stacks
 from harness.models import RankEnd
@@ -42,7 +42,8 @@ class RankHandle:
 class JobWatch:
     """The parent's side of one job: watch every rank until each has ended or been stopped."""
 
-    def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float):
+    def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float,
+                 echo_stderr: Callable[[int, bytes], None] | None = None):
         self.ranks = ranks
         self.deadline = deadline
         self.error_grace = error_grace
@@ -54,6 +55,7 @@ class JobWatch:
         self.last_progress = {h.rank: self.started for h in ranks}
         self.stderr = {h.rank: _Tail() for h in ranks}
         self.trace = {h.rank: _Lines() for h in ranks}
+        self.echo_stderr = echo_stderr
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
         for h in ranks:
             self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
@@ -96,6 +98,8 @@ class JobWatch:
             chunk = _read_available(fd)
             if chunk and reader is self.trace[rank]:
                 self.last_progress[rank] = procs.now()  # a rank entering calls is moving
+            elif chunk and self.echo_stderr is not None:
+                self.echo_stderr(rank, chunk)
             if not reader.add(chunk):
                 del self.streams[fd]  # the rank closed it: it has exited
 

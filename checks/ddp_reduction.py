@@ -1,0 +1,50 @@
+"""Did DDP stop because parameters got no gradient? Named per rank, from DDP's own error.
+
+torch DDP without find_unused_parameters raises "Expected to have finished reduction in
+the prior iteration" on the step after some parameters got no gradient, and lists them by
+index ("Parameter indices which did not receive grad for rank 1: 2 3"); names appear only
+under TORCH_DISTRIBUTED_DEBUG. Ranks run by distdoctor record their DDP's parameter names
+in the reducer's order, so indices become names on every rank that raised.
+"""
+
+from __future__ import annotations
+
+import re
+
+from checks import finding, rank_list
+from harness.models import Finding, RunRecord
+
+NAME = "ddp_reduction"
+_MARK = "Expected to have finished reduction in the prior iteration"
+_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ([^\n]+)")
+_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+def check(record: RunRecord) -> list[Finding]:
+    missing: dict[int, list[str]] = {}
+    for rank in record.ranks:
+        error = rank.end.error or ""
+        if _MARK not in error:
+            continue
+        named = _NAMES.search(error)
+        indexed = _INDICES.search(error)
+        if named:
+            missing[rank.rank] = sorted(n.strip() for n in named.group(2).split(","))
+        elif indexed:
+            params = rank.evidence.ddp_params
+            missing[rank.rank] = [params[int(i)] if int(i) < len(params) else f"#{i}"
+                                  for i in indexed.group(2).split()]
+        else:
+            missing[rank.rank] = []
+    if not missing:
+        return []
+    listing = "; ".join(f"rank {r}: {', '.join(names) or 'unknown parameters'}"
+                        for r, names in sorted(missing.items()))
+    return [finding(
+        "unused-params", NAME, f"DDP: params without grad on {rank_list(missing)}",
+        f"DDP stopped with 'Expected to have finished reduction in the prior iteration': "
+        f"parameters got no gradient in the previous step ({listing})",
+        {"knobs.find_unused_parameters": True}, sorted(missing),
+        {"no_grad_params": {str(r): names for r, names in missing.items()}},
+        fix="pass find_unused_parameters=True to DistributedDataParallel, or make every "
+            "rank use every parameter in its loss")]

@@ -1,0 +1,136 @@
+"""Every example script through the real ``distdoctor run``: cause, ranks and lines.
+
+Each example marks its bug with a "# BUG" comment; the report must point at the lines a
+person would look at. These runs start real processes the way torchrun does, so they
+are the slow end of the suite (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import proctable
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def line_of(example: str, text: str) -> str:
+    source = (EXAMPLES / example).read_text().splitlines()
+    return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
+
+
+def distdoctor(*args: str, cwd: Path = EXAMPLES, timeout: float = 120):
+    before = proctable.children()
+    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, timeout=timeout,
+                          capture_output=True, text=True)
+    assert proctable.children() == before
+    return done
+
+
+def run_example(tmp_path, example: str, ranks: int, deadline: float = 30.0):
+    report = tmp_path / "report.json"
+    done = distdoctor("run", "--nproc-per-node", str(ranks), "--deadline", str(deadline),
+                      "--report", str(report), example)
+    return done, json.loads(report.read_text())
+
+
+def test_a_clean_script_is_reported_clean(tmp_path):
+    done, report = run_example(tmp_path, "clean.py", 2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["schema"] == "distdoctor.run.v1"
+    assert (report["status"], report["cause"]) == ("ok", None)
+    assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
+    assert report["ranks"][0]["call"]["op"] == "barrier"
+
+
+@pytest.mark.parametrize("example, ranks, kind, culprits, where", [
+    ("p2p_cycle.py", 3, "p2p-cycle", [0, 1, 2], {r: "dist.send(" for r in range(3)}),
+    ("conditional_collective.py", 2, "collective-mismatch", [0, 1],
+     {0: "dist.all_reduce(metrics)", 1: "dist.barrier()"}),
+    ("data_ran_out.py", 2, "rank-exited-early", [1], {0: "dist.all_reduce(grad)"}),
+    ("rank_exits.py", 3, "rank-exited-early", [1], {0: "dist.all_reduce(", 2: "dist.all_reduce("}),
+    ("shape_mismatch.py", 2, "collective-mismatch", [0, 1],
+     {r: "dist.all_reduce(" for r in range(2)}),
+    ("reduce_op_mismatch.py", 2, "collective-mismatch", [0, 1],
+     {r: "dist.all_reduce(" for r in range(2)}),
+    ("rank_raises.py", 2, "rank-crashed", [1], {0: "dist.all_reduce("}),
+    ("ddp_unused_params.py", 2, "unused-parameters", [1], {}),
+])
+def test_each_buggy_example_gets_its_cause_ranks_and_lines(tmp_path, example, ranks, kind,
+                                                          culprits, where):
+    done, report = run_example(tmp_path, example, ranks, deadline=2.0)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert report["status"] == "failed"
+    assert (report["cause"]["kind"], report["cause"]["ranks"]) == (kind, culprits)
+    by_rank = {r["rank"]: r for r in report["ranks"]}
+    for rank, text in where.items():
+        assert by_rank[rank]["call"]["where"] == line_of(example, text)
+    assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout  # after the script's own output
+
+
+def test_the_root_cause_traceback_comes_first_not_the_connection_errors(tmp_path):
+    done, report = run_example(tmp_path, "rank_raises.py", 2)
+    root = next(r for r in report["ranks"] if r["rank"] == 1)
+    assert root["state"] == "crashed" and "ValueError: corrupt batch at step 2" in root["error"]
+    assert root["error"].splitlines()[1].strip().startswith('File "')  # starts at the script
+    assert f"look at: {line_of('rank_raises.py', 'raise ValueError')}" in done.stdout
+    assert done.stdout.index("rank 1 (root cause)") < done.stdout.index("rank 0:")
+
+
+def test_ddp_unused_parameters_are_named_not_numbered(tmp_path):
+    done, report = run_example(tmp_path, "ddp_unused_params.py", 2)
+    assert "rank 1: aux.weight, aux.bias" in report["cause"]["summary"]
+    assert "find_unused_parameters=True" in report["cause"]["fix"]
+
+
+def test_a_hang_is_reported_within_the_deadline_plus_three_seconds(tmp_path):
+    deadline = 2.0
+    done, report = run_example(tmp_path, "p2p_cycle.py", 2, deadline=deadline)
+    printed = float(done.stdout.split("this diagnosis printed ")[1].split(" s")[0])
+    assert deadline <= printed <= deadline + 3.0
+    assert all(r["state"] == "blocked" and "dist.send(" in r["stack"] for r in report["ranks"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "missing.py"], ["run", "--nproc-per-node", "0", "clean.py"],
+    ["run", "--deadline", "-1", "clean.py"], ["analyze", "/nonexistent-distdoctor-dir"],
+])
+def test_bad_usage_is_one_line_and_exit_code_2(argv):
+    done = distdoctor(*argv)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def _torchrun(trace_dir: Path, example: str, ranks: int, timeout: float | None = None):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(ranks), "-m", "harness.doctor", "--trace-dir",
+               str(trace_dir), "--deadline", "2", example]
+    process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:  # a hang under torchrun: stop it as a user would
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(tmp_path):
+    _torchrun(tmp_path / "crash", "rank_raises.py", 2)
+    done = distdoctor("analyze", str(tmp_path / "crash"))
+    assert done.returncode == 1 and "rank-crashed (ranks 1)" in done.stdout
+
+
+def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(tmp_path):
+    _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, timeout=12)
+    done = distdoctor("analyze", str(tmp_path / "hang"), "--report", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert done.returncode == 1 and report["cause"]["kind"] == "p2p-cycle"
+    assert [r["state"] for r in report["ranks"]] == ["blocked", "blocked"]
+    assert all(r["call"]["where"].endswith(line_of("p2p_cycle.py", "dist.send(").split(":")[1])
+               for r in report["ranks"])
