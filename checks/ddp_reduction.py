@@ -4,7 +4,9 @@ torch DDP without find_unused_parameters raises "Expected to have finished reduc
 the prior iteration" on the step after some parameters got no gradient, and lists them by
 index ("Parameter indices which did not receive grad for rank 1: 2 3"); names appear only
 under TORCH_DISTRIBUTED_DEBUG. Ranks run by distdoctor record their DDP's parameter names
-in the reducer's order, so indices become names on every rank that raised.
+in the reducer's order, so indices become names on every rank that raised. Runs that
+record which parameters got no gradient before each sync (distdoctor's own training) are
+left to the unused_params check, which reads that earlier and better evidence.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ _INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\
 
 
 def check(record: RunRecord) -> list[Finding]:
+    if any(rank.evidence.backward for rank in record.ranks):
+        return []  # the ranks recorded missing gradients before the sync: unused_params reads that
     missing: dict[int, list[str]] = {}
     for rank in record.ranks:
         error = rank.end.error or ""

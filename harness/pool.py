@@ -54,8 +54,8 @@ class _RankPipes:
     @classmethod
     def open(cls, ctx) -> "_RankPipes":
         ends = []
-        for _ in range(3):
-            read, write = os.pipe()
+        for make in (os.pipe, os.pipe, procs.trace_pipe):
+            read, write = make()
             os.set_blocking(read, False)
             ends.append((read, Connection(write, readable=False)))
         return cls(ctx.Pipe(), ctx.Pipe(), *ends)

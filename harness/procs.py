@@ -100,3 +100,20 @@ def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:
 def now() -> float:
     """A clock every process on the machine shares, to order events across ranks."""
     return time.monotonic()
+
+
+_F_SETPIPE_SZ = 1031  # Linux
+
+
+def trace_pipe() -> tuple[int, int]:
+    """A pipe for a rank's call trace: non-blocking to read, and as large as the system
+    allows (1 MB here), so a rank never waits on the parent to write a line."""
+    import fcntl
+
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    try:
+        fcntl.fcntl(write, _F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass
+    return read, write

@@ -183,7 +183,8 @@ def render(result: ScriptReport) -> str:
                      f"finished ({result.wall_s:.2f} s)")
     else:
         cause = result.cause
-        lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {', '.join(map(str, cause.ranks))})",
+        ranks = ", ".join(map(str, cause.ranks))
+        lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {ranks})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
         places = {r.call.where for r in result.ranks if r.call and r.state != "finished"}
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
@@ -196,7 +197,8 @@ def render(result: ScriptReport) -> str:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
     for r in result.ranks:
         lines.append(f"\nrank {r.rank}: {r.state}; "
-                     f"{'blocked in' if r.state == 'blocked' else 'last call'}: {_call_text(r.call)}")
+                     f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
+                     f"{_call_text(r.call)}")
         if r.error and r.rank not in (result.cause.ranks if result.cause else []):
             lines.append("  " + r.error.strip().splitlines()[-1][:300])
         if r.stack and r.state == "blocked":

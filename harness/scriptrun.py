@@ -91,7 +91,7 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
 def _start(rank: int, world_size: int, port: int, script: str, args: list[str]) -> RankHandle:
     conn_parent, conn_child = mp.Pipe()
     ctrl_parent, ctrl_child = mp.Pipe()
-    pipes = [os.pipe() for _ in range(3)]  # faulthandler, stderr, trace
+    pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
     for read, _ in pipes:
         os.set_blocking(read, False)
     (fh_read, fh_write), (err_read, err_write), (trace_read, trace_write) = pipes

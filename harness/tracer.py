@@ -90,29 +90,39 @@ class Tracer:
         def init(ddp, module, *args: Any, **kwargs: Any) -> None:
             original(ddp, module, *args, **kwargs)
             ignored = getattr(ddp, "parameters_to_ignore", set())
-            names = [n for n, p in module.named_parameters() if p.requires_grad and n not in ignored]
+            names = [n for n, p in module.named_parameters()
+                     if p.requires_grad and n not in ignored]
             tracer.write(ev="ddp", t=time.monotonic(), params=names, where=user_line())
 
         DistributedDataParallel.__init__ = init
 
     def write(self, **event: Any) -> None:
+        self._put(json.dumps(event, separators=(",", ":")))
+
+    def mark(self, kind: str, call_id: int, where: str | None = None) -> None:
+        """The small events of a call (wait, done), formatted without json: they are on the
+        hot path of every asynchronous collective."""
+        text = f'{{"ev":"{kind}","id":{call_id},"t":{time.monotonic()!r}'
+        self._put(text + (f',"where":{_quote(where)}}}' if where is not None else "}"))
+
+    def _put(self, line: str) -> None:
         self.last_event = time.monotonic()
-        line = json.dumps(event, separators=(",", ":")) + "\n"
         try:
-            os.write(self.fd, line.encode())
+            os.write(self.fd, (line + "\n").encode())
         except OSError:
             pass  # nobody is listening any more: tracing must never break the job
 
     def _wrap(self, name: str, original: Callable) -> Callable:
-        signature = inspect.signature(original)
+        positional = list(inspect.signature(original).parameters)
         peer_arg, direction = OPS[name]
 
         def traced(*args: Any, **kwargs: Any) -> Any:
             if getattr(self._local, "inside", False):  # e.g. isend inside batch_isend_irecv
                 return original(*args, **kwargs)
-            bound = signature.bind_partial(*args, **kwargs).arguments
+            bound = dict(zip(positional, args))
+            bound.update(kwargs)
             call = self._describe(name, bound, peer_arg, direction)
-            self.write(ev="enter", **call)
+            self._put(_enter_line(call))
             self._local.inside = True
             try:
                 result = original(*args, **kwargs)
@@ -123,7 +133,7 @@ class Tracer:
                 self._local.inside = False
             if call["async_op"]:
                 return _wrap_works(result, self, call["id"])
-            self.write(ev="done", id=call["id"], t=time.monotonic())
+            self.mark("done", call["id"])
             return result
 
         traced.__wrapped__ = original
@@ -171,9 +181,9 @@ class _TracedWork:
         self._work, self._tracer, self._id = work, tracer, call_id
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._tracer.write(ev="wait", id=self._id, t=time.monotonic(), where=user_line())
+        self._tracer.mark("wait", self._id, user_line())
         result = self._work.wait(*args, **kwargs)
-        self._tracer.write(ev="done", id=self._id, t=time.monotonic())
+        self._tracer.mark("done", self._id)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -204,11 +214,45 @@ def _op_name(op: Any) -> str | None:
     return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
 
 
+_GROUP_RANKS: dict[int, tuple[int, ...]] = {}
+
+
 def _ranks(group: Any) -> tuple[int, ...]:
     try:
-        return tuple(dist.get_process_group_ranks(group or c10d._get_default_group()))
+        group = group or c10d._get_default_group()
+        key = id(group)
+        if key not in _GROUP_RANKS:
+            _GROUP_RANKS[key] = tuple(dist.get_process_group_ranks(group))
+        return _GROUP_RANKS[key]
     except Exception:
         return ()
+
+
+_quote = json.encoder.encode_basestring  # C-accelerated JSON string quoting
+
+
+def _enter_line(call: dict) -> str:
+    """The enter event as JSON, built by hand: json.dumps costs more than the call."""
+    fields = []
+    for key, value in call.items():
+        if isinstance(value, str):
+            text = _quote(value)
+        elif value is None:
+            text = "null"
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif not value:
+            text = "[]"
+        elif all(type(v) is int for v in value):
+            text = "[" + ",".join(map(str, value)) + "]"
+        elif all(isinstance(v, list) and all(type(i) is int for i in v) for v in value):
+            text = "[" + ",".join("[" + ",".join(map(str, v)) + "]" for v in value) + "]"
+        else:
+            text = json.dumps(value, separators=(",", ":"))
+        fields.append(f'"{key}":{text}')
+    return '{"ev":"enter",' + ",".join(fields) + "}"
 
 
 def user_line() -> str:

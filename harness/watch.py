@@ -24,6 +24,8 @@ from harness.models import RankEnd
 from harness.results import JobResult
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
+TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
+# would cost the ranks a share of the cores; 1 MB pipes hold far more than 50 ms of calls
 
 
 @dataclass
@@ -56,6 +58,7 @@ class JobWatch:
         self.stderr = {h.rank: _Tail() for h in ranks}
         self.trace = {h.rank: _Lines() for h in ranks}
         self.echo_stderr = echo_stderr
+        self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
         for h in ranks:
             self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
@@ -71,10 +74,18 @@ class JobWatch:
             if not running:
                 break
             timeout = self._time_left(running)
+            now = procs.now()
+            awake = [fd for fd in self.streams if self.resting.get(fd, 0.0) <= now]
+            wake = min((t for t in self.resting.values() if t > now), default=now + timeout)
             watched = [h.conn for h in running] + [h.process.sentinel for h in running]
-            ready = wait(watched + list(self.streams), max(0.0, timeout)) if timeout > 0 else []
+            pause = min(timeout, wake - now)
+            ready = wait(watched + awake, max(0.0, pause)) if pause > 0 else []
             if not ready:
-                self._read_streams(list(self.streams))  # calls entered just before the end
+                if timeout > pause:
+                    continue  # a trace pipe's rest is over: watch it again
+                self._read_streams(list(self.streams))  # calls entered since the last look
+                if self._time_left(running) > 0:
+                    continue  # they were progress after all
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
             self._read_streams(set(ready) & set(self.streams))
@@ -96,12 +107,15 @@ class JobWatch:
         for fd in fds:
             rank, reader = self.streams[fd]
             chunk = _read_available(fd)
+            if reader is self.trace[rank]:
+                self.resting[fd] = procs.now() + TRACE_REST
             if chunk and reader is self.trace[rank]:
                 self.last_progress[rank] = procs.now()  # a rank entering calls is moving
             elif chunk and self.echo_stderr is not None:
                 self.echo_stderr(rank, chunk)
             if not reader.add(chunk):
                 del self.streams[fd]  # the rank closed it: it has exited
+                self.resting.pop(fd, None)
 
     def _time_left(self, running: list[RankHandle]) -> float:
         if self.first_error is not None:
@@ -156,25 +170,31 @@ class JobWatch:
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:
             del self.streams[fd]  # what they wrote while dying is not evidence
+            self.resting.pop(fd, None)
 
 
 class _Lines:
-    """JSON lines as they arrive, split across reads as they may be."""
+    """JSON lines as they arrive, kept as bytes and parsed only when asked for."""
 
     def __init__(self) -> None:
-        self.partial = b""
-        self.items: list[dict] = []
+        self.data = bytearray()
 
     def add(self, chunk: bytes | None) -> bool:
         if chunk is None:
             return True
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        for line in lines:
-            try:
-                self.items.append(json.loads(line))
-            except ValueError:
-                pass  # a line cut by a killed writer
+        self.data += chunk
         return bool(chunk)
+
+    @property
+    def items(self) -> list[dict]:
+        parsed = []
+        for line in bytes(self.data).split(b"\n"):
+            if line:
+                try:
+                    parsed.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut by a killed writer
+        return parsed
 
 
 class _Tail:

@@ -150,7 +150,7 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
     assert record.finished
     for detector in checks.detectors():
         assert detector.check(record) == [], detector.__name__
-    assert len(checks.detectors()) == 8
+    assert len(checks.detectors()) == 9
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -1,0 +1,111 @@
+"""What distdoctor run costs a clean script, against torchrun, and what the tracer costs.
+
+1. Wall time of examples/clean.py (DDP, N steps) under ``torchrun --standalone`` and under
+   ``distdoctor run``, alternating, median of several runs each: the ratio is the result.
+2. A clean DDP step on warm ranks with the tracer on and off (same ranks, same model,
+   blocks of steps in alternating order), as the rank's CPU time per step (wall time on a
+   shared 2-core machine swings by +-10% between blocks): plain DDP, whose all-reduces
+   happen in C++ and are not traced, and DDP with a comm hook, whose every bucket
+   all-reduce is traced.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPEATS = 5
+
+
+def wall(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, cwd=os.path.join(ROOT, "examples"), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def script_overhead(ranks: int, steps: int) -> None:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(ranks), "clean.py", str(steps)]
+    doctor = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(ranks),
+              "clean.py", str(steps)]
+    times = {"torchrun": [], "distdoctor run": []}
+    for _ in range(REPEATS):
+        times["torchrun"].append(wall(torchrun))
+        times["distdoctor run"].append(wall(doctor))
+    a, b = (statistics.median(v) for v in times.values())
+    print(f"clean.py, {ranks} ranks, {steps} steps: torchrun {a:.2f} s, distdoctor run "
+          f"{b:.2f} s: {b / a:.3f}x ({(b / a - 1) * 100:+.1f}%), median of {REPEATS}", flush=True)
+
+
+def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, float]]:
+    """(seconds per step traced, untraced), per block, on this rank."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch import nn
+
+    from harness.tracer import OPS
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    if hooked:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        ddp.register_comm_hook(None, allreduce_hook)
+    x = torch.randn(32, 256)
+    traced = {name: getattr(dist, name) for name in OPS if hasattr(dist, name)}
+    plain = {name: getattr(fn, "__wrapped__", fn) for name, fn in traced.items()}
+
+    def use(table):
+        for name, fn in table.items():
+            setattr(dist, name, fn)
+            setattr(c10d, name, fn)
+
+    def timed():
+        """CPU seconds this rank spent per step: the tracer's cost is CPU work in the rank,
+        and CPU time is not inflated by other processes sharing the cores (wall is)."""
+        dist.barrier()
+        start = time.process_time()
+        for _ in range(steps):
+            ddp(x).pow(2).mean().backward()
+        return (time.process_time() - start) / steps
+
+    results = []
+    for block in range(blocks):  # alternate which goes first, so drift hits both alike
+        order = (traced, plain) if block % 2 == 0 else (plain, traced)
+        measured = {}
+        for table in order:
+            use(table)
+            measured[table is traced] = timed()
+        results.append((measured[True], measured[False]))
+    use(traced)
+    return results
+
+
+def tracer_overhead() -> None:
+    from harness.pool import RankPool
+
+    with RankPool(2) as pool:
+        for hooked in (False, True):
+            pool.run(ddp_steps, hooked, 2, 20, deadline=60)  # warm up
+            blocks = pool.run(ddp_steps, hooked, 40, 50, deadline=300).raise_for_status().values[0]
+            ratios = sorted(on / off for on, off in blocks)
+            quartiles = statistics.quantiles(ratios, n=4)
+            off = statistics.median(b[1] for b in blocks)
+            what = "DDP with a comm hook (every bucket traced)" if hooked else "plain DDP"
+            print(f"{what}: {off * 1e3:.2f} CPU ms/step untraced; traced/untraced median "
+                  f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-"
+                  f"{quartiles[2]:.3f}) over {len(blocks)} alternating blocks", flush=True)
+
+
+if __name__ == "__main__":
+    script_overhead(2, 20)
+    script_overhead(2, 2000)
+    tracer_overhead()
