@@ -17,6 +17,7 @@ from typing import Sequence
 from harness.cliargs import Parser, UsageError, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
 from harness import scriptcli as script_cli
+from harness.collectives import cli as collectives_cli
 from harness.pipeline import cli as pipeline_cli
 from harness.pool import PoolStartError
 from harness.strategies import STRATEGIES
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pipeline_cli.add_commands(commands)
     script_cli.add_commands(commands)
+    collectives_cli.add_commands(commands)
 
     listing = commands.add_parser("faults", help="list the fault catalogue",
                                   description="Every failure mode distdoctor can inject.")

@@ -19,10 +19,10 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import pickle
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from harness import procs
@@ -65,6 +65,13 @@ class _RankPipes:
                 self.trace[side]]
 
 
+def _queue(ctx):
+    """A queue whose pipe holds 1 MB, so what a rank sent survives its exit unread."""
+    q = ctx.Queue()
+    procs.enlarge_pipe(q._writer.fileno())
+    return q
+
+
 def _close(ends: list[Connection | int]) -> None:
     for end in ends:
         end.close() if isinstance(end, Connection) else os.close(end)
@@ -75,14 +82,17 @@ class RankPool:
     """N ranks with an initialised process group, kept warm across jobs."""
 
     def __init__(self, world_size: int, backend: str = "gloo", host: str = "127.0.0.1",
-                 start_timeout: float = 60.0, start_method: str = "fork"):
+                 start_timeout: float = 60.0, start_method: str = "fork", mesh: bool = False):
         """``start_method="spawn"`` costs seconds per group (each rank imports torch) but
-        is what a parent that has already initialised CUDA needs."""
+        is what a parent that has already initialised CUDA needs. ``mesh`` gives each
+        generation a full mesh of queues between its ranks (``ctx.mesh[src][dst]``), for
+        collectives that bring their own transport."""
         if world_size < 1:
             raise ValueError(f"world size must be at least 1, got {world_size}")
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start method must be fork or spawn, got {start_method!r}")
         self.start_method = start_method
+        self.mesh = mesh
         self.world_size = world_size
         self.backend = backend
         self.host = host
@@ -127,7 +137,9 @@ class RankPool:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; never blocks past the deadline."""
         if not deadline > 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
-        payload = ForkingPickler.dumps(("job", fn, args, kwargs))  # fails here, not in a rank
+        # plain pickle: tensors travel by value. ForkingPickler would share their storage
+        # by file descriptor, which one rank can claim and the others then cannot.
+        payload = pickle.dumps(("job", fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         self.start()
         try:
             result = JobWatch(self._ranks, deadline, error_grace).run(payload)
@@ -142,6 +154,8 @@ class RankPool:
     def _fork(self) -> None:
         ctx = mp.get_context(self.start_method)
         pipes = [_RankPipes.open(ctx) for _ in range(self.world_size)]
+        n = self.world_size
+        self._queues = [[_queue(ctx) for _ in range(n)] for _ in range(n)] if self.mesh else None
         parent_pid = os.getpid()
         try:
             for rank, own in enumerate(pipes):
@@ -152,7 +166,7 @@ class RankPool:
                     target=rank_main, name=f"distdoctor-rank{rank}",
                     args=(rank, self.world_size, self.backend, self.host, parent_pid,
                           own.conn[1], own.ctrl[1], own.faulthandler[1], own.stderr[1],
-                          own.trace[1], inherited))
+                          own.trace[1], inherited, self._queues))
                 process.start()
                 self._ranks.append(RankHandle(rank, process, own.conn[0], own.ctrl[0],
                                                own.faulthandler[0], own.stderr[0],
@@ -194,6 +208,10 @@ class RankPool:
 
     def _teardown(self) -> None:
         procs.kill([handle.process for handle in self._ranks])
+        for row in getattr(self, "_queues", None) or ():
+            for q in row:
+                q.close()
+        self._queues = None
         for handle in self._ranks:
             _close([handle.conn, handle.ctrl, handle.faulthandler_fd, handle.stderr_fd,
                     handle.trace_fd])
@@ -212,11 +230,11 @@ _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 _shared: dict[tuple[int, str], RankPool] = {}
 
 
-def shared_pool(world_size: int, backend: str = "gloo") -> RankPool:
-    """The process-wide warm pool for this world size and backend."""
-    key = (world_size, backend)
+def shared_pool(world_size: int, backend: str = "gloo", mesh: bool = False) -> RankPool:
+    """The process-wide warm pool for this world size and backend (and queue mesh)."""
+    key = (world_size, backend, mesh)
     if key not in _shared:
-        _shared[key] = RankPool(world_size, backend)
+        _shared[key] = RankPool(world_size, backend, mesh=mesh)
     return _shared[key]
 
 

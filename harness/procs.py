@@ -108,12 +108,17 @@ _F_SETPIPE_SZ = 1031  # Linux
 def trace_pipe() -> tuple[int, int]:
     """A pipe for a rank's call trace: non-blocking to read, and as large as the system
     allows (1 MB here), so a rank never waits on the parent to write a line."""
-    import fcntl
-
     read, write = os.pipe()
     os.set_blocking(read, False)
+    enlarge_pipe(write)
+    return read, write
+
+
+def enlarge_pipe(fd: int, size: int = 1 << 20) -> None:
+    """Grow a pipe's buffer (Linux; a no-op where the system refuses)."""
+    import fcntl
+
     try:
-        fcntl.fcntl(write, _F_SETPIPE_SZ, 1 << 20)
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
     except OSError:
         pass
-    return read, write

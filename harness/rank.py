@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -35,6 +36,7 @@ class RankContext:
     backend: str
     _conn: Connection = field(repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    mesh: list | None = field(default=None, repr=False)  # queues[src][dst], with mesh pools
 
     def emit(self, record: Any) -> None:
         """Send a record to the parent now (it survives a later hang) and count as progress."""
@@ -45,14 +47,15 @@ class RankContext:
         self._send(("progress", procs.now()))
 
     def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # tensors by value
         with self._lock:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
 
 
 def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
               conn: Connection, ctrl: Connection, faulthandler_out: Connection,
               stderr_out: Connection, trace_out: Connection,
-              inherited: list[Connection | int]) -> None:
+              inherited: list[Connection | int], mesh=None) -> None:
     """Entry point of a rank process. Never returns into the parent's code."""
     code = 1
     try:
@@ -71,7 +74,7 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
         trace_out.close()
         stacks.serve_stacks(ctrl)
-        ctx = RankContext(rank, world_size, backend, conn)
+        ctx = RankContext(rank, world_size, backend, conn, mesh=mesh)
         _join_group(ctx, host)
         conn.send(("ready", procs.now()))
         code = _serve_jobs(ctx, conn, tracer)

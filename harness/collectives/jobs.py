@@ -1,0 +1,76 @@
+"""Rank-side jobs: run one collective (ours, gloo's own, or a user's) on every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from harness.collectives import algorithms
+from harness.collectives.transport import GlooTransport, QueueTransport
+
+# name -> (function, takes an op, takes a source rank)
+OURS: dict[str, tuple[Callable, bool, bool]] = {
+    "ring-allreduce": (algorithms.ring_allreduce, True, False),
+    "tree-allreduce": (algorithms.tree_allreduce, True, False),
+    "broadcast": (algorithms.broadcast, False, True),
+    "allgather": (algorithms.all_gather, False, False),
+    "reduce-scatter": (algorithms.reduce_scatter, True, False),
+}
+_REDUCE = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+
+
+def transport_for(ctx, kind: str, timeout: float | None = None):
+    if kind == "queue":
+        if ctx.mesh is None:
+            raise ValueError("a queue transport needs a RankPool(mesh=True)")
+        return QueueTransport(ctx.rank, ctx.world_size, ctx.mesh, timeout)
+    if kind == "gloo":
+        return GlooTransport(ctx.rank, ctx.world_size)
+    raise ValueError(f"unknown transport {kind!r}")
+
+
+def run_ours(ctx, kind: str, name: str, inputs: list[torch.Tensor], op: str = "sum",
+             src: int = 0, timeout: float | None = None) -> tuple[Any, dict]:
+    """This rank's result and its transport's counters."""
+    transport = transport_for(ctx, kind, timeout)
+    function, takes_op, takes_src = OURS[name]
+    extra = {"op": op} if takes_op else {"src": src} if takes_src else {}
+    result = function(transport, inputs[ctx.rank], **extra)
+    return result, dataclasses.asdict(transport.stats)
+
+
+def run_native(ctx, name: str, inputs: list[torch.Tensor], op: str = "sum",
+               src: int = 0) -> Any:
+    """gloo's own collective on the same data."""
+    x = inputs[ctx.rank].clone()
+    reduce = getattr(dist.ReduceOp, _REDUCE[op])
+    if name == "allreduce":
+        dist.all_reduce(x, op=reduce)
+        return x
+    if name == "broadcast":
+        dist.broadcast(x, src=src)
+        return x
+    if name == "allgather":
+        out = [torch.empty_like(x) for _ in range(ctx.world_size)]
+        dist.all_gather(out, x)
+        return out
+    if name == "reduce-scatter":
+        out = torch.empty(x.numel() // ctx.world_size, dtype=x.dtype)
+        dist.reduce_scatter(out, list(x.chunk(ctx.world_size)), op=reduce)
+        return out
+    raise ValueError(f"unknown native collective {name!r}")
+
+
+def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
+             timeout: float) -> Any:
+    """A user's ``module:function(transport, tensor[, src])`` on the queue mesh."""
+    module, _, name = target.partition(":")
+    function = getattr(importlib.import_module(module), name)
+    transport = transport_for(ctx, "queue", timeout)
+    x = inputs[ctx.rank].clone()
+    with transport.collective(f"{kind} ({target})"):
+        return function(transport, x, src) if kind == "broadcast" else function(transport, x)

@@ -1,0 +1,68 @@
+"""distdoctor check-collective on user-style implementations, correct and broken."""
+
+from __future__ import annotations
+
+import collective_impls
+import pytest
+
+from harness.cli import main
+
+IMPLS = collective_impls.__name__
+
+
+def check(capsys, function: str, kind: str, *extra: str) -> tuple[int, str]:
+    code = main(["check-collective", f"{IMPLS}:{function}", "--kind", kind,
+                 "--examples", "40", *extra])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("function, kind, extra", [
+    ("ring_allreduce", "allreduce", []),
+    ("ring_avg", "allreduce", ["--op", "avg"]),
+    ("broadcast", "broadcast", []),
+    ("allgather", "allgather", []),
+    ("reduce_scatter", "reduce_scatter", []),
+])
+def test_correct_implementations_pass(capsys, function, kind, extra):
+    code, printed = check(capsys, function, kind, *extra)
+    assert code == 0, printed
+    assert "OK: every property held on 40 examples" in printed
+
+
+@pytest.mark.parametrize("function, kind, extra", [
+    ("ring_wrong_chunk_index", "allreduce", []),
+    ("ring_off_by_one", "allreduce", []),
+    ("ring_avg_without_division", "allreduce", ["--op", "avg"]),
+])
+def test_broken_rings_fail_with_a_small_readable_example(capsys, function, kind, extra):
+    code, printed = check(capsys, function, kind, *extra)
+    assert code == 1
+    assert "smallest failing example (shrunk by hypothesis)" in printed
+    assert "world size 2," in printed  # shrunk to the smallest world that shows it
+    if ": wrong result" in printed:
+        assert "expected:" in printed and "got: rank" in printed
+    else:  # an exception in the user's code counts too, with its line
+        assert "collective_impls.py:" in printed
+
+
+def test_a_broadcast_that_only_works_from_rank_0_fails_from_another_source(capsys):
+    code, printed = check(capsys, "broadcast_from_zero_only", "broadcast")
+    assert code == 1 and "source rank 1" in printed
+
+
+def test_a_hang_fails_within_the_deadline_and_says_who_waited_where(capsys):
+    code, printed = check(capsys, "allgather_rank0_never_sends", "allgather",
+                          "--deadline", "0.5", "--world-sizes", "2-3")
+    assert code == 1 and ": hang" in printed
+    hang_line = f"collective_impls.py:{_line('HANG-LINE')}"
+    assert "waited 0.5 s in allgather" in printed and hang_line in printed
+
+
+def test_an_unloadable_target_is_a_usage_error(capsys):
+    assert main(["check-collective", "nope_module:f", "--kind", "allreduce"]) == 2
+    assert main(["check-collective", f"{IMPLS}", "--kind", "allreduce"]) == 2
+
+
+def _line(marker: str) -> int:
+    with open(collective_impls.__file__) as source:
+        return next(n for n, line in enumerate(source, 1) if f"# {marker}" in line)
