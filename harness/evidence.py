@@ -7,7 +7,8 @@ from harness.tracer import fold
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
-           "stage_event": "stage_events", "pipe_step": "pipe_steps"}
+           "stage_event": "stage_events", "pipe_step": "pipe_steps",
+           "memory": "memory"}
 # event kind -> Evidence field, for records that happen once
 _ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds"}
 

@@ -25,6 +25,7 @@ SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
 P2POrder = Literal["even-odd", "send-first", "batched"]
 StageSplit = Literal["flops", "params", "time"]
+OptimizerName = Literal["auto", "sgd", "adam"]
 Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
 
 
@@ -44,6 +45,8 @@ class Knobs:
     p2p_order: P2POrder = "even-odd"  # how a stage pairs its send and receive to one peer
     stage_split: StageSplit = "time"  # what a pipeline equalises when it cuts the layers:
     # CPU time measured on every rank and averaged, torch-counted FLOPs, or parameter counts
+    memory_budget: float = 0.0  # bytes each rank may hold per model parameter, as a device
+    # of fixed size would allow (0: no limit); a rank over it stops with out-of-memory
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class RunSpec:
     in_features: int = 8
     hidden_features: int = 16
     lr: float = 0.05
+    optimizer: OptimizerName = "auto"  # auto: Adam for sharded strategies, else SGD
     seed: int = 0
     deadline: float = 30.0  # seconds without progress before the ranks count as hung
     fingerprint_values: int = 4096  # values kept per fingerprint (all, for these models)
@@ -107,6 +111,17 @@ class RunSpec:
     def is_pipeline(self) -> bool:
         """Pipeline strategies are named pipe-* (hand-rolled) or torch-pipe-*."""
         return "pipe-" in self.strategy
+
+    @property
+    def optimizer_name(self) -> str:
+        """"auto" means Adam where the strategy shards optimiser state (SGD has none to
+        shard, so ZeRO would save nothing) and SGD elsewhere (its update shows a gradient's
+        scale undistorted)."""
+        if self.optimizer != "auto":
+            return self.optimizer
+        from harness.strategies import SHARDED
+
+        return "adam" if self.strategy in SHARDED else "sgd"
 
     @property
     def global_batch(self) -> int:
@@ -245,6 +260,35 @@ class Call:
 
 
 @dataclass(frozen=True)
+class MemoryEvidence:
+    """Bytes of training state one rank held in one step, summed over the storages of the
+    tensors it actually held (each storage once, padding included), after the optimiser
+    step while the step's gradients still live.
+
+    ``gathered`` is the peak of unsharded parameters and their unsharded gradients held at
+    once during forward and backward (ZeRO-3 and FSDP gather a layer, use it and free it; 0
+    where parameters are never sharded). ``optimizer`` includes Adam's step counters, one 4-byte scalar per
+    tensor the optimiser steps (``optimizer_tensors`` of them).
+    """
+
+    step: int
+    stage: int  # 0: every state replicated (DDP); 1-3: the ZeRO stage the strategy implements
+    world_size: int
+    params: int
+    grads: int
+    optimizer: int
+    gathered: int
+    budget: int  # bytes this rank may hold (0: no limit)
+    model_params: int  # parameters in the model, P
+    largest_layer: int  # parameters in its largest layer, L
+    optimizer_tensors: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.gathered
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one rank recorded over a run."""
 
@@ -259,6 +303,7 @@ class Evidence:
     pipe_steps: tuple[PipeStepEvidence, ...] = ()
     calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
     ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
+    memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 One process trains the same model from rank 0's initialisation, each step on every rank's
 share of the global batch (as a correct distributed sampler deals it), minimising the mean
-of the per-rank losses: the objective data parallelism is meant to optimise. It ignores
-the spec's knobs, which is the point (they are what a fault breaks), except the
+of the per-rank losses: the objective data parallelism is meant to optimise, with the
+optimiser the spec names (ZeRO and FSDP shard it, but must not change its result). It
+ignores the spec's knobs, which is the point (they are what a fault breaks), except the
 workload's own choice of which ranks' losses include the aux head.
 """
 
@@ -16,7 +17,7 @@ import torch
 
 from harness.fingerprint import fingerprint, max_abs_diff, spread
 from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
-from harness.workload import batch_ids, build_model, loss_fn, make_dataset
+from harness.workload import batch_ids, build_model, loss_fn, make_dataset, make_optimizer
 
 
 def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
@@ -24,7 +25,7 @@ def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
     clean = dataclasses.replace(spec, knobs=Knobs(aux_skipped_on=spec.knobs.aux_skipped_on))
     model = build_model(clean, rank=0)
     params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=clean.lr)
+    optimizer = make_optimizer(params, clean)
     x, y = make_dataset(clean)
     prints = [fingerprint(params, clean.fingerprint_values)]
     for step in range(1, clean.num_steps + 1):

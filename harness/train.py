@@ -1,9 +1,11 @@
 """The training job a rank runs, recording evidence as it goes.
 
 Evidence is emitted step by step, so a run that hangs or crashes at step 3 still hands
-the detectors steps 1 and 2. The gradient a rank computed itself is caught by a
-post-accumulate hook (DDP overwrites ``.grad`` with the synchronised one only after
-backward), which works the same for every strategy.
+the detectors steps 1 and 2. The strategy owns synchronisation and the optimiser step;
+the loop asks it for the same evidence whatever it shards: the gradient this rank
+computed itself (caught by hooks as autograd produces it), the gradient applied and the
+parameters in full, and the bytes of state it held. A rank whose state exceeds the
+run's memory budget stops with out-of-memory, as it would on a device of that size.
 """
 
 from __future__ import annotations
@@ -11,34 +13,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch import nn
 
 from harness import strategies
 from harness.fingerprint import fingerprint
-from harness.models import BackwardEvidence, RunSpec, StepEvidence
+from harness.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
 from harness.rank import RankContext
 from harness.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
-
-
-class GradProbe:
-    """Which parameters autograd gave a gradient this step, and what it was locally."""
-
-    def __init__(self, model: nn.Module):
-        self.names = [name for name, _ in model.named_parameters()]
-        self.local: dict[str, torch.Tensor] = {}
-        for name, p in model.named_parameters():
-            p.register_post_accumulate_grad_hook(self._hook(name))
-
-    def _hook(self, name: str):
-        def record(p: torch.Tensor) -> None:
-            self.local[name] = p.grad.detach().clone()
-        return record
-
-    def reset(self) -> None:
-        self.local = {}
-
-    def missing(self) -> tuple[str, ...]:
-        return tuple(n for n in self.names if n not in self.local)
 
 
 def train_job(ctx: RankContext, spec: RunSpec) -> None:
@@ -46,26 +26,26 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
 
     Emits ("built", Fingerprint) as the model is built, ("initial", Fingerprint) once the
     strategy has wrapped it, then per step ("backward", BackwardEvidence) before the
-    step's first gradient sync and ("step", StepEvidence) after the optimiser step.
+    step's first gradient sync, ("memory", MemoryEvidence) after the optimiser step and
+    ("step", StepEvidence).
     """
     model = build_model(spec, ctx.rank)
     ctx.emit(("built", fingerprint(model.parameters(), spec.fingerprint_values)))
+    sizes = [p.numel() for p in model.parameters()]
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     dp = strategies.wrap(model, spec)
-    probe = GradProbe(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
     x, y = make_dataset(spec)
-    params = list(model.parameters())
-    gradient_bytes = sum(p.numel() * p.element_size() for p in params)
-    ctx.emit(("initial", fingerprint(params, spec.fingerprint_values)))
+    ctx.emit(("initial", fingerprint(dp.full_params(), spec.fingerprint_values)))
+    budget = int(spec.knobs.memory_budget * sum(sizes))
     use_aux = spec.uses_aux(ctx.rank)
     k = spec.micro_batches
     for step in range(1, spec.num_steps + 1):
         ids = batch_ids(spec, ctx.rank, step)
-        optimizer.zero_grad(set_to_none=True)
-        probe.reset()
+        dp.zero_grad()
+        dp.probe.reset()
         dp.comm.reset()
         report_backward = _once(lambda: ctx.emit(("backward", BackwardEvidence(
-            step=step, no_grad_params=probe.missing()))))
+            step=step, no_grad_params=dp.probe.missing()))))
         dp.comm.on_sync = report_backward
         loss_total = 0.0
         for i in range(k):
@@ -79,21 +59,30 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
                     report_backward()
                 dp.finish_backward()
             loss_total += loss.item()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        local = [probe.local.get(n, torch.zeros_like(p)) for n, p in zip(probe.names, params)]
-        synced = fingerprint(grads, spec.fingerprint_values)
-        optimizer.step()
+        dp.step()
+        held = dp.held()
+        memory = MemoryEvidence(
+            step=step, stage=dp.stage, world_size=spec.world_size, params=held.params,
+            grads=held.grads, optimizer=held.optimizer, gathered=held.gathered, budget=budget,
+            model_params=sum(sizes), largest_layer=largest,
+            optimizer_tensors=dp.optimizer_tensors)
+        ctx.emit(("memory", memory))
+        if budget and memory.total > budget:
+            raise torch.OutOfMemoryError(
+                f"rank {ctx.rank}: training state needs {memory.total} bytes (parameters "
+                f"{memory.params}, gradients {memory.grads}, optimiser {memory.optimizer}, "
+                f"gathered {memory.gathered}) but the memory budget is {budget} bytes")
         ctx.emit(("step", StepEvidence(
             step=step,
             epoch=epoch_of(spec, step),
             sample_ids=tuple(ids),
             loss=loss_total,
-            params=fingerprint(params, spec.fingerprint_values),
-            grad_local=fingerprint(local, spec.fingerprint_values),
-            grad_synced=synced,
+            params=fingerprint(dp.full_params(), spec.fingerprint_values),
+            grad_local=fingerprint(dp.probe.gradients(), spec.fingerprint_values),
+            grad_synced=fingerprint(dp.full_grads(), spec.fingerprint_values),
             allreduce_calls=dp.comm.calls,
             allreduce_bytes=dp.comm.bytes,
-            gradient_bytes=gradient_bytes,
+            gradient_bytes=dp.gradient_bytes,
         )))
 
 

@@ -41,6 +41,13 @@ def build_model(spec: RunSpec, rank: int) -> MLP:
     return MLP(spec.in_features, spec.hidden_features)
 
 
+def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
+    """The spec's optimiser over ``params`` (a strategy's shards, or the whole model)."""
+    if spec.optimizer_name == "adam":
+        return torch.optim.Adam(params, lr=spec.lr)
+    return torch.optim.SGD(params, lr=spec.lr)
+
+
 def make_dataset(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets for sample ids 0..num_samples-1, the same on every rank."""
     gen = torch.Generator().manual_seed(10_000 + spec.seed)

@@ -18,7 +18,41 @@ if TYPE_CHECKING:
 STRATEGIES: dict[str, str] = {
     "ddp": "harness.strategies.ddp:HandRolledDDP",
     "torch-ddp": "harness.strategies.torch_ddp:TorchDDP",
+    "zero1": "harness.strategies.zero.stage12:Zero1",
+    "zero2": "harness.strategies.zero.stage12:Zero2",
+    "zero3": "harness.strategies.zero.stage3:Zero3",
+    "torch-zero": "harness.strategies.torch_zero:TorchZero",
+    "fsdp2": "harness.strategies.fsdp2:FSDP2",
+    "fsdp2-grad-op": "harness.strategies.fsdp2:FSDP2GradOp",
 }
+
+# strategies that shard training state, by ZeRO stage; the rest replicate it (stage 0)
+STAGES: dict[str, int] = {"zero1": 1, "zero2": 2, "zero3": 3, "torch-zero": 1,
+                          "fsdp2-grad-op": 2, "fsdp2": 3}
+SHARDED = tuple(STAGES)
+# the same family's strategy for each stage: what a memory fix moves a run to
+FAMILIES: tuple[dict[int, str], ...] = (
+    {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"},
+    {0: "torch-ddp", 1: "torch-zero", 2: "fsdp2-grad-op", 3: "fsdp2"},
+)
+HELP = {
+    "ddp": "hand-rolled DDP (broadcast, all-reduce SUM, divide)",
+    "torch-ddp": "torch.nn.parallel.DistributedDataParallel",
+    "zero1": "hand-rolled ZeRO-1: optimiser state sharded",
+    "zero2": "hand-rolled ZeRO-2: gradients sharded too",
+    "zero3": "hand-rolled ZeRO-3: parameters sharded too, gathered layer by layer",
+    "torch-zero": "torch ZeroRedundancyOptimizer with DDP (ZeRO-1)",
+    "fsdp2": "torch fully_shard, reshard_after_forward=True (ZeRO-3)",
+    "fsdp2-grad-op": "torch fully_shard, reshard_after_forward=False (ZeRO-2-like)",
+}
+
+
+def stage_of(strategy: str) -> int:
+    return STAGES.get(strategy, 0)
+
+
+def family_of(strategy: str) -> dict[int, str]:
+    return next(f for f in FAMILIES if strategy in f.values())
 
 
 def wrap(model: "nn.Module", spec: "RunSpec") -> "DataParallel":

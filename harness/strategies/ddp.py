@@ -15,10 +15,10 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import SyncLog
+from harness.strategies.base import Replicated, SyncLog
 
 
-class HandRolledDDP:
+class HandRolledDDP(Replicated):
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
         self.comm = SyncLog()
@@ -28,6 +28,7 @@ class HandRolledDDP:
             with torch.no_grad():
                 for p in module.parameters():
                     dist.broadcast(p.data, src=0)
+        self._init_optimizer(spec)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

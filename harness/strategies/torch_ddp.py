@@ -15,17 +15,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.models import RunSpec
-from harness.strategies.base import SyncLog
+from harness.strategies.base import Replicated, SyncLog
 
 
-class TorchDDP:
+class TorchDDP(Replicated):
+    bucket_view = False  # gradients as views of DDP's buckets (else DDP holds a copy)
+
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
         self.comm = SyncLog()
         self.ddp = DistributedDataParallel(
-            module, find_unused_parameters=spec.knobs.find_unused_parameters)
+            module, find_unused_parameters=spec.knobs.find_unused_parameters,
+            gradient_as_bucket_view=self.bucket_view)
         self.ddp.register_comm_hook(_HookState(self.comm, spec.knobs.average_gradients),
                                     _allreduce_hook)
+        self._init_optimizer(spec)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
