@@ -1,7 +1,7 @@
 """How much gradient traffic does one optimiser step move, against the minimum?
 
-One synchronisation of all gradients per step is the minimum (however many buckets it
-is split into); more bytes than that means gradients were synchronised more than once,
+One synchronisation of all gradients per step is the minimum (however many buckets or
+layers it is split into, all-reduced or reduce-scattered); more bytes than that means gradients were synchronised more than once,
 typically after every accumulation micro-batch.
 """
 
@@ -24,8 +24,9 @@ def check(record: RunRecord) -> list[Finding]:
     wasted = (sent - minimum) / sent
     ranks = sorted({rank for rank, _ in excess})
     return [finding(
-        "allreduce-every-microbatch", NAME, f"{calls} all-reduces/step, {wasted:.0%} wasted",
-        f"{calls} gradient all-reduces per optimiser step moving {sent} bytes, where one of "
+        "allreduce-every-microbatch", NAME, f"{calls} grad collectives/step, {wasted:.0%} wasted",
+        f"{calls} gradient collectives (all-reduce, or reduce-scatter where gradients are "
+        f"sharded) per optimiser step moving {sent} bytes, where one sync of "
         f"{minimum} bytes would do: {wasted:.0%} of the gradient traffic is wasted",
         {"knobs.no_sync_accumulation": True}, ranks,
         {"allreduces_per_step": calls, "bytes_per_step": sent,

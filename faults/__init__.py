@@ -34,6 +34,7 @@ class Fault:
     variants: tuple[Variant, ...]  # the first is the default
     scenario: Callable[[RunSpec], RunSpec] = field(default=lambda spec: spec)
     masked_by: dict[str, str] = field(default_factory=dict)  # strategy -> why it cannot occur
+    excluded: dict[str, str] = field(default_factory=dict)  # strategy -> why it does not apply
 
     def __post_init__(self) -> None:
         for variant in self.variants:

@@ -5,7 +5,7 @@ from faults import Fault, Variant
 FAULT = Fault(
     id="unused-params",
     title="Allreduce deadlocks",
-    strategies=("ddp", "torch-ddp"),
+    strategies=("ddp", "torch-ddp", "zero1", "zero2", "torch-zero"),
     symptom="the gradient all-reduce hangs, errors (torch DDP: 'Expected to have finished "
             "reduction in the prior iteration' at step 2, with parameter indices only) or "
             "silently leaves gradients un-averaged at step 1",
@@ -18,4 +18,10 @@ FAULT = Fault(
         Variant("all-ranks", "every rank skips the aux head",
                 {"knobs.aux_skipped_on": "all-ranks"}),
     ),
+    excluded=dict.fromkeys(("zero3", "fsdp2", "fsdp2-grad-op"), (
+        "sharded parameters are gathered layer by layer as each layer's forward runs, so a "
+        "layer some ranks skip leaves the ranks' all-gathers mismatched in the forward pass, "
+        "before any gradient exists (a collective mismatch, which the hang and collective "
+        "checks report), and a layer every rank skips simply gets no gradient anywhere, "
+        "which sharded training handles")),
 )

@@ -18,8 +18,10 @@ from harness.cliargs import Parser, UsageError, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
 from harness import scriptcli as script_cli
 from harness.collectives import cli as collectives_cli
+from harness.memory import cli as memory_cli
 from harness.pipeline import cli as pipeline_cli
 from harness.pool import PoolStartError
+from harness.strategies import HELP as STRATEGY_HELP
 from harness.strategies import STRATEGIES
 
 
@@ -30,10 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "bugs, detect them from what the ranks recorded, and prove the fix.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
-    strategies = sorted(STRATEGIES)
+    strategies = list(STRATEGIES)
     all_strategies = strategies + list(PIPELINES)
-    strategy_help = ("ddp: hand-rolled (broadcast, all-reduce SUM, divide); torch-ddp: "
-                     "torch.nn.parallel.DistributedDataParallel")
+    strategy_help = "; ".join(f"{name}: {text}" for name, text in STRATEGY_HELP.items())
     every_help = strategy_help + ("; pipe-gpipe, pipe-1f1b: hand-rolled pipelines over "
                                   "send/recv; torch-pipe-*: torch.distributed.pipelining")
 
@@ -41,14 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
         "train", parents=[run_options(2)],
         help="train the clean baseline on N ranks and check it against one process",
         description="Train a small MLP on N real ranks (forked, one process group), print "
-                    "loss per rank, parameter spread across ranks and the distance from a "
-                    "single-process run on the same samples, and write the run record with "
-                    "its verdict as JSON. Exit 0 when the verdict passes, 1 when not.")
+                    "loss per rank, parameter spread across ranks, the distance from a "
+                    "single-process run on the same samples and the memory each rank held "
+                    "(per state, measured from tensor storage, against the ZeRO formula for "
+                    "sharded strategies), and write the run record with its verdict as JSON. "
+                    "Sharded strategies train with Adam, the rest with SGD. Exit 0 when the "
+                    "verdict passes, 1 when not.")
     train.add_argument("--strategy", choices=strategies, default="ddp",
                        help=strategy_help + " (default: %(default)s)")
     out = train.add_mutually_exclusive_group()
-    out.add_argument("--out", default="outputs/ddp-demo.json", metavar="PATH",
-                     help="where to write the run record and verdict (default: %(default)s)")
+    out.add_argument("--out", metavar="PATH", help="where to write the run record and "
+                     "verdict (default: outputs/STRATEGY-train.json)")
     out.add_argument("--no-write", action="store_true", help="do not write the JSON record")
     train.set_defaults(handler=_train)
 
@@ -69,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.set_defaults(handler=_diagnose)
 
     demo = commands.add_parser(
-        "demo", parents=[run_options(4)],
+        "demo", parents=[run_options(4, deadline=10.0)],
         help="show a failure mode as a short lesson, or all of them",
         description="Each fault as a narrated lesson: what goes wrong, what was measured, "
                     "why, the fix, and the numbers after it. With --all, every fault, then "
@@ -86,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.add_commands(commands)
     script_cli.add_commands(commands)
     collectives_cli.add_commands(commands)
+    memory_cli.add_commands(commands)
 
     listing = commands.add_parser("faults", help="list the fault catalogue",
                                   description="Every failure mode distdoctor can inject.")
@@ -104,6 +109,7 @@ def _fault(fault_id: str):
 
 def _train(args: argparse.Namespace) -> int:
     from harness import tables
+    from harness.memory.measured import memory_table
     from harness.models import RunReport, dump_report
     from harness.run import judge, run
 
@@ -117,9 +123,13 @@ def _train(args: argparse.Namespace) -> int:
     if not record.finished:
         print(tables.rank_ends(record))
     print(tables.verdict_line(verdict))
+    memory = memory_table(record)
+    if memory:
+        print(memory)
     if not args.no_write:
-        dump_report(RunReport(record=record, verdict=verdict), args.out)
-        print(f"wrote {args.out} (training took {record.wall_s:.2f} s once the ranks were up)")
+        out = args.out or f"outputs/{spec.strategy}-train.json"
+        dump_report(RunReport(record=record, verdict=verdict), out)
+        print(f"wrote {out} (training took {record.wall_s:.2f} s once the ranks were up)")
     return 0 if verdict.passed else 1
 
 
@@ -175,18 +185,28 @@ def _demo(args: argparse.Namespace) -> int:
             text += "\n" + masked_note(diagnosed(fault, masked, args.variant).report)
         print(text + "\n", flush=True)
     if args.all:
-        print("sweeping every variant on every strategy ...", flush=True)
-        for fault in chosen:
-            for variant in fault.variants:
-                for strategy in fault.strategies:
-                    if any(r.fault == fault.id and r.variant == variant.name
-                           and r.strategy == strategy for r in rows):
-                        continue
-                    diagnosed(fault, strategy, variant.name)
+        todo = [(fault, variant, strategy) for fault in chosen for variant in fault.variants
+                for strategy in fault.strategies
+                if not any(r.fault == fault.id and r.variant == variant.name
+                           and r.strategy == strategy for r in rows)]
+        print(f"sweeping every variant on every strategy: {len(todo)} more diagnoses ...",
+              flush=True)
+        for done, (fault, variant, strategy) in enumerate(todo, 1):
+            row = diagnosed(fault, strategy, variant.name)
+            _progress(f"[{done}/{len(todo)}] {fault.id} ({variant.name}) on {strategy}: "
+                      f"{row.report.verdict.outcome} in {row.seconds:.1f} s")
+        _progress("")
         rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
         print(summary_table(rows))
         print(f"wall time {time.monotonic() - started:.1f} s")
     return 0 if all(r.report.verdict.passed for r in rows) else 1
+
+
+def _progress(text: str) -> None:
+    """One self-overwriting status line on a terminal's stderr; nothing when redirected."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + text)
+        sys.stderr.flush()
 
 
 def _timed(fn, *args):

@@ -41,7 +41,7 @@ def seconds(text: str) -> float:
     return value
 
 
-def run_options(world_size: int) -> argparse.ArgumentParser:
+def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentParser:
     """Options every command that trains shares."""
     options = argparse.ArgumentParser(add_help=False)
     group = options.add_argument_group("run")
@@ -62,7 +62,7 @@ def run_options(world_size: int) -> argparse.ArgumentParser:
                             "(default: %(default)s)")
     group.add_argument("--seed", type=int, default=0,
                        help="model, data and shuffle seed (default: %(default)s)")
-    group.add_argument("--deadline", type=seconds, default=30.0, metavar="SECONDS",
+    group.add_argument("--deadline", type=seconds, default=deadline, metavar="SECONDS",
                        help="seconds without progress before the ranks count as hung and "
                             "are stopped with their stacks (default: %(default)s)")
     return options

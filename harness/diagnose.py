@@ -32,7 +32,10 @@ def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
     if not changes:
         return RunReport(record, Verdict("not-fixed", before, note="no finding carries a fix"),
                          fault=label)
-    fixed_record = run(apply_changes(spec, changes), pool)
+    fixed = apply_changes(spec, changes)
+    # a fix may change the world size (more ranks to fit memory): that needs its own pool
+    same_size = pool is not None and pool.world_size == fixed.world_size
+    fixed_record = run(fixed, pool if same_size else None)
     after = assess(fixed_record)
     verdict = Verdict("fixed" if after.healthy else "not-fixed", before, after,
                       note="applied " + ", ".join(f"{k}={v}" for k, v in changes.items()))

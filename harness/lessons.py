@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from faults import Fault
 from harness.models import RunReport
-from harness.tables import OUTCOME_TEXT, changes_text, num, numbers_line, ranks_line, wrap
+from harness.tables import (OUTCOME_TEXT, changes_text, memory_line, num, numbers_line,
+                            ranks_line, wrap)
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,11 @@ def lesson(fault: Fault, report: RunReport) -> str:
         after = verdict.after
         found = ("no findings" if not after.findings
                  else "still " + "; ".join(f.headline for f in after.findings))
-        paragraphs.append(wrap(f"After the fix: {found}; {numbers_line(after)}. "
-                               f"{OUTCOME_TEXT[verdict.outcome]}."))
+        memory = memory_line(report.fixed_record) if report.fixed_record and any(
+            m.budget for r in report.fixed_record.ranks for m in r.evidence.memory) else None
+        paragraphs.append(wrap(f"After the fix: {found}; {numbers_line(after)}"
+                               + (f"; {memory}" if memory else "")
+                               + f". {OUTCOME_TEXT[verdict.outcome]}."))
     return "\n".join(paragraphs)
 
 
@@ -72,7 +76,8 @@ def masked_note(report: RunReport) -> str:
 
 def summary_table(rows: list[DemoRow]) -> str:
     width = max([len("strategy")] + [len(r.strategy) for r in rows])
-    header = (f"{'fault':<27} {'variant':<13} {'strategy':<{width}} {'N':>2}  "
+    vwidth = max([len("variant")] + [len(r.variant) for r in rows])
+    header = (f"{'fault':<27} {'variant':<{vwidth}} {'strategy':<{width}} {'N':>2}  "
               f"{'measured before the fix':<42} {'|Δ| before':>10} {'|Δ| after':>9}  outcome")
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -83,7 +88,8 @@ def summary_table(rows: list[DemoRow]) -> str:
         after = verdict.after.reference.max_abs_diff if verdict.after and verdict.after.reference \
             else (before.reference.max_abs_diff if before.reference else None)
         lines.append(
-            f"{row.fault:<27} {row.variant:<13} {row.strategy:<{width}} {row.world_size:>2}  "
+            f"{row.fault:<27} {row.variant:<{vwidth}} {row.strategy:<{width}} "
+            f"{row.world_size:>2}  "
             f"{measured[:42]:<42} "
             f"{num(before.reference.max_abs_diff if before.reference else None):>10} "
             f"{num(after):>9}  {verdict.outcome}")

@@ -76,7 +76,7 @@ class RunSpec:
     num_samples: int = 64
     in_features: int = 8
     hidden_features: int = 16
-    lr: float = 0.05
+    lr: float | None = None  # None: 0.05 for SGD, 1e-3 (torch's default) for Adam
     optimizer: OptimizerName = "auto"  # auto: Adam for sharded strategies, else SGD
     seed: int = 0
     deadline: float = 30.0  # seconds without progress before the ranks count as hung
@@ -104,7 +104,7 @@ class RunSpec:
                    f"({self.global_batch} samples)")
         if not (self.deadline > 0 and math.isfinite(self.deadline)):
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
-        if not (self.lr > 0 and math.isfinite(self.lr)):
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             yield f"lr must be positive, got {self.lr}"
 
     @property
@@ -122,6 +122,15 @@ class RunSpec:
         from harness.strategies import SHARDED
 
         return "adam" if self.strategy in SHARDED else "sgd"
+
+    @property
+    def learning_rate(self) -> float:
+        """Adam's step is about lr per element whatever the gradient's scale, so it gets a
+        smaller default than SGD; 0.05 would also let float rounding in a near-zero
+        gradient move a parameter by more than the 1e-5 the reference allows."""
+        if self.lr is not None:
+            return self.lr
+        return 1e-3 if self.optimizer_name == "adam" else 0.05
 
     @property
     def global_batch(self) -> int:
@@ -281,6 +290,7 @@ class MemoryEvidence:
     budget: int  # bytes this rank may hold (0: no limit)
     model_params: int  # parameters in the model, P
     largest_layer: int  # parameters in its largest layer, L
+    layers: int  # modules owning parameters (ZeRO pads each layer's shard separately)
     optimizer_tensors: int
 
     @property

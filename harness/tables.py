@@ -120,7 +120,7 @@ def finding_text(found: Finding, indent: str = "  ") -> str:
              wrap("cause: " + found.cause, indent + "  ")]
     fix = "fix: " + found.fix
     if found.fix_changes:
-        fix += f" (as knobs: {changes_text(found.fix_changes)})"
+        fix += f" (as changes: {changes_text(found.fix_changes)})"
     lines.append(wrap(fix, indent + "  "))
     return "\n".join(lines)
 
@@ -129,7 +129,25 @@ def run_section(title: str, record: RunRecord, assessment: Assessment) -> str:
     lines = [title, "  ranks: " + ranks_line(record)]
     lines += [finding_text(f) for f in assessment.findings] or ["  no findings"]
     lines.append(wrap(numbers_line(assessment), "  "))
+    memory = memory_line(record)
+    if memory:
+        lines.append(wrap(memory, "  "))
     return "\n".join(lines)
+
+
+def memory_line(record: RunRecord) -> str | None:
+    """The most any rank held at its last recorded step, state by state, and the budget."""
+    last = [r.evidence.memory[-1] for r in record.ranks if r.evidence.memory]
+    if not last:
+        return None
+    top = max(last, key=lambda m: m.total)
+    text = (f"memory held per rank (measured from tensor storage): at most {top.total} bytes "
+            f"(parameters {top.params}, gradients {top.grads}, optimiser {top.optimizer}, "
+            f"gathered {top.gathered})")
+    if top.budget:
+        text += f", budget {top.budget} bytes: " + ("fits" if top.total <= top.budget else
+                                                     f"over by {top.total - top.budget}")
+    return text
 
 
 OUTCOME_TEXT = {

@@ -32,7 +32,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     model = build_model(spec, ctx.rank)
     ctx.emit(("built", fingerprint(model.parameters(), spec.fingerprint_values)))
     sizes = [p.numel() for p in model.parameters()]
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    owned = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()]
+    layers, largest = sum(1 for n in owned if n), max(owned)
     dp = strategies.wrap(model, spec)
     x, y = make_dataset(spec)
     ctx.emit(("initial", fingerprint(dp.full_params(), spec.fingerprint_values)))
@@ -64,14 +65,14 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
         memory = MemoryEvidence(
             step=step, stage=dp.stage, world_size=spec.world_size, params=held.params,
             grads=held.grads, optimizer=held.optimizer, gathered=held.gathered, budget=budget,
-            model_params=sum(sizes), largest_layer=largest,
+            model_params=sum(sizes), largest_layer=largest, layers=layers,
             optimizer_tensors=dp.optimizer_tensors)
         ctx.emit(("memory", memory))
         if budget and memory.total > budget:
             raise torch.OutOfMemoryError(
-                f"rank {ctx.rank}: training state needs {memory.total} bytes (parameters "
-                f"{memory.params}, gradients {memory.grads}, optimiser {memory.optimizer}, "
-                f"gathered {memory.gathered}) but the memory budget is {budget} bytes")
+                f"out of memory: training state {memory.total} bytes over the budget of "
+                f"{budget} (params {memory.params}, grads {memory.grads}, "
+                f"optimiser {memory.optimizer}, gathered {memory.gathered})")
         ctx.emit(("step", StepEvidence(
             step=step,
             epoch=epoch_of(spec, step),

@@ -44,8 +44,8 @@ def build_model(spec: RunSpec, rank: int) -> MLP:
 def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
     """The spec's optimiser over ``params`` (a strategy's shards, or the whole model)."""
     if spec.optimizer_name == "adam":
-        return torch.optim.Adam(params, lr=spec.lr)
-    return torch.optim.SGD(params, lr=spec.lr)
+        return torch.optim.Adam(params, lr=spec.learning_rate)
+    return torch.optim.SGD(params, lr=spec.learning_rate)
 
 
 def make_dataset(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ class PipeReferenceStep:
 
 def pipeline_reference(spec: RunSpec) -> list[PipeReferenceStep]:
     layers = build_layers(spec.pipe, spec.seed)
-    optimizer = torch.optim.SGD(layers.parameters(), lr=spec.lr)
+    optimizer = torch.optim.SGD(layers.parameters(), lr=spec.learning_rate)
     x, y = make_data(spec)
     steps = []
     for step in range(1, spec.num_steps + 1):

@@ -70,7 +70,7 @@ def pipeline_job(ctx: RankContext, spec: RunSpec) -> None:
                                      sum(c.forward_flops for c in costs[first:end]),
                                      sum(c.backward_flops for c in costs[first:end]))))
     params = [p for k in mine for p in modules[k].parameters()]
-    optimizer = torch.optim.SGD(params, lr=spec.lr)
+    optimizer = torch.optim.SGD(params, lr=spec.learning_rate)
     x, y = make_data(spec)
     record = lambda event: ctx.emit(("stage_event", event))  # noqa: E731
     runner = None if spec.strategy in HANDROLLED else TorchPipeline(

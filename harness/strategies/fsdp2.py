@@ -52,7 +52,8 @@ class FSDP2:
         counter = _CountingReduceScatter(self.comm)
         for fsdp in [module] + [layer for _, layer in self.layers]:
             fsdp.set_custom_reduce_scatter(counter)
-            if not spec.knobs.average_gradients:
+            if not spec.knobs.average_gradients:  # gloo has no PREMUL_SUM: plain SUM, /1
+                fsdp.set_force_sum_reduction_for_comms(True)
                 fsdp.set_gradient_divide_factor(1.0)
         self._watched: set[int] = set()
         self.peak = 0

@@ -28,7 +28,7 @@ class TorchZero(TorchDDP):
         super()._init_optimizer(spec)
         kind = torch.optim.Adam if spec.optimizer_name == "adam" else torch.optim.SGD
         self.optimizer = ZeroRedundancyOptimizer(self.module.parameters(), optimizer_class=kind,
-                                                 lr=spec.lr)
+                                                 lr=spec.learning_rate)
         self.optimizer_tensors = len(self._mine())
 
     def _mine(self) -> list[nn.Parameter]:
