@@ -1,8 +1,8 @@
 """How much gradient traffic does one optimiser step move, against the minimum?
 
 One synchronisation of all gradients per step is the minimum (however many buckets or
-layers it is split into, all-reduced or reduce-scattered); more bytes than that means gradients were synchronised more than once,
-typically after every accumulation micro-batch.
+layers it is split into, all-reduced or reduce-scattered); more bytes than that means
+gradients were synchronised more than once, typically after every accumulation micro-batch.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ def _accumulate(spec: RunSpec) -> RunSpec:
 FAULT = Fault(
     id="allreduce-every-microbatch",
     title="Accumulation is slow",
-    strategies=("ddp", "torch-ddp", "zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op"),
+    strategies=("ddp", "torch-ddp", "zero1", "zero2", "zero3",
+                "torch-zero", "fsdp2", "fsdp2-grad-op"),
     symptom="with k micro-batches per step the gradients are all-reduced k times, so "
             "(k-1)/k of the gradient traffic is wasted (the result is the same)",
     cause="every micro-batch's backward synchronises gradients; only the last one needs to",

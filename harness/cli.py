@@ -234,6 +234,8 @@ def _faults(args: argparse.Namespace) -> int:
         print(f"  strategies: {', '.join(fault.strategies)}")
         for strategy, why in fault.masked_by.items():
             print(wrap(f"masked on {strategy}: {why}", "  "))
+        for strategy, why in fault.excluded.items():
+            print(wrap(f"does not apply to {strategy}: {why}", "  "))
         for variant in fault.variants:
             print(wrap(f"variant {variant.name}: {variant.description} "
                        f"({changes_text(variant.knobs)})", "  "))

@@ -276,8 +276,8 @@ class MemoryEvidence:
 
     ``gathered`` is the peak of unsharded parameters and their unsharded gradients held at
     once during forward and backward (ZeRO-3 and FSDP gather a layer, use it and free it; 0
-    where parameters are never sharded). ``optimizer`` includes Adam's step counters, one 4-byte scalar per
-    tensor the optimiser steps (``optimizer_tensors`` of them).
+    where parameters are never sharded). ``optimizer`` includes Adam's step counters, one
+    4-byte scalar per tensor the optimiser steps (``optimizer_tensors`` of them).
     """
 
     step: int

@@ -26,7 +26,22 @@ CASES = [(fault.id, variant.name, strategy)
          for fault in faults.catalogue().values()
          for variant in fault.variants
          for strategy in fault.strategies if fault.detectable_on(strategy)]
-PARAM_BYTES = 4 * sum(p.numel() for p in MLP(8, 16).parameters())
+MODEL = MLP(8, 16)
+PARAM_BYTES = 4 * sum(p.numel() for p in MODEL.parameters())
+LAYERS = [sum(p.numel() for p in m.parameters(recurse=False)) for m in MODEL.children()]
+PER_LAYER = ("zero1", "zero2", "zero3", "fsdp2", "fsdp2-grad-op")  # a collective per layer
+ADAM = ("zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op")
+
+
+def sync_bytes(strategy: str, n: int) -> int:
+    """Bytes one synchronisation of every gradient moves: the flat layer buffers padded to a
+    multiple of N (hand-rolled ZeRO), every parameter's rows padded to a multiple of N
+    (FSDP2), or the gradients as they are (DDP's buckets)."""
+    if strategy.startswith("zero"):
+        return 4 * sum(math.ceil(k / n) * n for k in LAYERS)
+    if strategy.startswith("fsdp2"):
+        return 4 * sum(math.ceil(p.shape[0] / n) * n * p[0].numel() for p in MODEL.parameters())
+    return PARAM_BYTES
 
 
 def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec, finding) -> None:
@@ -52,9 +67,19 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         assert measured["ratio"] == pytest.approx(world_size, abs=1e-3)
         assert all(r == pytest.approx(world_size, abs=1e-3) for r in measured["ratio_per_step"])
     elif fault_id == "allreduce-every-microbatch":
-        assert (measured["allreduces_per_step"], measured["wasted_share"]) == (4, 0.75)
-        assert measured["minimum_bytes_per_step"] == PARAM_BYTES
-        assert measured["bytes_per_step"] == 4 * PARAM_BYTES
+        per_sync = len(LAYERS) if spec.strategy in PER_LAYER else 1
+        assert (measured["allreduces_per_step"], measured["wasted_share"]) == (4 * per_sync, 0.75)
+        assert measured["minimum_bytes_per_step"] == sync_bytes(spec.strategy, world_size)
+        assert measured["bytes_per_step"] == 4 * sync_bytes(spec.strategy, world_size)
+    elif fault_id == "over-memory-budget":
+        padded = sync_bytes("zero1", world_size) // 4
+        held = 4 * padded + 4 * padded + 8 * padded // world_size + 4 * len(LAYERS)
+        assert measured["budget_bytes"] == 8 * PARAM_BYTES // 4
+        assert measured["bytes_per_rank"] == {str(r): held for r in range(world_size)}
+        # ZeRO-2 on 4 ranks is the cheapest fit: on 2 ranks no stage fits
+        assert (measured["planned"]["stage"], measured["planned"]["world_size"]) == (2, 4)
+        assert finding.fix_changes == {"strategy": "zero2", **(
+            {"world_size": 4} if world_size == 2 else {})}
     elif fault_id == "send-before-receive":
         # 1F1B's last stage has no warm-up, so it and its neighbour exchange first
         assert measured["cycle"] == [world_size - 2, world_size - 1]
@@ -93,7 +118,7 @@ def _built(seed: int) -> MLP:
 def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id, variant,
                                                                  strategy, world_size):
     fault = faults.get(fault_id)
-    report = diagnose(fault, RunSpec(strategy=strategy, world_size=world_size, deadline=20),
+    report = diagnose(fault, RunSpec(strategy=strategy, world_size=world_size, deadline=10),
                       variant, pools(world_size))
     verdict = report.verdict
     ours = [f for f in verdict.before.findings if f.fault == fault_id]
@@ -106,6 +131,9 @@ def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id
     assert verdict.after.reference.max_abs_diff <= 1e-5
     if fault_id in ("allreduce-every-microbatch", "unbalanced-stages"):
         assert verdict.before.reference.matches  # these cost time, not correctness
+    elif fault_id == "sum-without-mean" and strategy in ADAM:
+        # Adam divides by the gradient's own scale: N times the gradient barely moves it
+        assert not verdict.before.healthy and verdict.before.reference.max_abs_diff < 1e-5
     else:
         assert not verdict.before.healthy and not verdict.before.reference.matches
     # the detectors read evidence, not knobs: the same findings with the knobs wiped
@@ -115,9 +143,10 @@ def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_torch_ddp_masks_divergent_init_and_the_run_shows_it(pools, world_size):
+@pytest.mark.parametrize("strategy", ["torch-ddp", "torch-zero"])
+def test_torch_ddp_masks_divergent_init_and_the_run_shows_it(pools, world_size, strategy):
     report = diagnose(faults.get("divergent-init"),
-                      RunSpec(strategy="torch-ddp", world_size=world_size), None, pools(world_size))
+                      RunSpec(strategy=strategy, world_size=world_size), None, pools(world_size))
     assert report.verdict.outcome == "masked" and report.verdict.before.findings == ()
     built = [r.evidence.built_params for r in report.record.ranks]
     initial = [r.evidence.initial_params for r in report.record.ranks]
@@ -150,7 +179,53 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
     assert record.finished
     for detector in checks.detectors():
         assert detector.check(record) == [], detector.__name__
-    assert len(checks.detectors()) == 9
+    assert len(checks.detectors()) == 10
+
+
+CLEAN_SHARDED = {"default": {}, "accumulation": {"micro_batches": 4},
+                 "budget-that-fits": {"knobs": Knobs(memory_budget=24.0)}}
+
+
+@pytest.mark.parametrize("config", list(CLEAN_SHARDED))
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("strategy", ADAM)
+def test_clean_sharded_runs_give_no_finding(pools, strategy, world_size, config):
+    record = run(RunSpec(strategy=strategy, world_size=world_size, **CLEAN_SHARDED[config]),
+                 pools(world_size))
+    assert record.finished
+    assert checks.run_all(record) == ()
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "torch-zero"])
+def test_sharded_runs_that_handle_skipped_params_give_no_finding(pools, strategy):
+    spec = RunSpec(strategy=strategy, world_size=4, **CLEAN["aux-skipped-handled"])
+    record = run(spec, pools(4))
+    assert record.finished and checks.run_all(record) == ()
+
+
+def test_over_budget_zero2_on_two_ranks_is_fixed_with_more_ranks(pools):
+    """ZeRO-2 is the highest stage that helps this model (ZeRO-3 gathers a layer of 60% of
+    it), so on 2 ranks the fix keeps the stage and doubles the ranks."""
+    report = diagnose(faults.get("over-memory-budget"), RunSpec(strategy="zero2", world_size=2),
+                      None, pools(2))
+    (found,) = report.verdict.before.findings
+    assert found.fix_changes == {"world_size": 4}
+    assert report.verdict.outcome == "fixed"
+    after = [r.evidence.memory[-1] for r in report.fixed_record.ranks]
+    assert len(after) == 4 and all(m.total <= m.budget for m in after)
+
+
+def test_every_data_parallel_fault_says_where_it_applies():
+    """Each data-parallel fault names every data-parallel strategy as applying, or says why
+    it does not apply to it."""
+    from harness.strategies import STRATEGIES
+
+    for fault in faults.catalogue().values():
+        if not set(fault.strategies) & set(STRATEGIES):
+            continue
+        for strategy in STRATEGIES:
+            assert strategy in fault.strategies or strategy in fault.excluded, \
+                (fault.id, strategy)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -7,7 +7,7 @@ import argparse
 import math
 import re
 
-from harness.cliargs import Parser, count
+from harness.cliargs import count
 from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
 from harness.memory.planner import Model, fits, round_up, smallest_world_size
 from harness.tables import wrap
