@@ -146,6 +146,10 @@ def _diagnose(args: argparse.Namespace) -> int:
           f"{spec.world_size} {spec.backend} ranks\n"
           f"injected: {tables.changes_text(variant.knobs)} ({variant.description})\n",
           flush=True)
+    if spec.strategy in fault.excluded:
+        print(tables.wrap(f"note: {fault.id} does not apply to {spec.strategy}: "
+                          f"{fault.excluded[spec.strategy]}; running it anyway to show what "
+                          f"happens") + "\n", flush=True)
     report = diagnose(fault, spec, args.variant)
     print(tables.diagnosis_text(report), flush=True)
     timing = tables.hang_timing(report.record, time.monotonic())

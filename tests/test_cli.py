@@ -116,7 +116,7 @@ def test_demo_of_one_fault_tells_the_lesson_in_order(capsys):
 
 
 def test_demo_all_sweeps_every_fault_and_ends_with_the_summary(capsys):
-    assert main(["demo", "--all", "--deadline", "5"]) == 0
+    assert main(["demo", "--all", "--deadline", "5", "--world-size", "2"]) == 0
     printed = capsys.readouterr().out
     catalogue = faults.catalogue()
     rows = [line for line in printed.splitlines() if line.split()[:1] and
