@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import textwrap
 
 from harness.cliargs import count
 from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
@@ -43,10 +44,11 @@ def add_commands(commands) -> None:
     memory = commands.add_parser(
         "memory", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="plan memory per rank for each ZeRO stage, and what fixes a plan over budget",
-        description="Bytes per rank of parameters, gradients, optimiser state, the gathered "
-                    "largest layer (ZeRO-3) and activations, for each ZeRO stage, against a "
-                    "per-rank budget. When a stage does not fit, the fixes and their numbers: "
-                    "a higher stage, more ranks (and whole nodes), activation checkpointing.\n\n"
+        description=textwrap.fill(
+            "Bytes per rank of parameters, gradients, optimiser state, the gathered largest "
+            "layer (ZeRO-3) and activations, for each ZeRO stage, against a per-rank budget. "
+            "When a stage does not fit, the fixes and their numbers: a higher stage, more "
+            "ranks (and whole nodes), activation checkpointing.", 80) + "\n\n"
                     "precisions (bytes per parameter):\n" + "\n".join(
                         f"  {p.name:13s} {p.per_param:2d}: {p.summary}"
                         for p in PRECISIONS.values()))
