@@ -68,14 +68,20 @@ def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentPar
     return options
 
 
-def cost(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a time, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
+def zero_or_more(what: str):
+    """A finite number >= 0; ``what`` names it in the error ("a time", "gigabytes")."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+        return value
+    return parse
+
+
+cost = zero_or_more("a time")
 
 
 def spec_from(args: argparse.Namespace, strategy: str, **extra):

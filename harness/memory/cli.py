@@ -8,7 +8,7 @@ import math
 import re
 import textwrap
 
-from harness.cliargs import count
+from harness.cliargs import count, zero_or_more
 from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
 from harness.memory.planner import Model, fits, round_up, smallest_world_size
 from harness.tables import wrap
@@ -30,14 +30,7 @@ def parameter_count(text: str) -> float:
     return value
 
 
-def gigabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected gigabytes, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
+gigabytes = zero_or_more("gigabytes")
 
 
 def add_commands(commands) -> None:

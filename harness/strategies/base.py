@@ -9,8 +9,9 @@ own gradient before synchronisation, and the bytes of state it held.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Protocol
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -135,6 +136,25 @@ class DataParallel(Protocol):
 
     def held(self) -> HeldBytes:
         """Bytes of state this rank holds now; ``gathered`` is the peak since zero_grad."""
+
+
+class ManualSync:
+    """For strategies that synchronise gradients themselves: the forward is the module's,
+    and ``no_sync`` turns their synchronisation off for the backward passes inside."""
+
+    module: nn.Module
+    syncing = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        previous, self.syncing = self.syncing, False
+        try:
+            yield
+        finally:
+            self.syncing = previous
 
 
 class Replicated:

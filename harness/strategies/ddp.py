@@ -7,42 +7,27 @@ one flattened all-reduce (one bucket, as torch DDP uses for a model this small).
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import Replicated, SyncLog
+from harness.strategies.base import ManualSync, Replicated, SyncLog
 
 
-class HandRolledDDP(Replicated):
+class HandRolledDDP(ManualSync, Replicated):
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
         self.comm = SyncLog()
         self._knobs = spec.knobs
-        self._syncing = True
         if self._knobs.broadcast_params_at_start:
             with torch.no_grad():
                 for p in module.parameters():
                     dist.broadcast(p.data, src=0)
         self._init_optimizer(spec)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        previous, self._syncing = self._syncing, False
-        try:
-            yield
-        finally:
-            self._syncing = previous
-
     def finish_backward(self) -> None:
-        if self._syncing:
+        if self.syncing:
             self.sync_gradients()
 
     def sync_gradients(self) -> None:

@@ -13,27 +13,24 @@ gradient is caught and named before any rank enters the collective.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import GradProbe, HeldBytes, SyncLog, optimizer_state, storage_bytes
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
+                                     storage_bytes)
 from harness.strategies.zero.layout import broadcast_from_rank0, layers_of
 from harness.workload import make_optimizer
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(ManualSync):
     stage: int
 
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
         self.comm = SyncLog()
         self._knobs = spec.knobs
-        self._syncing = True
         self.world_size = dist.get_world_size()
         if self._knobs.broadcast_params_at_start:
             broadcast_from_rank0(module)
@@ -63,19 +60,8 @@ class ShardedOptimizer:
             for p, view in zip(owner.parameters(recurse=False), layer.views(flat)):
                 p.grad = view
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        previous, self._syncing = self._syncing, False
-        try:
-            yield
-        finally:
-            self._syncing = previous
-
     def finish_backward(self) -> None:
-        if self._syncing:
+        if self.syncing:
             self.reduce_scatter_gradients()
 
     def reduce_scatter_gradients(self) -> None:

@@ -17,16 +17,14 @@ ranks' all-gathers mismatched: ZeRO-3 cannot run a model whose ranks use differe
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
 from harness.models import RunSpec
-from harness.strategies.base import GradProbe, HeldBytes, SyncLog, optimizer_state, storage_bytes
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
+                                     storage_bytes)
 from harness.strategies.zero.layout import Layer, broadcast_from_rank0, layers_of
 from harness.workload import make_optimizer
 
@@ -119,14 +117,13 @@ class _GatheredCall(torch.autograd.Function):
         return grad_x, grad_shard, None
 
 
-class Zero3:
+class Zero3(ManualSync):
     stage = 3
 
     def __init__(self, module: nn.Module, spec: RunSpec):
         self.module = module
         self.comm = SyncLog()
         self.average = spec.knobs.average_gradients
-        self.syncing = True
         self.gathered = Gathered()
         if spec.knobs.broadcast_params_at_start:
             broadcast_from_rank0(module)
@@ -145,17 +142,6 @@ class Zero3:
         self.optimizer = make_optimizer(shards, spec)
         self.optimizer_tensors = len(shards)
         self.gradient_bytes = 4 * sum(s.layer.padded for s in self.sharded)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        previous, self.syncing = self.syncing, False
-        try:
-            yield
-        finally:
-            self.syncing = previous
 
     def finish_backward(self) -> None:
         pass  # each layer reduce-scattered its gradient as its backward ended
