@@ -4,6 +4,7 @@ formulas stated in the algorithms' docstrings; and the queue mesh across a sende
 from __future__ import annotations
 
 import math
+import multiprocessing.util
 import os
 import select
 from fractions import Fraction
@@ -71,6 +72,7 @@ def send_then_exit(ctx, use_bytes: bool, numel: int, pids: tuple[int, ...]) -> l
             ctx.mesh[0][1].put(payload)
             ctx.mesh[0][1].close()
             ctx.mesh[0][1].join_thread()
+            multiprocessing.util._run_finalizers()  # its fd listener's socket dir, as exit would
         os._exit(0)
     pidfd = os.pidfd_open(pids[0])
     select.select([pidfd], [], [], 30)  # until rank 0 has exited

@@ -112,8 +112,12 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, timeout: float | None =
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(ranks), "-m", "harness.doctor", "--trace-dir",
                str(trace_dir), "--deadline", "2", example]
+    # torchrun's agent leaves its torchelastic_* directory behind when workers fail
+    scratch = trace_dir.parent / f"{trace_dir.name}-tmp"
+    scratch.mkdir()
     process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               env=dict(os.environ, TMPDIR=str(scratch)))
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:  # a hang under torchrun: stop it as a user would
