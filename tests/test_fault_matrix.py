@@ -29,7 +29,7 @@ CASES = [(fault.id, variant.name, strategy)
 MODEL = MLP(8, 16)
 PARAM_BYTES = 4 * sum(p.numel() for p in MODEL.parameters())
 LAYERS = [sum(p.numel() for p in m.parameters(recurse=False)) for m in MODEL.children()]
-PER_LAYER = ("zero1", "zero2", "zero3", "fsdp2", "fsdp2-grad-op")  # a collective per layer
+PER_LAYER = ("zero3", "fsdp2", "fsdp2-grad-op")  # a collective per layer (ZeRO-1/2: a bucket)
 ADAM = ("zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op")
 
 

@@ -32,14 +32,14 @@ class SyncLog:
     bytes: int = 0
     on_sync: Callable[[], None] | None = None
 
-    def add(self, tensor: torch.Tensor) -> None:
+    def add(self, nbytes: int) -> None:
         if self.on_sync is not None:
             self.on_sync()
-        self.count(tensor)
+        self.count(nbytes)
 
-    def count(self, tensor: torch.Tensor) -> None:
+    def count(self, nbytes: int) -> None:
         self.calls += 1
-        self.bytes += tensor.numel() * tensor.element_size()
+        self.bytes += nbytes
 
     def reset(self) -> None:
         self.calls = self.bytes = 0
@@ -78,6 +78,10 @@ class GradProbe:
         """Every parameter's local gradient in order, zeros where it got none."""
         return [self.local[n] if n in self.local else torch.zeros(shape)
                 for n, shape in self.shapes.items()]
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import ManualSync, Replicated, SyncLog
+from harness.strategies.base import ManualSync, Replicated, SyncLog, nbytes
 
 
 class HandRolledDDP(ManualSync, Replicated):
@@ -43,7 +43,7 @@ class HandRolledDDP(ManualSync, Replicated):
                                f"gradient; cannot all-reduce them")
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in params])
-        self.comm.add(flat)
+        self.comm.add(nbytes(flat))
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         if self._knobs.average_gradients:
             flat.div_(dist.get_world_size())

@@ -24,7 +24,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from harness.models import RunSpec
-from harness.strategies.base import GradProbe, HeldBytes, SyncLog, optimizer_state, storage_bytes
+from harness.strategies.base import (GradProbe, HeldBytes, SyncLog, nbytes, optimizer_state,
+                                     storage_bytes)
 from harness.strategies.zero.layout import broadcast_from_rank0
 from harness.workload import make_optimizer
 
@@ -134,6 +135,6 @@ class _CountingReduceScatter:
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group,
                  op, async_op: bool = False):
-        self.comm.count(input_tensor)
+        self.comm.count(nbytes(input_tensor))
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                           async_op=async_op)

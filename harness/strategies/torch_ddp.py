@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.models import RunSpec
-from harness.strategies.base import Replicated, SyncLog
+from harness.strategies.base import Replicated, SyncLog, nbytes
 
 
 class TorchDDP(Replicated):
@@ -50,7 +50,7 @@ class _HookState:
 def _allreduce_hook(state: _HookState,
                     bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
-    state.comm.add(buffer)
+    state.comm.add(nbytes(buffer))
     if state.average:
         buffer.div_(dist.get_world_size())
     work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True)

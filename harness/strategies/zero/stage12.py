@@ -1,14 +1,15 @@
 """Hand-rolled ZeRO-1 and ZeRO-2: every rank holds the whole model, the optimiser state
 is sharded, and (ZeRO-2) so is the gradient once it is reduced.
 
-One step: backward leaves each rank its local gradient; one reduce-scatter per layer
-hands every rank the sum over ranks of its own shard (divided by N); the optimiser steps
-that shard only, in place in the layer's flat parameter buffer; one all-gather per layer
-gives every rank the updated parameters back. ZeRO-1 keeps the full gradient in a flat
-buffer per layer (the parameters' ``.grad`` are views of it) and writes its reduced shard
-into its own slice; ZeRO-2 frees the full gradient as soon as its layer is reduced and
-keeps only the shard. The synchronisation runs after backward, so a parameter without a
-gradient is caught and named before any rank enters the collective.
+One step: backward leaves each rank its local gradient; one reduce-scatter per bucket of
+layers hands every rank the sum over ranks of its own shard of each layer (divided by N);
+the optimiser steps those shards only, in place in the layers' flat parameter buffers;
+one all-gather per bucket gives every rank the updated parameters back. ZeRO-1 keeps the
+full gradient in a flat buffer per layer (the parameters' ``.grad`` are views of it) and
+writes its reduced shard into its own slice; ZeRO-2 frees the full gradient as soon as
+its bucket is reduced and keeps only the shard. The synchronisation runs after backward,
+so a parameter without a gradient is caught and named before any rank enters the
+collective.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
-                                     storage_bytes)
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, nbytes,
+                                     optimizer_state, storage_bytes)
+from harness.strategies.zero.bucket import buckets_of
 from harness.strategies.zero.layout import broadcast_from_rank0, layers_of
 from harness.workload import make_optimizer
 
@@ -35,6 +37,7 @@ class ShardedOptimizer(ManualSync):
         if self._knobs.broadcast_params_at_start:
             broadcast_from_rank0(module)
         self.layers = layers_of(module, self.world_size, dist.get_rank())
+        self.buckets = buckets_of([layer for layer, _ in self.layers])
         self.probe = GradProbe.on(module)
         self.flat_params = []
         for layer, owner in self.layers:
@@ -65,28 +68,33 @@ class ShardedOptimizer(ManualSync):
             self.reduce_scatter_gradients()
 
     def reduce_scatter_gradients(self) -> None:
-        """Each layer's local gradient, reduce-scattered: this rank keeps its shard's mean."""
+        """Each layer's local gradient, reduce-scattered a bucket at a time: this rank keeps
+        the mean of its own shard of every layer."""
         missing = self.probe.missing()
         if missing and not self._knobs.find_unused_parameters:
             raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
                                f"gradient; cannot reduce-scatter them")
-        for index in reversed(range(len(self.layers))):  # the order backward finishes them
-            layer, owner = self.layers[index]
-            params = list(owner.parameters(recurse=False))
-            local = self.flat_grads[index] if self.stage == 1 else \
-                layer.flatten([p.grad for p in params])
-            shard = torch.empty(layer.shard_numel)
-            self.comm.add(local)
-            dist.reduce_scatter_tensor(shard, local, op=dist.ReduceOp.SUM)
+        for bucket in self.buckets:  # in the order backward finishes the layers
+            owners = [self.layers[index][1] for index in bucket.indices]
+            if self.stage == 1:
+                local = [self.flat_grads[index] for index in bucket.indices]
+            else:
+                local = [layer.flatten([p.grad for p in owner.parameters(recurse=False)])
+                         for layer, owner in zip(bucket.layers, owners)]
+            self.comm.add(sum(nbytes(flat) for flat in local))
+            shard = bucket.reduce_scatter(local)
             if self._knobs.average_gradients:
                 shard.div_(self.world_size)
-            held = self.reduced[index]
-            self.reduced[index] = shard if held is None else held.add_(shard)
+            for index, piece in zip(bucket.indices, bucket.split(shard)):
+                held = self.reduced[index]
+                self.reduced[index] = piece if held is None else held.add_(piece)
             if self.stage == 1:
-                local.zero_()  # the next micro-batch (if synced again) starts afresh
+                for flat in local:
+                    flat.zero_()  # the next micro-batch (if synced again) starts afresh
             else:
-                for p in params:
-                    p.grad = None  # ZeRO-2: the full gradient is gone once reduced
+                for owner in owners:
+                    for p in owner.parameters(recurse=False):
+                        p.grad = None  # ZeRO-2: the full gradient is gone once reduced
 
     def zero_grad(self) -> None:
         for shard in self.shards:
@@ -108,8 +116,8 @@ class ShardedOptimizer(ManualSync):
                 reduced = self.reduced[index] = own
             shard.grad = reduced
         self.optimizer.step()
-        for shard, flat in zip(self.shards, self.flat_params):
-            dist.all_gather_into_tensor(flat, shard.detach().clone())
+        for bucket in self.buckets:
+            bucket.all_gather([self.flat_params[index] for index in bucket.indices])
 
     def full_params(self) -> list[torch.Tensor]:
         return [p.detach() for p in self.module.parameters()]

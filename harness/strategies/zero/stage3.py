@@ -23,8 +23,8 @@ from torch import nn
 from torch.func import functional_call
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
-                                     storage_bytes)
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, nbytes,
+                                     optimizer_state, storage_bytes)
 from harness.strategies.zero.layout import Layer, broadcast_from_rank0, layers_of
 from harness.workload import make_optimizer
 
@@ -90,7 +90,7 @@ class ShardedLayer(nn.Module):
             owner.gathered.live = [t for t in owner.gathered.live if t is not local]
             return grad_x, None
         shard = torch.empty(layer.shard_numel)
-        owner.comm.count(local)
+        owner.comm.count(nbytes(local))
         dist.reduce_scatter_tensor(shard, local, op=dist.ReduceOp.SUM)
         if owner.average:
             shard.div_(layer.world_size)
