@@ -176,6 +176,8 @@ class StepEvidence:
     allreduce_calls: int  # gradient all-reduces issued in this step
     allreduce_bytes: int  # bytes handed to those all-reduces
     gradient_bytes: int  # bytes of all gradients: what one synchronisation must move
+    seconds: float = 0.0  # wall time of forward, backward, sync and optimiser step, without
+    # the evidence gathered after it (0.0 in records written before it was measured)
 
 
 @dataclass(frozen=True)

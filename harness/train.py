@@ -11,6 +11,7 @@ run's memory budget stops with out-of-memory, as it would on a device of that si
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -42,6 +43,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     k = spec.micro_batches
     for step in range(1, spec.num_steps + 1):
         ids = batch_ids(spec, ctx.rank, step)
+        started = time.perf_counter()
         dp.zero_grad()
         dp.probe.reset()
         dp.comm.reset()
@@ -61,6 +63,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
                 dp.finish_backward()
             loss_total += loss.item()
         dp.step()
+        seconds = time.perf_counter() - started
         held = dp.held()
         memory = MemoryEvidence(
             step=step, stage=dp.stage, world_size=spec.world_size, params=held.params,
@@ -84,6 +87,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             allreduce_calls=dp.comm.calls,
             allreduce_bytes=dp.comm.bytes,
             gradient_bytes=dp.gradient_bytes,
+            seconds=seconds,
         )))
 
 
