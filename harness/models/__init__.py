@@ -1,0 +1,28 @@
+"""The run data model: what goes into a run (spec), what ranks record (evidence, record),
+what checks conclude (verdict).
+
+Everything here is a frozen dataclass that survives a JSON round trip, so a record written
+by one run (or one machine) can be re-checked later by a newer detector without re-running.
+A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord and nothing
+else. Bump SCHEMA_VERSION whenever a field changes meaning.
+"""
+
+from harness.models.evidence import (BackwardEvidence, Call, Evidence, Fingerprint,
+                                     MemoryEvidence, PipeStepEvidence, StageCost, StageEvent,
+                                     StepEvidence)
+from harness.models.record import (SCHEMA_VERSION, Frame, RankEnd, RankRecord, RankStatus,
+                                   RunRecord, ThreadStack)
+from harness.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
+                                 SamplerKind, StageSplit, apply_changes)
+from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
+                                    ReferenceComparison, RunReport, Verdict, dump_report,
+                                    load_report)
+
+__all__ = [
+    "AuxSkip", "Assessment", "BackwardEvidence", "Call", "Evidence", "Fingerprint", "Finding",
+    "Frame", "Knobs", "MemoryEvidence", "OptimizerName", "Outcome", "P2POrder",
+    "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord", "RankStatus",
+    "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
+    "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",
+    "Verdict", "apply_changes", "dump_report", "load_report",
+]

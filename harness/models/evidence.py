@@ -1,0 +1,176 @@
+"""What the ranks record as they train: per-step evidence, pipeline events, traced calls,
+the memory they held. Detectors read these and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A tensor set in brief: exact digest and norm, plus a strided sample of its values.
+
+    ``values`` holds every value when there are at most RunSpec.fingerprint_values of them,
+    so spreads and reference differences over the sample are exact for small models and a
+    lower bound otherwise; equal digests mean bit-identical tensors.
+    """
+
+    numel: int
+    digest: str
+    norm: float
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """What one rank saw and did in one optimiser step."""
+
+    step: int  # 1-based
+    epoch: int
+    sample_ids: tuple[int, ...]
+    loss: float
+    params: Fingerprint  # after the optimiser step
+    grad_local: Fingerprint | None  # this rank's gradient before synchronisation
+    grad_synced: Fingerprint | None  # the gradient the optimiser used
+    allreduce_calls: int  # gradient all-reduces issued in this step
+    allreduce_bytes: int  # bytes handed to those all-reduces
+    gradient_bytes: int  # bytes of all gradients: what one synchronisation must move
+    seconds: float = 0.0  # wall time of forward, backward, sync and optimiser step, without
+    # the evidence gathered after it (0.0 in records written before it was measured)
+
+
+@dataclass(frozen=True)
+class BackwardEvidence:
+    """Which parameters got a gradient, recorded before the step's first gradient sync.
+
+    Emitted before the collective that a missing gradient would hang or break, so it
+    reaches the parent even when that collective never returns.
+    """
+
+    step: int
+    no_grad_params: tuple[str, ...]  # parameters that got no gradient from this rank's loss
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One pipeline stage: its layers, parameters and FLOPs per micro-batch (counted with
+    torch.utils.flop_counter.FlopCounterMode)."""
+
+    stage: int
+    first_layer: int
+    end_layer: int  # exclusive
+    kinds: str  # the block kinds, e.g. "mmaa"
+    params: int
+    forward_flops: int
+    backward_flops: int
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One forward (F) or backward (B, or W for weights only) of one stage on one micro-batch.
+
+    start and end are on the machine-wide monotonic clock; cpu is the thread's CPU time,
+    which other processes sharing the core do not inflate.
+    """
+
+    step: int
+    stage: int
+    micro: int
+    kind: str
+    start: float
+    end: float
+    cpu: float
+
+
+@dataclass(frozen=True)
+class PipeStepEvidence:
+    """One pipeline rank's optimiser step."""
+
+    step: int
+    loss: float | None  # on the rank that holds the last stage
+    params: Fingerprint  # after the step
+    grads: Fingerprint  # before the step
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Call:
+    """One point-to-point or collective call a rank made, as its tracer recorded it.
+
+    ``seq`` numbers the call on its group (collectives) or on its channel (this rank's
+    sends to one peer, or receives from one peer), so calls that should meet across
+    ranks share a number. Times are on the machine-wide monotonic clock.
+    """
+
+    id: int
+    rank: int
+    op: str
+    seq: int
+    group: tuple[int, ...]
+    peer: int | None
+    peers: tuple[tuple[str, int], ...]  # batch_isend_irecv: ("send"|"recv", peer) each
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    reduce_op: str | None
+    where: str  # the user's file:line
+    async_op: bool
+    entered: float
+    waited: float | None = None  # when the owner started waiting on an async call
+    wait_where: str = ""
+    completed: float | None = None
+    error: str | None = None
+
+    @property
+    def blocking(self) -> bool:
+        """Is the rank inside this call right now (entered a blocking call, or waiting)?"""
+        if self.completed is not None or self.error is not None:
+            return False
+        return not self.async_op or self.waited is not None
+
+
+@dataclass(frozen=True)
+class MemoryEvidence:
+    """Bytes of training state one rank held in one step, summed over the storages of the
+    tensors it actually held (each storage once, padding included), after the optimiser
+    step while the step's gradients still live.
+
+    ``gathered`` is the peak of unsharded parameters and their unsharded gradients held at
+    once during forward and backward (ZeRO-3 and FSDP gather a layer, use it and free it; 0
+    where parameters are never sharded). ``optimizer`` includes Adam's step counters, one
+    4-byte scalar per tensor the optimiser steps (``optimizer_tensors`` of them).
+    """
+
+    step: int
+    stage: int  # 0: every state replicated (DDP); 1-3: the ZeRO stage the strategy implements
+    world_size: int
+    params: int
+    grads: int
+    optimizer: int
+    gathered: int
+    budget: int  # bytes this rank may hold (0: no limit)
+    model_params: int  # parameters in the model, P
+    largest_layer: int  # parameters in its largest layer, L
+    layers: int  # modules owning parameters (ZeRO pads each layer's shard separately)
+    optimizer_tensors: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.gathered
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything one rank recorded over a run."""
+
+    rank: int
+    built_params: Fingerprint | None = None  # as this rank built them, before any wrapping
+    initial_params: Fingerprint | None = None  # after construction (and any broadcast)
+    backward: tuple[BackwardEvidence, ...] = ()
+    steps: tuple[StepEvidence, ...] = ()
+    holds: str = "replica"  # the parameters this rank holds: a full replica, or stages
+    stages: tuple[StageCost, ...] = ()
+    stage_events: tuple[StageEvent, ...] = ()
+    pipe_steps: tuple[PipeStepEvidence, ...] = ()
+    calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
+    ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
+    memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step

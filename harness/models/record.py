@@ -1,0 +1,94 @@
+"""One run as it happened: each rank's evidence and how its job ended (finished, raised,
+died, hung or stopped, with its traceback or stacks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from harness.models.evidence import Evidence
+from harness.models.spec import RunSpec
+
+SCHEMA_VERSION = 1
+RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        text = f'  File "{self.file}", line {self.line}, in {self.function}'
+        return f"{text}\n    {self.code}" if self.code else text
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's Python stack, outermost frame first."""
+
+    name: str
+    main: bool
+    frames: tuple[Frame, ...]
+
+    def __str__(self) -> str:
+        head = f"Thread {self.name}{' (main)' if self.main else ''}, most recent call last:"
+        return "\n".join([head, *map(str, self.frames)])
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's job ended: its traceback if it raised, its stacks if it was stopped."""
+
+    rank: int
+    status: RankStatus
+    at: float | None = None  # seconds after the job started
+    error: str | None = None  # full traceback text, or how the process died
+    exitcode: int | None = None
+    stacks: tuple[ThreadStack, ...] = ()  # every thread, captured before the rank was killed
+    raw_stack: str | None = None  # faulthandler text, when the rank could not answer itself
+    stderr: str = ""  # the tail of what the rank wrote to stderr during the job
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def headline(self) -> str:
+        """The exception line of the last traceback in ``error``; for a rank that died, the
+        C++ exception it died of ("what(): ..."); else the last line."""
+        lines = (self.error or "").rstrip().splitlines()
+        fatal = [line.strip() for line in lines if line.strip().startswith("what():")]
+        if self.status == "died" and fatal:
+            return fatal[-1]
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        if starts:
+            for line in lines[starts[-1] + 1:]:
+                if line and not line[0].isspace():
+                    return line
+        return lines[-1].strip() if lines else ""
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    end: RankEnd
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run: its spec, each rank's evidence and end, and how long it took."""
+
+    spec: RunSpec
+    ranks: tuple[RankRecord, ...]
+    wall_s: float
+    torch_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+    started: float = 0.0  # job start on the machine-wide monotonic clock (RankEnd.at is after it)
+
+    @property
+    def finished(self) -> bool:
+        return all(r.end.ok for r in self.ranks)

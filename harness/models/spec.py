@@ -1,0 +1,149 @@
+"""What goes into a run: the strategy, its scale and workload, and the knobs a fault flips.
+
+A fault changes a RunSpec's knobs and nothing else, so the spec alone says how a run was
+made; ``apply_changes`` is how a finding's fix is applied to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SamplerKind = Literal["distributed", "shared-seed"]
+AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
+P2POrder = Literal["even-odd", "send-first", "batched"]
+StageSplit = Literal["flops", "params", "time"]
+OptimizerName = Literal["auto", "sgd", "adam"]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings a correct run gets right and a fault flips (the defaults are correct)."""
+
+    broadcast_params_at_start: bool = True  # hand-rolled DDP syncs rank 0's init to all
+    seed_init_per_rank: bool = False  # each rank seeds its own model init with seed + rank
+    sampler: SamplerKind = "distributed"  # "shared-seed": every rank draws the same batches
+    sampler_set_epoch: bool = True  # reshuffle every epoch (False repeats epoch 0's order)
+    average_gradients: bool = True  # divide the all-reduced SUM by the world size
+    no_sync_accumulation: bool = True  # skip the gradient sync on all but the last micro-batch
+    aux_skipped_on: AuxSkip = "none"  # ranks whose loss leaves the aux head out (the
+    # workload's own choice: the reference leaves it out on the same ranks)
+    find_unused_parameters: bool = False  # let DDP reduce parameters that got no gradient
+    p2p_order: P2POrder = "even-odd"  # how a stage pairs its send and receive to one peer
+    stage_split: StageSplit = "time"  # what a pipeline equalises when it cuts the layers:
+    # CPU time measured on every rank and averaged, torch-counted FLOPs, or parameter counts
+    memory_budget: float = 0.0  # bytes each rank may hold per model parameter, as a device
+    # of fixed size would allow (0: no limit); a rank over it stops with out-of-memory
+
+
+@dataclass(frozen=True)
+class PipeShape:
+    """The pipeline workload: a stack of residual blocks on (batch, seq_len, d_model).
+
+    ``layers`` spells the stack: "m" an MLP block, "a" a self-attention block written out
+    as matmuls (so FLOP counters see it). At equal parameter counts an attention block
+    costs far more than an MLP block once seq_len is large.
+    """
+
+    layers: str = "m" * 12 + "a" * 4
+    seq_len: int = 32
+    d_model: int = 16
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: strategy, scale, workload shape, seed, deadline and knobs."""
+
+    strategy: str = "ddp"
+    world_size: int = 2
+    backend: str = "gloo"
+    num_steps: int = 6
+    batch_size: int = 8  # samples per rank per optimiser step
+    micro_batches: int = 1  # gradient-accumulation micro-batches per optimiser step
+    num_samples: int = 64
+    in_features: int = 8
+    hidden_features: int = 16
+    lr: float | None = None  # None: 0.05 for SGD, 1e-3 (torch's default) for Adam
+    optimizer: OptimizerName = "auto"  # auto: Adam for sharded strategies, else SGD
+    seed: int = 0
+    deadline: float = 30.0  # seconds without progress before the ranks count as hung
+    fingerprint_values: int = 4096  # values kept per fingerprint (all, for these models)
+    knobs: Knobs = field(default_factory=Knobs)
+    pipe: PipeShape = field(default_factory=PipeShape)
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self):
+        positive = ("world_size", "num_steps", "batch_size", "micro_batches", "num_samples",
+                    "in_features", "hidden_features", "fingerprint_values")
+        for name in positive:
+            if getattr(self, name) < 1:
+                yield f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+        if self.batch_size >= 1 and self.micro_batches >= 1 and \
+                self.batch_size % self.micro_batches:
+            yield (f"batch-size {self.batch_size} is not divisible by micro-batches "
+                   f"{self.micro_batches}")
+        if self.world_size >= 1 and self.batch_size >= 1 and self.num_samples < self.global_batch:
+            yield (f"num-samples {self.num_samples} is smaller than one global batch "
+                   f"({self.global_batch} samples)")
+        if not (self.deadline > 0 and math.isfinite(self.deadline)):
+            yield f"deadline must be a positive number of seconds, got {self.deadline}"
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            yield f"lr must be positive, got {self.lr}"
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Pipeline strategies are named pipe-* (hand-rolled) or torch-pipe-*."""
+        return "pipe-" in self.strategy
+
+    @property
+    def optimizer_name(self) -> str:
+        """"auto" means Adam where the strategy shards optimiser state (SGD has none to
+        shard, so ZeRO would save nothing) and SGD elsewhere (its update shows a gradient's
+        scale undistorted)."""
+        if self.optimizer != "auto":
+            return self.optimizer
+        from harness.strategies import SHARDED
+
+        return "adam" if self.strategy in SHARDED else "sgd"
+
+    @property
+    def learning_rate(self) -> float:
+        """Adam's step is about lr per element whatever the gradient's scale, so it gets a
+        smaller default than SGD; 0.05 would also let float rounding in a near-zero
+        gradient move a parameter by more than the 1e-5 the reference allows."""
+        if self.lr is not None:
+            return self.lr
+        return 1e-3 if self.optimizer_name == "adam" else 0.05
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimiser step: batch-size per rank for data parallelism, batch-size
+        in all for a pipeline (its ranks hold stages, not replicas)."""
+        return self.batch_size if self.is_pipeline else self.world_size * self.batch_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // (self.world_size * self.batch_size)
+
+    def uses_aux(self, rank: int) -> bool:
+        skip = self.knobs.aux_skipped_on
+        return skip == "none" or (skip == "odd-ranks" and rank % 2 == 0)
+
+
+def apply_changes(obj: Any, changes: dict[str, Any]) -> Any:
+    """Return ``obj`` with dotted-path fields replaced: {"knobs.sampler": "distributed"}."""
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if head not in {f.name for f in dataclasses.fields(obj)}:
+            raise KeyError(f"{type(obj).__name__} has no field {head!r}")
+        new = apply_changes(getattr(obj, head), {rest: value}) if rest else value
+        if isinstance(new, list):
+            new = tuple(new)
+        obj = dataclasses.replace(obj, **{head: new})
+    return obj

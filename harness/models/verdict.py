@@ -1,0 +1,114 @@
+"""What the checks conclude about a run, and the report the command line writes and reads
+back (schema-checked, so a newer detector can re-judge an old record)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.jsoncodec import SchemaError, from_json, to_json
+from harness.models.record import SCHEMA_VERSION, RunRecord
+from harness.models.spec import RunSpec, apply_changes
+
+REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
+Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detected failure mode, with the numbers that show it and the fix as knob changes."""
+
+    check: str  # the detector that found it
+    fault: str  # the failure mode it indicates
+    symptom: str  # with the measured numbers
+    cause: str
+    fix: str
+    fix_changes: dict[str, Any]  # dotted RunSpec path -> new value, e.g. "knobs.sampler"
+    ranks: tuple[int, ...] = ()
+    measured: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""  # the key number in a few words, for tables
+
+    def apply_fix(self, spec: RunSpec) -> RunSpec:
+        return apply_changes(spec, self.fix_changes)
+
+
+@dataclass(frozen=True)
+class ReferenceComparison:
+    """Distance of the distributed run from a single-process run on the same samples."""
+
+    max_abs_diff: float
+    per_step: tuple[float, ...]
+    tolerance: float = 1e-5
+
+    @property
+    def matches(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the checks and the reference say about one run."""
+
+    findings: tuple[Finding, ...]
+    reference: ReferenceComparison | None
+    param_spread: float | None  # largest difference between replicas, any step (None: no replicas)
+    ranks_finished: bool
+    spread_tolerance: float = 1e-6
+
+    @property
+    def healthy(self) -> bool:
+        spread_ok = self.param_spread is None or self.param_spread <= self.spread_tolerance
+        reference_ok = self.reference is not None and self.reference.matches
+        return self.ranks_finished and not self.findings and spread_ok and reference_ok
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run before any fix, the run after it (if one was applied), and what that means.
+
+    outcome: ``healthy``/``unhealthy`` for a single run; for an injected fault ``fixed``
+    (found, and gone after the fix with the reference matched), ``not-fixed``, ``masked``
+    (the strategy itself prevents the fault: see ``note``) or ``not-reproduced``.
+    """
+
+    outcome: Outcome
+    before: Assessment
+    after: Assessment | None = None
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome in ("healthy", "fixed", "masked")
+
+    @property
+    def final(self) -> Assessment:
+        return self.after if self.after is not None else self.before
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What the command line writes: the run, the run after a fix (if any), the verdict."""
+
+    record: RunRecord
+    verdict: Verdict
+    fixed_record: RunRecord | None = None
+    fault: str | None = None  # "id" or "id:variant" when a fault was injected on purpose
+    schema: str = REPORT_SCHEMA
+
+
+def dump_report(report: RunReport, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_json(report), indent=1) + "\n")
+    tmp.replace(path)
+
+
+def load_report(path: str | Path) -> RunReport:
+    data = json.loads(Path(path).read_text())
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != REPORT_SCHEMA:
+        raise SchemaError(f"{path}: schema {schema!r}, this distdoctor reads {REPORT_SCHEMA!r}")
+    return from_json(RunReport, data)
