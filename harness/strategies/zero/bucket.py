@@ -7,12 +7,15 @@ DeepSpeed's reduce buckets and DDP's do. The layout does not change: each layer 
 one padded flat buffer sharded N ways. A bucket packs its layers rank-major, so rank r's
 part of the packed buffer is the concatenation of rank r's shard of every layer and one
 reduce-scatter hands each rank exactly its own shards; an all-gather of the concatenated
-own shards unpacks the same way. The packed copy lives for one collective only.
+own shards unpacks the same way. The packed copy (fp32, like the layout) lives for one
+collective only; it is the price of bucketing: a bucket's worth of gradient held twice
+while it is reduced, which BUCKET_BYTES caps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -43,9 +46,10 @@ class Bucket:
             yield layer, slice(offset, offset + layer.shard_numel)
             offset += layer.shard_numel
 
-    def pack(self, flats: list[torch.Tensor]) -> torch.Tensor:
-        """The layers' full flat buffers, rank-major: row r holds every layer's shard r."""
-        packed = torch.empty(self.world_size, self.shard_numel, dtype=flats[0].dtype)
+    def pack(self, flats: Iterable[torch.Tensor]) -> torch.Tensor:
+        """The layers' full flat buffers, rank-major: row r holds every layer's shard r.
+        ``flats`` is read one layer at a time, so a generator can free each as it goes."""
+        packed = torch.empty(self.world_size, self.shard_numel)
         for (layer, columns), flat in zip(self._columns(), flats):
             packed[:, columns].copy_(flat.view(self.world_size, layer.shard_numel))
         return packed.view(-1)
@@ -54,10 +58,11 @@ class Bucket:
         """This rank's part of a packed buffer, as one view per layer."""
         return [shard[columns] for _, columns in self._columns()]
 
-    def reduce_scatter(self, flats: list[torch.Tensor]) -> torch.Tensor:
+    def reduce_scatter(self, flats: Iterable[torch.Tensor]) -> torch.Tensor:
         """The sum over ranks of this rank's shard of every layer, concatenated."""
-        shard = torch.empty(self.shard_numel, dtype=flats[0].dtype)
-        dist.reduce_scatter_tensor(shard, self.pack(flats), op=dist.ReduceOp.SUM)
+        packed = self.pack(flats)
+        shard = torch.empty(self.shard_numel)
+        dist.reduce_scatter_tensor(shard, packed, op=dist.ReduceOp.SUM)
         return shard
 
     def all_gather(self, flats: list[torch.Tensor]) -> None:

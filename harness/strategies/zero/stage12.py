@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, nbytes,
-                                     optimizer_state, storage_bytes)
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
+                                     storage_bytes)
 from harness.strategies.zero.bucket import buckets_of
 from harness.strategies.zero.layout import broadcast_from_rank0, layers_of
 from harness.workload import make_optimizer
@@ -75,26 +75,30 @@ class ShardedOptimizer(ManualSync):
             raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
                                f"gradient; cannot reduce-scatter them")
         for bucket in self.buckets:  # in the order backward finishes the layers
-            owners = [self.layers[index][1] for index in bucket.indices]
+            self.comm.add(4 * sum(layer.padded for layer in bucket.layers))
             if self.stage == 1:
-                local = [self.flat_grads[index] for index in bucket.indices]
+                shard = bucket.reduce_scatter(self.flat_grads[i] for i in bucket.indices)
             else:
-                local = [layer.flatten([p.grad for p in owner.parameters(recurse=False)])
-                         for layer, owner in zip(bucket.layers, owners)]
-            self.comm.add(sum(nbytes(flat) for flat in local))
-            shard = bucket.reduce_scatter(local)
+                shard = bucket.reduce_scatter(self._take_full_grads(bucket))
             if self._knobs.average_gradients:
                 shard.div_(self.world_size)
             for index, piece in zip(bucket.indices, bucket.split(shard)):
                 held = self.reduced[index]
                 self.reduced[index] = piece if held is None else held.add_(piece)
             if self.stage == 1:
-                for flat in local:
-                    flat.zero_()  # the next micro-batch (if synced again) starts afresh
-            else:
-                for owner in owners:
-                    for p in owner.parameters(recurse=False):
-                        p.grad = None  # ZeRO-2: the full gradient is gone once reduced
+                for index in bucket.indices:  # the next micro-batch (if synced) starts afresh
+                    self.flat_grads[index].zero_()
+
+    def _take_full_grads(self, bucket):
+        """ZeRO-2: each layer's full gradient, flattened, then dropped from the parameters:
+        once packed for the reduce-scatter, only the reduced shard is kept."""
+        for index in bucket.indices:
+            layer, owner = self.layers[index]
+            params = list(owner.parameters(recurse=False))
+            flat = layer.flatten([p.grad for p in params])
+            for p in params:
+                p.grad = None
+            yield flat
 
     def zero_grad(self) -> None:
         for shard in self.shards:
