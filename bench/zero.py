@@ -18,6 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from harness.cliargs import count  # noqa: E402
 from harness.models import RunRecord, RunSpec  # noqa: E402
 from harness.run import run  # noqa: E402
 from harness.strategies import stage_of  # noqa: E402
@@ -80,12 +81,11 @@ def measure(world_size: int, hidden: int, steps: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512, help="MLP width (default 512)")
-    parser.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per strategy (default 3)")
+    parser.add_argument("--hidden", type=count(1), default=512, help="MLP width (default 512)")
+    parser.add_argument("--steps", type=count(WARMUP_STEPS + 1), default=12,
+                        help=f"steps per run, the first {WARMUP_STEPS} untimed (default 12)")
+    parser.add_argument("--rounds", type=count(1), default=3, help="runs per strategy (default 3)")
     args = parser.parse_args()
-    if args.hidden < 1 or args.rounds < 1 or args.steps <= WARMUP_STEPS:
-        parser.error(f"need --hidden and --rounds of at least 1 and --steps over {WARMUP_STEPS}")
     for world_size in (2, 4):
         measure(world_size, args.hidden, args.steps, args.rounds)
         print()

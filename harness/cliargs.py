@@ -19,26 +19,26 @@ class UsageError(Exception):
     """Bad input found after parsing: one line, exit code 2."""
 
 
-def count(minimum: int):
-    def parse(text: str) -> int:
+def number(convert, expected: str, accept, rule: str):
+    """An argparse type: ``convert`` the text (else "expected ..."), then ``accept`` it (else
+    the ``rule`` it broke), so every numeric option fails in one line the same way."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text}")
         return value
     return parse
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
+def count(minimum: int):
+    return number(int, "a whole number", lambda v: v >= minimum, f"must be at least {minimum}")
+
+
+seconds = number(float, "seconds", lambda v: 0 < v < float("inf"),
+                 "must be a positive number of seconds")
 
 
 def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentParser:
@@ -70,15 +70,7 @@ def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentPar
 
 def zero_or_more(what: str):
     """A finite number >= 0; ``what`` names it in the error ("a time", "gigabytes")."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not 0 <= value < float("inf"):
-            raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-        return value
-    return parse
+    return number(float, what, lambda v: 0 <= v < float("inf"), "must be zero or more")
 
 
 cost = zero_or_more("a time")
