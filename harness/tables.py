@@ -99,7 +99,7 @@ def ranks_line(record: RunRecord) -> str:
         else:
             text = f"{end.status}: {end.headline[:160]}"
         groups.setdefault(text, []).append(end.rank)
-    return "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {text}"
+    return "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, sorted(r)))} {text}"
                      for text, r in groups.items())
 
 
