@@ -41,11 +41,13 @@ def build_model(spec: RunSpec, rank: int) -> MLP:
     return MLP(spec.in_features, spec.hidden_features)
 
 
+def optimizer_class(spec: RunSpec) -> type[torch.optim.Optimizer]:
+    return torch.optim.Adam if spec.optimizer_name == "adam" else torch.optim.SGD
+
+
 def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
     """The spec's optimiser over ``params`` (a strategy's shards, or the whole model)."""
-    if spec.optimizer_name == "adam":
-        return torch.optim.Adam(params, lr=spec.learning_rate)
-    return torch.optim.SGD(params, lr=spec.learning_rate)
+    return optimizer_class(spec)(params, lr=spec.learning_rate)
 
 
 def make_dataset(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:

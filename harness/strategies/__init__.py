@@ -26,6 +26,8 @@ STRATEGIES: dict[str, str] = {
     "fsdp2-grad-op": "harness.strategies.fsdp2:FSDP2GradOp",
 }
 
+DATA_PARALLEL = tuple(STRATEGIES)  # every strategy here: each rank trains on its own batch
+
 # strategies that shard training state, by ZeRO stage; the rest replicate it (stage 0)
 STAGES: dict[str, int] = {"zero1": 1, "zero2": 2, "zero3": 3, "torch-zero": 1,
                           "fsdp2-grad-op": 2, "fsdp2": 3}
@@ -51,8 +53,9 @@ def stage_of(strategy: str) -> int:
     return STAGES.get(strategy, 0)
 
 
-def family_of(strategy: str) -> dict[int, str]:
-    return next(f for f in FAMILIES if strategy in f.values())
+def family_of(strategy: str) -> dict[int, str] | None:
+    """The strategies of ``strategy``'s family by stage (None for pipelines)."""
+    return next((f for f in FAMILIES if strategy in f.values()), None)
 
 
 def wrap(model: "nn.Module", spec: "RunSpec") -> "DataParallel":

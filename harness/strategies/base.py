@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 
@@ -142,12 +143,29 @@ class DataParallel(Protocol):
         """Bytes of state this rank holds now; ``gathered`` is the peak since zero_grad."""
 
 
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Every rank starts from rank 0's parameters (what DDP does at construction)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+
+
 class ManualSync:
     """For strategies that synchronise gradients themselves: the forward is the module's,
     and ``no_sync`` turns their synchronisation off for the backward passes inside."""
 
     module: nn.Module
+    probe: GradProbe
     syncing = True
+
+    def require_gradients(self, find_unused_parameters: bool, collective: str) -> None:
+        """A parameter without a gradient this step is an error, as in torch DDP, unless
+        find_unused_parameters says to reduce zeros for it. Raised before the collective,
+        so the rank names the parameters instead of leaving its peers to hang."""
+        missing = self.probe.missing()
+        if missing and not find_unused_parameters:
+            raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
+                               f"gradient; cannot {collective} them")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -173,7 +191,7 @@ class Replicated:
         self.probe = GradProbe.on(self.module)
         params = list(self.module.parameters())
         self.optimizer = make_optimizer(params, spec)
-        self.gradient_bytes = sum(p.numel() * p.element_size() for p in params)
+        self.gradient_bytes = sum(nbytes(p) for p in params)
         self.optimizer_tensors = len(params)
 
     def zero_grad(self) -> None:

@@ -12,7 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import ManualSync, Replicated, SyncLog, nbytes
+from harness.strategies.base import (ManualSync, Replicated, SyncLog, broadcast_from_rank0,
+                                     nbytes)
 
 
 class HandRolledDDP(ManualSync, Replicated):
@@ -21,9 +22,7 @@ class HandRolledDDP(ManualSync, Replicated):
         self.comm = SyncLog()
         self._knobs = spec.knobs
         if self._knobs.broadcast_params_at_start:
-            with torch.no_grad():
-                for p in module.parameters():
-                    dist.broadcast(p.data, src=0)
+            broadcast_from_rank0(module)
         self._init_optimizer(spec)
 
     def finish_backward(self) -> None:
@@ -31,16 +30,9 @@ class HandRolledDDP(ManualSync, Replicated):
             self.sync_gradients()
 
     def sync_gradients(self) -> None:
-        """All-reduce every gradient in one flat buffer, then divide by the world size.
-
-        A parameter without a gradient is an error, as in torch DDP, unless
-        find_unused_parameters says to reduce zeros for it.
-        """
+        """All-reduce every gradient in one flat buffer, then divide by the world size."""
+        self.require_gradients(self._knobs.find_unused_parameters, "all-reduce")
         params = list(self.module.parameters())
-        missing = [name for name, p in self.module.named_parameters() if p.grad is None]
-        if missing and not self._knobs.find_unused_parameters:
-            raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
-                               f"gradient; cannot all-reduce them")
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in params])
         self.comm.add(nbytes(flat))

@@ -24,9 +24,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, SyncLog, nbytes, optimizer_state,
-                                     storage_bytes)
-from harness.strategies.zero.layout import broadcast_from_rank0
+from harness.strategies.base import (GradProbe, HeldBytes, SyncLog, broadcast_from_rank0,
+                                     nbytes, optimizer_state, storage_bytes)
 from harness.workload import make_optimizer
 
 

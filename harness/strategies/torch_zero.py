@@ -11,13 +11,13 @@ gradient bytes are the buckets' and nothing is counted twice.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from harness.models import RunSpec
 from harness.strategies.base import HeldBytes, optimizer_state, storage_bytes
 from harness.strategies.torch_ddp import TorchDDP
+from harness.workload import optimizer_class
 
 
 class TorchZero(TorchDDP):
@@ -26,9 +26,8 @@ class TorchZero(TorchDDP):
 
     def _init_optimizer(self, spec: RunSpec) -> None:
         super()._init_optimizer(spec)
-        kind = torch.optim.Adam if spec.optimizer_name == "adam" else torch.optim.SGD
-        self.optimizer = ZeroRedundancyOptimizer(self.module.parameters(), optimizer_class=kind,
-                                                 lr=spec.learning_rate)
+        self.optimizer = ZeroRedundancyOptimizer(
+            self.module.parameters(), optimizer_class=optimizer_class(spec), lr=spec.learning_rate)
         self.optimizer_tensors = len(self._mine())
 
     def _mine(self) -> list[nn.Parameter]:

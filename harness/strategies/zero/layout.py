@@ -78,8 +78,3 @@ def layers_of(model: nn.Module, world_size: int, rank: int) -> list[tuple[Layer,
                                 tuple(p.shape for _, p in own), world_size, rank), module))
     return found
 
-
-def broadcast_from_rank0(model: nn.Module) -> None:
-    with torch.no_grad():
-        for p in model.parameters():
-            dist.broadcast(p.data, src=0)

@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, optimizer_state,
-                                     storage_bytes)
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
+                                     broadcast_from_rank0, optimizer_state, storage_bytes)
 from harness.strategies.zero.bucket import buckets_of
-from harness.strategies.zero.layout import broadcast_from_rank0, layers_of
+from harness.strategies.zero.layout import layers_of
 from harness.workload import make_optimizer
 
 
@@ -70,10 +70,7 @@ class ShardedOptimizer(ManualSync):
     def reduce_scatter_gradients(self) -> None:
         """Each layer's local gradient, reduce-scattered a bucket at a time: this rank keeps
         the mean of its own shard of every layer."""
-        missing = self.probe.missing()
-        if missing and not self._knobs.find_unused_parameters:
-            raise RuntimeError(f"rank {dist.get_rank()}: parameters {', '.join(missing)} got no "
-                               f"gradient; cannot reduce-scatter them")
+        self.require_gradients(self._knobs.find_unused_parameters, "reduce-scatter")
         for bucket in self.buckets:  # in the order backward finishes the layers
             self.comm.add(4 * sum(layer.padded for layer in bucket.layers))
             if self.stage == 1:

@@ -23,9 +23,10 @@ from torch import nn
 from torch.func import functional_call
 
 from harness.models import RunSpec
-from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog, nbytes,
-                                     optimizer_state, storage_bytes)
-from harness.strategies.zero.layout import Layer, broadcast_from_rank0, layers_of
+from harness.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
+                                     broadcast_from_rank0, nbytes, optimizer_state,
+                                     storage_bytes)
+from harness.strategies.zero.layout import Layer, layers_of
 from harness.workload import make_optimizer
 
 
