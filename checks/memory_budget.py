@@ -4,15 +4,16 @@ Ranks record the bytes they hold of parameters, gradients, optimiser state and g
 layers (from the tensors' storage) and the budget they have. A rank over budget has run
 out of memory. The fix is the cheapest change the planner finds that fits: a higher stage
 of the same family of strategies on the same ranks, or else the fewest ranks, at the
-lowest stage that fits there; the planner counts fp32 Adam (16 bytes per parameter, the
-precision these runs train in), each layer's shard padding and Adam's step counters.
+lowest stage that fits there; the planner counts the run's optimiser in fp32 (the
+precision these runs train in), each layer's worst-case shard padding and Adam's step
+counters, as the measured-against-formula table does.
 """
 
 from __future__ import annotations
 
 from checks import finding, rank_list
-from harness.memory.formulas import PRECISIONS
-from harness.memory.planner import Model, cheapest_fit
+from harness.memory.measured import fp32, model_of
+from harness.memory.planner import cheapest_fit
 from harness.models import Finding, MemoryEvidence, RunRecord
 from harness.strategies import family_of
 
@@ -30,9 +31,8 @@ def check(record: RunRecord) -> list[Finding]:
         return []
     worst_rank, worst = max(over.items(), key=lambda item: item[1].total)
     budget, stage, n = worst.budget, worst.stage, worst.world_size
-    model = Model(worst.model_params, worst.largest_layer, layers=worst.layers,
-                  counters=4 * worst.layers)
-    option = cheapest_fit(model, stage, n, PRECISIONS["fp32"], budget)
+    optimizer = record.spec.optimizer_name
+    option = cheapest_fit(model_of(worst, optimizer), stage, n, fp32(optimizer), budget)
     measured = {"budget_bytes": budget, "stage": stage, "world_size": n,
                 "bytes_per_rank": {str(r): m.total for r, m in sorted(over.items())},
                 "states": {"params": worst.params, "grads": worst.grads,
@@ -44,7 +44,7 @@ def check(record: RunRecord) -> list[Finding]:
                f"{worst.gathered}) at {STAGES[stage]} on {n} ranks, "
                f"{worst.total / budget - 1:.0%} over")
     headline = f"{worst.total} B held, budget {budget} B"
-    family = _family(record.spec.strategy)
+    family = family_of(record.spec.strategy)
     if option is None or family is None:
         return [finding("over-memory-budget", NAME, headline, symptom, {}, sorted(over),
                         measured, fix="no ZeRO stage on any number of ranks fits this budget")]
@@ -63,9 +63,3 @@ def check(record: RunRecord) -> list[Finding]:
     return [finding("over-memory-budget", NAME, headline, symptom, changes, sorted(over),
                     measured, fix=fix)]
 
-
-def _family(strategy: str) -> dict[int, str] | None:
-    try:
-        return family_of(strategy)
-    except StopIteration:
-        return None

@@ -3,6 +3,7 @@
 import dataclasses
 
 from faults import Fault, Variant
+from harness.strategies import DATA_PARALLEL
 from harness.models import RunSpec
 
 
@@ -17,8 +18,7 @@ def _accumulate(spec: RunSpec) -> RunSpec:
 FAULT = Fault(
     id="allreduce-every-microbatch",
     title="Accumulation is slow",
-    strategies=("ddp", "torch-ddp", "zero1", "zero2", "zero3",
-                "torch-zero", "fsdp2", "fsdp2-grad-op"),
+    strategies=DATA_PARALLEL,
     symptom="with k micro-batches per step the gradients are all-reduced k times, so "
             "(k-1)/k of the gradient traffic is wasted (the result is the same)",
     cause="every micro-batch's backward synchronises gradients; only the last one needs to",

@@ -3,6 +3,7 @@
 import dataclasses
 
 from faults import Fault, Variant
+from harness.strategies import DATA_PARALLEL
 from harness.models import RunSpec
 
 
@@ -14,8 +15,7 @@ def _two_epochs(spec: RunSpec) -> RunSpec:
 FAULT = Fault(
     id="shared-shuffle-seed",
     title="All ranks see the same batches",
-    strategies=("ddp", "torch-ddp", "zero1", "zero2", "zero3",
-                "torch-zero", "fsdp2", "fsdp2-grad-op"),
+    strategies=DATA_PARALLEL,
     symptom="the ranks train on the same samples, so N ranks do the work of one "
             "(or every epoch replays the first epoch's order)",
     cause="every rank shuffles with one shared seed and takes the same slice, instead of "

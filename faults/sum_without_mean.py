@@ -1,12 +1,12 @@
 """Gradients are all-reduced with SUM and never divided by the world size."""
 
 from faults import Fault, Variant
+from harness.strategies import DATA_PARALLEL
 
 FAULT = Fault(
     id="sum-without-mean",
     title="LR breaks when N changes",
-    strategies=("ddp", "torch-ddp", "zero1", "zero2", "zero3",
-                "torch-zero", "fsdp2", "fsdp2-grad-op"),
+    strategies=DATA_PARALLEL,
     symptom="the applied gradient is N times the average, so the effective learning rate "
             "grows with the number of ranks and training leaves the single-process path",
     cause="gradients are all-reduced with SUM and not divided by the world size",

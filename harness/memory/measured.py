@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.memory.formulas import Precision, stage_bytes
+from harness.memory.formulas import Precision
+from harness.memory.planner import Model
 from harness.models import MemoryEvidence, RunRecord
 from harness.tables import wrap
 
@@ -36,16 +37,21 @@ def fp32(optimizer: str) -> Precision:
     return Precision("fp32", 4, 4, 0, 8 if optimizer == "adam" else 0, "")
 
 
+def model_of(memory: MemoryEvidence, optimizer: str, padded: bool = True) -> Model:
+    """What the planner needs to know about a measured run: its parameters, largest layer,
+    the layers that pad their shards (``padded``) and Adam's step counters."""
+    return Model(memory.model_params, memory.largest_layer,
+                 layers=memory.layers if padded else 0,
+                 counters=4 * memory.optimizer_tensors if optimizer == "adam" else 0)
+
+
 def formula_range(memory: MemoryEvidence, optimizer: str) -> tuple[int, int]:
-    """Total bytes the formula gives for this rank's stage, without and with padding,
-    plus Adam's step counters."""
+    """Total bytes the formula gives for this rank's stage, without and with padding
+    (none at stage 0: nothing is sharded), plus Adam's step counters."""
     n, precision = memory.world_size, fp32(optimizer)
-    counters = 4 * memory.optimizer_tensors if optimizer == "adam" else 0
-    pad = memory.layers * (n - 1) if memory.stage else 0
-    low = stage_bytes(memory.stage, memory.model_params, n, precision, memory.largest_layer)
-    high = stage_bytes(memory.stage, memory.model_params + pad, n, precision,
-                       memory.largest_layer + (n - 1 if memory.stage else 0))
-    return round(low.total) + counters, round(high.total) + counters
+    low, high = (model_of(memory, optimizer, padded).at(memory.stage, n, precision)
+                 for padded in (False, bool(memory.stage)))
+    return round(low.total), round(high.total)
 
 
 def compare(memory: MemoryEvidence, optimizer: str) -> FormulaComparison:
