@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
 from harness.fingerprint import fingerprint, max_abs_diff, spread
 from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
 from harness.workload import batch_ids, build_model, loss_fn, make_dataset, make_optimizer

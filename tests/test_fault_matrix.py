@@ -26,6 +26,10 @@ CASES = [(fault.id, variant.name, strategy)
          for fault in faults.catalogue().values()
          for variant in fault.variants
          for strategy in fault.strategies if fault.detectable_on(strategy)]
+# cases that hang for real: the hang is the evidence, so waiting the generous deadline the
+# other runs get (slow first steps under load) would prove nothing more. ZeroRedundancy-
+# Optimizer with a skipped head: DDP's all-reduce on one rank meets its broadcast on another.
+HANGS = {("unused-params", "torch-zero"): 3.0}
 MODEL = MLP(8, 16)
 PARAM_BYTES = 4 * sum(p.numel() for p in MODEL.parameters())
 LAYERS = [sum(p.numel() for p in m.parameters(recurse=False)) for m in MODEL.children()]
@@ -118,8 +122,9 @@ def _built(seed: int) -> MLP:
 def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id, variant,
                                                                  strategy, world_size):
     fault = faults.get(fault_id)
-    report = diagnose(fault, RunSpec(strategy=strategy, world_size=world_size, deadline=10),
-                      variant, pools(world_size))
+    deadline = HANGS.get((fault_id, strategy), 10.0)
+    report = diagnose(fault, RunSpec(strategy=strategy, world_size=world_size,
+                                     deadline=deadline), variant, pools(world_size))
     verdict = report.verdict
     ours = [f for f in verdict.before.findings if f.fault == fault_id]
     assert len(ours) == 1, [f.headline for f in verdict.before.findings]

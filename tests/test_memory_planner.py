@@ -69,6 +69,16 @@ def test_memory_command_reports_the_overrun_and_the_fixes(capsys):
     assert "ZeRO-3 4L + 18P/N = 157.5 GB" in out
 
 
+def test_a_higher_stage_on_the_same_ranks_is_offered_first(capsys):
+    """7B in mixed precision (12 bytes a parameter) on 8 ranks with 40 GB each: DDP needs
+    84 GB; ZeRO-1 shards only m and v, 2P + 2P + 8P/8 = 5P = 35 GB, and fits."""
+    assert main(["memory", "--params", "7e9", "--world-size", "8", "--stage", "0",
+                 "--budget-gb", "40"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "needs 84.0 GB per rank" in out
+    assert "a higher stage on 8 ranks: 1 ZeRO-1 (35.0 GB per rank)" in out
+
+
 def test_memory_command_table_for_every_stage(capsys):
     assert main(["memory", "--params", "70B", "--precision", "mixed-master"]) == 0
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ import textwrap
 
 from harness.cliargs import count, zero_or_more
 from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
-from harness.memory.planner import Model, fits, round_up, smallest_world_size
+from harness.memory.planner import Model, cheapest_fit, fits, round_up, smallest_world_size
 from harness.tables import wrap
 
 STAGE_NAMES = {0: "0 DDP", 1: "1 ZeRO-1", 2: "2 ZeRO-2", 3: "3 ZeRO-3/FSDP"}
@@ -145,11 +145,10 @@ def fixes(model: Model, stage: int, n: int, precision: Precision, budget: float,
     held = model.at(stage, n, precision)
     lines = [f"{STAGE_NAMES[stage]} needs {size(held.total)} per rank, over {size(budget)} by "
              f"{size(held.total - budget)}. Fixes:"]
-    higher = next((s for s in range(stage + 1, 4) if fits(model.at(s, n, precision), budget)),
-                  None)
+    higher = cheapest_fit(model, stage, n, precision, budget, max_world_size=n)
     if stage < 3:
         lines.append(f"  - a higher stage on {n} ranks: " + (
-            f"{STAGE_NAMES[higher]} ({size(model.at(higher, n, precision).total)} per rank)"
+            f"{STAGE_NAMES[higher.stage]} ({size(higher.bytes.total)} per rank)"
             if higher is not None else "none fits"))
     more = smallest_world_size(model, stage, precision, budget, start=n + 1)
     if more is None:
