@@ -72,16 +72,17 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> Scr
                         record.wall_s)
 
 
+# findings that name the cause outright, most specific first: finding -> cause reported
+NAMED_CAUSES: tuple[tuple[str, CauseKind], ...] = (
+    ("unused-params", "unused-parameters"), ("collective-mismatch", "collective-mismatch"),
+    ("send-before-receive", "p2p-cycle"), ("p2p-cycle", "p2p-cycle"))
+
+
 def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
     by_fault = {f.fault: f for f in findings}
-    if "unused-params" in by_fault:
-        return _cause("unused-parameters", by_fault["unused-params"])
-    for fault in ("collective-mismatch",):
+    for fault, kind in NAMED_CAUSES:
         if fault in by_fault:
-            return _cause("collective-mismatch", by_fault[fault])
-    for fault in ("send-before-receive", "p2p-cycle"):
-        if fault in by_fault:
-            return _cause("p2p-cycle", by_fault[fault])
+            return _cause(kind, by_fault[fault])
     missing = by_fault.get("missing-from-collective")
     if missing is not None:
         ended = all(record.ranks[r].end.status in ("finished", "died", "raised")
