@@ -46,7 +46,7 @@ def test_sharded_training_matches_single_process_adam(strategy, world_size):
     assert verdict.findings == ()
     assert verdict.reference.max_abs_diff <= 1e-5, verdict.reference.per_step
     assert verdict.param_spread == 0.0
-    assert all(s.seconds > 0 for r in record.ranks for s in r.evidence.steps)
+    assert all(0 < s.seconds < record.wall_s for r in record.ranks for s in r.evidence.steps)
     # the reference is Adam's: SGD on the same samples ends far from it
     sgd = reference_params(RunSpec(strategy="ddp", world_size=world_size, lr=1e-3))
     steps = record.ranks[0].evidence.steps
