@@ -8,6 +8,7 @@ parent goes (a parent killed outright still takes them along: see harness.procs)
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -263,7 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `distdoctor ... | head`: stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except UsageError as exc:
         return _usage_error(str(exc))
     except KeyboardInterrupt:

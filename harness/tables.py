@@ -8,7 +8,6 @@ import textwrap
 
 from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
 from harness.results import is_peer_echo
-from harness.reference import spreads
 
 WIDTH = 100
 
@@ -30,6 +29,8 @@ def changes_text(changes: dict) -> str:
 
 def step_table(record: RunRecord, assessment: Assessment) -> str:
     """One row per step: loss on every rank, spread across ranks, distance from reference."""
+    from harness.reference import spreads  # imports torch: not at the top, so commands
+    # that only plan or list (memory, faults, --help) start without it
     n = record.spec.world_size
     spread = spreads(record)
     reference = assessment.reference.per_step if assessment.reference else ()

@@ -83,6 +83,21 @@ def test_the_module_entry_point_runs_the_same_command(tmp_path):
     assert list(Path(tmp_path).iterdir()) == []
 
 
+@pytest.mark.parametrize("argv", [["faults"], ["memory", "--params", "70e9"]])
+def test_output_into_a_closed_pipe_ends_quietly_without_torch(argv):
+    """`distdoctor ... | head`: no BrokenPipeError traceback; and commands that only list or
+    plan never import torch (a second and a half of start-up)."""
+    read, write = os.pipe()
+    os.close(read)
+    probe = ("import runpy, sys; sys.argv = ['distdoctor', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('harness', run_name='__main__')\n"
+             "finally:\n    sys.stderr.write('torch' if 'torch' in sys.modules else '')")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write)
+    assert done.returncode == 141 and done.stderr == ""
+
+
 def test_diagnose_prints_before_and_after_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "d.json"
     code = main(["diagnose", "--strategy", "ddp", "--fault", "sum-without-mean",
