@@ -186,13 +186,16 @@ class Replicated:
     module: nn.Module
 
     def _init_optimizer(self, spec) -> None:
-        from harness.workload import make_optimizer
-
         self.probe = GradProbe.on(self.module)
         params = list(self.module.parameters())
-        self.optimizer = make_optimizer(params, spec)
+        self.optimizer = self.make_optimizer(params, spec)
         self.gradient_bytes = sum(nbytes(p) for p in params)
         self.optimizer_tensors = len(params)
+
+    def make_optimizer(self, params: list[nn.Parameter], spec) -> torch.optim.Optimizer:
+        from harness.workload import make_optimizer
+
+        return make_optimizer(params, spec)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -24,11 +24,13 @@ class TorchZero(TorchDDP):
     stage = 1
     bucket_view = True
 
+    def make_optimizer(self, params: list[nn.Parameter], spec: RunSpec) -> ZeroRedundancyOptimizer:
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(spec),
+                                       lr=spec.learning_rate)
+
     def _init_optimizer(self, spec: RunSpec) -> None:
         super()._init_optimizer(spec)
-        self.optimizer = ZeroRedundancyOptimizer(
-            self.module.parameters(), optimizer_class=optimizer_class(spec), lr=spec.learning_rate)
-        self.optimizer_tensors = len(self._mine())
+        self.optimizer_tensors = len(self._mine())  # the parameters this rank steps
 
     def _mine(self) -> list[nn.Parameter]:
         return [p for group in self.optimizer.optim.param_groups for p in group["params"]]
