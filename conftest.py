@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -11,3 +13,17 @@ def pools():
     from harness.pool import shared_pool
 
     return shared_pool
+
+
+@pytest.fixture
+def private_tmp(tmp_path):
+    """(env, tmpdir): an environment whose TMPDIR is a fresh empty directory, for tests that
+    assert a child process leaves nothing there. torch's persistent inductor cache goes
+    elsewhere: importing torch._inductor creates it under TMPDIR unless
+    TORCHINDUCTOR_CACHE_DIR is set (and sets it, so whether a child inherits it would
+    depend on which tests ran before)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmpdir),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))
+    return env, tmpdir

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import faults
 import pytest
@@ -70,17 +69,17 @@ def test_bad_arguments_get_one_line_and_exit_code_2(argv, capsys):
     assert "Traceback" not in captured.err + captured.out
 
 
-def test_the_module_entry_point_runs_the_same_command(tmp_path):
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+def test_the_module_entry_point_runs_the_same_command(private_tmp):
+    env, tmpdir = private_tmp  # also the working directory: --no-write writes nothing there
     ok = subprocess.run([sys.executable, "-m", "harness", "train", "--world-size", "2",
                          "--no-write"], capture_output=True, text=True, env=env, timeout=120,
-                        cwd=tmp_path)
+                        cwd=tmpdir)
     assert ok.returncode == 0, ok.stderr
     assert "PASS" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "harness", "train", "--world-size", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert list(Path(tmp_path).iterdir()) == []
+    assert list(tmpdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv", [["faults"], ["memory", "--params", "70e9"]])

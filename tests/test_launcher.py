@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -93,9 +92,10 @@ def test_rank_that_dies_is_reported_with_its_exit_code(no_new_children):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
                          ids=lambda s: s.name)
-def test_killing_the_parent_takes_every_rank_within_two_seconds(signum, tmp_path):
+def test_killing_the_parent_takes_every_rank_within_two_seconds(signum, private_tmp):
     world_size = 3
-    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS))
+    env, tmpdir = private_tmp
+    env["PYTHONPATH"] = str(TESTS)
     parent = subprocess.Popen([sys.executable, str(TESTS / "hang_parent.py"), str(world_size)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                               text=True)
@@ -109,4 +109,4 @@ def test_killing_the_parent_takes_every_rank_within_two_seconds(signum, tmp_path
         parent.kill()
         parent.wait()
     assert not any(proctable.alive(pid) for pid in pids)
-    assert list(tmp_path.iterdir()) == []  # no temporary file survives
+    assert list(tmpdir.iterdir()) == []  # no temporary file survives
