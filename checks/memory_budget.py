@@ -15,7 +15,7 @@ from checks import finding, rank_list
 from harness.memory.measured import fp32, model_of
 from harness.memory.planner import cheapest_fit
 from harness.models import Finding, MemoryEvidence, RunRecord
-from harness.strategies import family_of
+from harness.models.strategies import family_of
 
 NAME = "memory_budget"
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from checks import finding, rank_list
 from harness.models import Finding, RunRecord
-from harness.reference import param_history, spreads
+from harness.models.distance import param_history, spreads
 
 TOLERANCE = 1e-6
 NAME = "param_spread"

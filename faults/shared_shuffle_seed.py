@@ -3,7 +3,7 @@
 import dataclasses
 
 from faults import Fault, Variant
-from harness.strategies import DATA_PARALLEL
+from harness.models.strategies import DATA_PARALLEL
 from harness.models import RunSpec
 
 

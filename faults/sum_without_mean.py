@@ -1,7 +1,7 @@
 """Gradients are all-reduced with SUM and never divided by the world size."""
 
 from faults import Fault, Variant
-from harness.strategies import DATA_PARALLEL
+from harness.models.strategies import DATA_PARALLEL
 
 FAULT = Fault(
     id="sum-without-mean",

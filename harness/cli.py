@@ -22,8 +22,9 @@ from harness.collectives import cli as collectives_cli
 from harness.memory import cli as memory_cli
 from harness.pipeline import cli as pipeline_cli
 from harness.pool import PoolStartError
-from harness.strategies import HELP as STRATEGY_HELP
-from harness.strategies import STRATEGIES
+from harness.text import wrap
+from harness.models.strategies import DATA_PARALLEL
+from harness.models.strategies import HELP as STRATEGY_HELP
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "bugs, detect them from what the ranks recorded, and prove the fix.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
-    strategies = list(STRATEGIES)
+    strategies = list(DATA_PARALLEL)
     all_strategies = strategies + list(PIPELINES)
     strategy_help = "; ".join(f"{name}: {text}" for name, text in STRATEGY_HELP.items())
     every_help = strategy_help + ("; pipe-gpipe, pipe-1f1b: hand-rolled pipelines over "
@@ -148,14 +149,14 @@ def _diagnose(args: argparse.Namespace) -> int:
           f"injected: {tables.changes_text(variant.knobs)} ({variant.description})\n",
           flush=True)
     if spec.strategy in fault.excluded:
-        print(tables.wrap(f"note: {fault.id} does not apply to {spec.strategy}: "
+        print(wrap(f"note: {fault.id} does not apply to {spec.strategy}: "
                           f"{fault.excluded[spec.strategy]}; running it anyway to show what "
                           f"happens") + "\n", flush=True)
     report = diagnose(fault, spec, args.variant)
     print(tables.diagnosis_text(report), flush=True)
     timing = tables.hang_timing(report.record, time.monotonic())
     if timing:
-        print(tables.wrap(timing))
+        print(wrap(timing))
     if args.json:
         dump_report(report, args.json)
         print(f"wrote {args.json}")
@@ -230,7 +231,7 @@ def _check_variant(fault, variant: str | None) -> None:
 def _faults(args: argparse.Namespace) -> int:
     import faults
 
-    from harness.tables import changes_text, wrap
+    from harness.tables import changes_text
 
     catalogue = faults.catalogue()
     print(f"distdoctor fault catalogue: {len(catalogue)} failure modes\n")

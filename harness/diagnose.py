@@ -9,7 +9,7 @@ from __future__ import annotations
 from faults import Fault
 from harness.models import RunReport, RunSpec, Verdict, apply_changes
 from harness.pool import RankPool
-from harness.reference import built_spread, spreads
+from harness.models.distance import built_spread, spreads
 from harness.run import assess, run
 
 

@@ -1,13 +1,14 @@
-"""Fingerprints of parameter and gradient sets, and the distances between them.
+"""Fingerprints of parameter and gradient sets, taken on the rank that holds them.
 
 Ranks send fingerprints, not tensors: a digest says whether two sets are bit-identical, and
-a strided sample of values (every value for a small model) gives exact differences.
+a strided sample of values (every value for a small model) gives exact differences. The
+distances between fingerprints are in ``harness.models.distance``, free of torch.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 
@@ -29,24 +30,3 @@ def sample_positions(numel: int, max_values: int) -> torch.Tensor:
     if numel <= max_values:
         return torch.arange(numel)
     return torch.linspace(0, numel - 1, max_values).round().long()
-
-
-def spread(prints: Sequence[Fingerprint]) -> float:
-    """Largest difference of any sampled value between any two of ``prints`` (0.0 if equal)."""
-    if len({p.digest for p in prints}) <= 1:
-        return 0.0
-    _check_comparable(prints)
-    return max(max(column) - min(column) for column in zip(*(p.values for p in prints)))
-
-
-def max_abs_diff(a: Fingerprint, b: Fingerprint) -> float:
-    if a.digest == b.digest:
-        return 0.0
-    _check_comparable((a, b))
-    return max(abs(x - y) for x, y in zip(a.values, b.values))
-
-
-def _check_comparable(prints: Iterable[Fingerprint]) -> None:
-    shapes = {(p.numel, len(p.values)) for p in prints}
-    if len(shapes) > 1:
-        raise ValueError(f"fingerprints of different tensor sets cannot be compared: {shapes}")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from faults import Fault
 from harness.models import RunReport
-from harness.tables import (OUTCOME_TEXT, changes_text, memory_line, num, numbers_line,
-                            ranks_line, wrap)
+from harness.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
+from harness.text import ranks_line, wrap
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from harness.fingerprint import fingerprint, max_abs_diff, spread
+from harness.fingerprint import fingerprint
 from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
+from harness.models.distance import max_abs_diff, param_history
 from harness.workload import batch_ids, build_model, loss_fn, make_dataset, make_optimizer
 
 
@@ -39,12 +40,6 @@ def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
     return tuple(prints)
 
 
-def param_history(record: RunRecord, rank: int) -> tuple[Fingerprint, ...]:
-    evidence = record.ranks[rank].evidence
-    initial = () if evidence.initial_params is None else (evidence.initial_params,)
-    return initial + tuple(s.params for s in evidence.steps)
-
-
 def compare(record: RunRecord, reference: tuple[Fingerprint, ...],
             tolerance: float = 1e-5) -> ReferenceComparison:
     """Largest parameter difference from the reference, per step (0 = after construction),
@@ -55,16 +50,3 @@ def compare(record: RunRecord, reference: tuple[Fingerprint, ...],
                  for history in (param_history(record, r.rank) for r in record.ranks)]
         per_step.append(max(diffs))
     return ReferenceComparison(max(per_step), tuple(per_step), tolerance)
-
-
-def spreads(record: RunRecord) -> tuple[float, ...]:
-    """Parameter spread across ranks per step (0 = after construction), while all ranks ran."""
-    histories = [param_history(record, r.rank) for r in record.ranks]
-    common = min(len(h) for h in histories)
-    return tuple(spread([h[i] for h in histories]) for i in range(common))
-
-
-def built_spread(record: RunRecord) -> float | None:
-    """Parameter spread across ranks as each rank built its model, before any wrapping."""
-    prints = [r.evidence.built_params for r in record.ranks]
-    return spread(prints) if prints and all(p is not None for p in prints) else None

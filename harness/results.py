@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.models import RankEnd
+from harness.models.record import is_peer_echo
 
 
 class RanksFailed(RuntimeError):
@@ -65,13 +66,3 @@ class JobResult:
             lines.append(f"rank {end.rank} {end.status}{where}"
                          + (f": {end.headline}" if end.error else ""))
         return "\n".join(lines)
-
-
-# What gloo raises on a rank whose peer failed: the symptom, never the cause.
-_PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer",
-                          "Broken pipe")
-
-
-def is_peer_echo(end: RankEnd) -> bool:
-    """Did this rank only fail because a peer went away?"""
-    return end.status == "raised" and any(m in end.headline for m in _PEER_FAILURE_MESSAGES)

@@ -9,7 +9,8 @@ from harness.evidence import evidence_from_events
 from harness.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
 from harness.pipeline.train import pipeline_job
 from harness.pool import RankPool, shared_pool
-from harness.reference import compare, reference_params, spreads
+from harness.models.distance import spreads
+from harness.reference import compare, reference_params
 from harness.train import train_job
 
 

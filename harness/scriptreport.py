@@ -16,7 +16,7 @@ from typing import Literal
 
 from harness.jsoncodec import to_json
 from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.results import is_peer_echo
+from harness.models.record import is_peer_echo
 
 RUN_SCHEMA = "distdoctor.run.v1"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",

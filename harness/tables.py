@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
 
 from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
-from harness.results import is_peer_echo
-
-WIDTH = 100
+from harness.models.distance import spreads
+from harness.text import ranks_line, wrap
 
 
 def num(value: float | None) -> str:
@@ -18,19 +16,12 @@ def num(value: float | None) -> str:
     return "0" if value == 0 else f"{value:.2e}"
 
 
-def wrap(text: str, indent: str = "", first: str | None = None) -> str:
-    return textwrap.fill(text, WIDTH, initial_indent=indent if first is None else first,
-                         subsequent_indent=indent + "  ")
-
-
 def changes_text(changes: dict) -> str:
     return ", ".join(f"{path}={value}" for path, value in changes.items())
 
 
 def step_table(record: RunRecord, assessment: Assessment) -> str:
     """One row per step: loss on every rank, spread across ranks, distance from reference."""
-    from harness.reference import spreads  # imports torch: not at the top, so commands
-    # that only plan or list (memory, faults, --help) start without it
     n = record.spec.world_size
     spread = spreads(record)
     reference = assessment.reference.per_step if assessment.reference else ()
@@ -84,24 +75,6 @@ def verdict_line(verdict: Verdict) -> str:
     text = (f"{'PASS' if verdict.passed else 'FAIL'}: {numbers_line(final)}, "
             f"{findings} finding{'s' * (findings != 1)}")
     return text if final.ranks_finished else text + ", not every rank finished"
-
-
-def ranks_line(record: RunRecord) -> str:
-    """How the ranks ended, root cause first: 'all 4 finished' or who failed how."""
-    ends = [r.end for r in record.ranks]
-    if all(e.ok for e in ends):
-        return f"all {len(ends)} ranks finished"
-    groups: dict[str, list[int]] = {}
-    for end in sorted(ends, key=lambda e: (e.ok, is_peer_echo(e), e.at or 0.0)):
-        if end.ok:
-            text = "finished"
-        elif is_peer_echo(end):
-            text = f"{end.status} (echo: a peer went away)"
-        else:
-            text = f"{end.status}: {end.headline[:160]}"
-        groups.setdefault(text, []).append(end.rank)
-    return "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, sorted(r)))} {text}"
-                     for text, r in groups.items())
 
 
 def step_time(record: RunRecord) -> float | None:

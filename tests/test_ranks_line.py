@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
-from harness.tables import ranks_line
+from harness.text import ranks_line
 
 OOM = "Traceback (most recent call last):\ntorch.OutOfMemoryError: out of memory"
 RESET = "Traceback (most recent call last):\nRuntimeError: Connection reset by peer"

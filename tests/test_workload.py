@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.fingerprint import fingerprint, max_abs_diff, spread
+from harness.fingerprint import fingerprint
+from harness.models.distance import max_abs_diff, spread
 from harness.models import Knobs, RunSpec
 from harness.workload import batch_ids, make_dataset
 

@@ -13,7 +13,7 @@ from harness.memory.measured import compare
 from harness.models import RunRecord, RunSpec
 from harness.reference import reference_params
 from harness.run import assess, run
-from harness.fingerprint import max_abs_diff
+from harness.models.distance import max_abs_diff
 from harness.workload import MLP
 
 SHARDED = ["zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op"]

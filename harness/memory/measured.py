@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from harness.memory.formulas import Precision
 from harness.memory.planner import Model
 from harness.models import MemoryEvidence, RunRecord
-from harness.tables import wrap
+from harness.text import wrap
 
 STAGE_FORMULAS = {0: "4P + 4P + kP", 1: "4P + 4P + kP/N", 2: "4P + 4P/N + kP/N",
                   3: "4P/N + 4P/N + kP/N + 8L"}

@@ -71,6 +71,16 @@ class RankEnd:
         return lines[-1].strip() if lines else ""
 
 
+# What gloo raises on a rank whose peer failed: the symptom, never the cause.
+_PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer",
+                          "Broken pipe")
+
+
+def is_peer_echo(end: RankEnd) -> bool:
+    """Did this rank only fail because a peer went away?"""
+    return end.status == "raised" and any(m in end.headline for m in _PEER_FAILURE_MESSAGES)
+
+
 @dataclass(frozen=True)
 class RankRecord:
     rank: int

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.models.strategies import SHARDED
+
 SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
 P2POrder = Literal["even-odd", "send-first", "batched"]
@@ -108,8 +110,6 @@ class RunSpec:
         scale undistorted)."""
         if self.optimizer != "auto":
             return self.optimizer
-        from harness.strategies import SHARDED
-
         return "adam" if self.strategy in SHARDED else "sgd"
 
     @property

@@ -13,6 +13,7 @@ import statistics
 from collections import defaultdict
 
 from harness.models import RunRecord
+from harness.text import ranks_line
 from harness.pipeline.simulate import (
     Costs, Timeline, closed_form, gpipe_bubble_fraction, run_schedule,
 )
@@ -159,7 +160,5 @@ def pipeline_text(record: RunRecord, assessment) -> str:
         rows.append(f"{step.step:>5} {(f'{loss:.6f}' if loss is not None else '-'):>10} "
                     f"{span * 1e3:>9.1f} {(f'{diff:.2e}' if diff is not None else '-'):>10}")
     if not record.finished:
-        from harness.tables import ranks_line
-
         rows.append("ranks: " + ranks_line(record))
     return "\n".join(rows)

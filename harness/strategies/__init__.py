@@ -1,13 +1,16 @@
-"""Training strategies by name: each wraps a model for one kind of parallelism.
+"""Training strategies by name: each wraps a model for one kind of data parallelism.
 
-Names resolve lazily so the command line can list and validate them without importing
-torch (a second of start-up on this machine).
+The names and what is known of each (stage, family, help) are in
+``harness.models.strategies``; here each name resolves, lazily, to the class that implements
+it, so naming a strategy never imports torch (a second of start-up on this machine).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
+
+from harness.models.strategies import DATA_PARALLEL
 
 if TYPE_CHECKING:
     from torch import nn
@@ -25,37 +28,9 @@ STRATEGIES: dict[str, str] = {
     "fsdp2": "harness.strategies.fsdp2:FSDP2",
     "fsdp2-grad-op": "harness.strategies.fsdp2:FSDP2GradOp",
 }
-
-DATA_PARALLEL = tuple(STRATEGIES)  # every strategy here: each rank trains on its own batch
-
-# strategies that shard training state, by ZeRO stage; the rest replicate it (stage 0)
-STAGES: dict[str, int] = {"zero1": 1, "zero2": 2, "zero3": 3, "torch-zero": 1,
-                          "fsdp2-grad-op": 2, "fsdp2": 3}
-SHARDED = tuple(STAGES)
-# the same family's strategy for each stage: what a memory fix moves a run to
-FAMILIES: tuple[dict[int, str], ...] = (
-    {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"},
-    {0: "torch-ddp", 1: "torch-zero", 2: "fsdp2-grad-op", 3: "fsdp2"},
-)
-HELP = {
-    "ddp": "hand-rolled DDP (broadcast, all-reduce SUM, divide)",
-    "torch-ddp": "torch.nn.parallel.DistributedDataParallel",
-    "zero1": "hand-rolled ZeRO-1: optimiser state sharded",
-    "zero2": "hand-rolled ZeRO-2: gradients sharded too",
-    "zero3": "hand-rolled ZeRO-3: parameters sharded too, gathered layer by layer",
-    "torch-zero": "torch ZeroRedundancyOptimizer with DDP (ZeRO-1)",
-    "fsdp2": "torch fully_shard, reshard_after_forward=True (ZeRO-3)",
-    "fsdp2-grad-op": "torch fully_shard, reshard_after_forward=False (ZeRO-2-like)",
-}
-
-
-def stage_of(strategy: str) -> int:
-    return STAGES.get(strategy, 0)
-
-
-def family_of(strategy: str) -> dict[int, str] | None:
-    """The strategies of ``strategy``'s family by stage (None for pipelines)."""
-    return next((f for f in FAMILIES if strategy in f.values()), None)
+if tuple(STRATEGIES) != DATA_PARALLEL:  # one list of names: a new strategy is named in both
+    raise ImportError(f"strategy implementations {tuple(STRATEGIES)} do not match the "
+                      f"names in harness.models.strategies {DATA_PARALLEL}")
 
 
 def wrap(model: "nn.Module", spec: "RunSpec") -> "DataParallel":
