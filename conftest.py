@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def pools():
     """``pools(n)``: the session's warm n-rank gloo pool (re-formed if a job broke it)."""
-    from harness.pool import shared_pool
+    from harness.launch.pool import shared_pool
 
     return shared_pool
 

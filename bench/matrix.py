@@ -16,9 +16,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import faults  # noqa: E402
-from harness.diagnose import diagnose  # noqa: E402
+from harness.diagnosis.diagnose import diagnose  # noqa: E402
 from harness.models import RunSpec  # noqa: E402
-from harness.pool import RankPool, shared_pool  # noqa: E402
+from harness.launch.pool import RankPool, shared_pool  # noqa: E402
 
 
 class FreshGroupPerRun:

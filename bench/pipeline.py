@@ -21,8 +21,8 @@ from checks.stage_balance import per_rank_times  # noqa: E402
 from harness.models import Knobs, PipeShape, RunSpec  # noqa: E402
 from harness.pipeline.report import measured_bubble, simulated_for  # noqa: E402
 from harness.pipeline.simulate import simulate  # noqa: E402
-from harness.run import run  # noqa: E402
-from harness.tables import step_time  # noqa: E402
+from harness.diagnosis.runspec import run  # noqa: E402
+from harness.cli.tables import step_time  # noqa: E402
 
 REPEATS = 5
 

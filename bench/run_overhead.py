@@ -51,7 +51,7 @@ def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, f
     import torch.distributed.distributed_c10d as c10d
     from torch import nn
 
-    from harness.tracer import OPS
+    from harness.trace.tracer import OPS
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
@@ -90,7 +90,7 @@ def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, f
 
 
 def tracer_overhead() -> None:
-    from harness.pool import RankPool
+    from harness.launch.pool import RankPool
 
     with RankPool(2) as pool:
         for hooked in (False, True):

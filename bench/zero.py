@@ -18,9 +18,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from harness.cliargs import count  # noqa: E402
+from harness.cli.args import count  # noqa: E402
 from harness.models import RunRecord, RunSpec  # noqa: E402
-from harness.run import run  # noqa: E402
+from harness.diagnosis.runspec import run  # noqa: E402
 from harness.models.strategies import stage_of  # noqa: E402
 
 STRATEGIES = ("ddp", "torch-ddp", "zero1", "zero2", "zero3", "torch-zero", "fsdp2",

@@ -1,5 +1,8 @@
+"""``python -m harness``: the same command as ``distdoctor``."""
+
 import sys
 
-from harness.cli import main
+from harness.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

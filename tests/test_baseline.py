@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from harness.models import Knobs, RunSpec
-from harness.run import judge, run
+from harness.diagnosis.runspec import judge, run
 
 STRATEGIES = ["ddp", "torch-ddp"]
 

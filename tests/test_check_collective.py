@@ -5,7 +5,7 @@ from __future__ import annotations
 import collective_impls
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 IMPLS = collective_impls.__name__
 

@@ -10,8 +10,8 @@ import sys
 import faults
 import pytest
 
-from harness.cli import main
-from harness.jsoncodec import to_json
+from harness.cli.main import main
+from harness.models.jsoncodec import to_json
 from harness.models import load_report
 
 

@@ -14,7 +14,7 @@ import torch
 
 from harness.collectives.jobs import run_ours
 from harness.collectives.transport import QueueTransport
-from harness.pool import RankPool, shared_pool
+from harness.launch.pool import RankPool, shared_pool
 
 E = 4  # float32
 

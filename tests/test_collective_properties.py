@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from harness.collectives.algorithms import OPS
 from harness.collectives.jobs import run_native, run_ours
 from harness.collectives.properties import DTYPES, Case, cases, expected_share, reduced, same
-from harness.pool import shared_pool
+from harness.launch.pool import shared_pool
 
 EXAMPLES = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -16,11 +16,11 @@ import torch
 
 import checks
 import faults
-from harness.diagnose import diagnose
+from harness.diagnosis.diagnose import diagnose
 from harness.models import Knobs, RunSpec
 from harness.pipeline import PIPELINE_STRATEGIES
-from harness.run import run
-from harness.workload import MLP
+from harness.diagnosis.runspec import run
+from harness.training.workload import MLP
 
 CASES = [(fault.id, variant.name, strategy)
          for fault in faults.catalogue().values()
@@ -223,7 +223,7 @@ def test_over_budget_zero2_on_two_ranks_is_fixed_with_more_ranks(pools):
 def test_every_data_parallel_fault_says_where_it_applies():
     """Each data-parallel fault names every data-parallel strategy as applying, or says why
     it does not apply to it."""
-    from harness.strategies import STRATEGIES
+    from harness.training.strategies import STRATEGIES
 
     for fault in faults.catalogue().values():
         if not set(fault.strategies) & set(STRATEGIES):

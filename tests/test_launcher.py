@@ -11,7 +11,7 @@ import jobs
 import pytest
 import proctable
 
-from harness.pool import launch
+from harness.launch.pool import launch
 
 TESTS = Path(__file__).parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.memory.formulas import PRECISIONS, deepspeed_estimate, stage_bytes
 from harness.memory.planner import Model, cheapest_fit, smallest_world_size
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.jsoncodec import SchemaError, from_json, to_json
+from harness.models.jsoncodec import SchemaError, from_json, to_json
 from harness.models import (
     REPORT_SCHEMA, Assessment, BackwardEvidence, Evidence, Finding, Fingerprint, Frame, Knobs,
     RankEnd, RankRecord, ReferenceComparison, RunRecord, RunReport, RunSpec, StepEvidence,

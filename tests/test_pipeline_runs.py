@@ -13,7 +13,7 @@ from harness.models import Knobs, RunSpec
 from harness.pipeline import PIPELINE_STRATEGIES
 from harness.pipeline.model import balance_ranks, partition
 from harness.pipeline.report import measured_bubble
-from harness.run import assess, run
+from harness.diagnosis.runspec import assess, run
 from harness.models import Evidence, RankEnd, RankRecord, RunRecord, StageEvent
 
 

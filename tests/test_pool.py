@@ -9,8 +9,8 @@ import proctable
 import pytest
 
 from harness.models import RankEnd
-from harness.pool import PoolStartError, RankPool
-from harness.results import JobResult, RanksFailed
+from harness.launch.pool import PoolStartError, RankPool
+from harness.launch.results import JobResult, RanksFailed
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 
 import checks
 from checks import collective_mismatch, hang
-from harness.evidence import evidence_from_events
+from harness.trace.evidence import evidence_from_events
 from harness.models import RankRecord, RunRecord, RunSpec
-from harness.tracer import fold
+from harness.trace.tracer import fold
 
 JOBS = jobs.__file__
 

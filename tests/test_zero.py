@@ -11,10 +11,10 @@ import pytest
 
 from harness.memory.measured import compare
 from harness.models import RunRecord, RunSpec
-from harness.reference import reference_params
-from harness.run import assess, run
+from harness.training.reference import reference_params
+from harness.diagnosis.runspec import assess, run
 from harness.models.distance import max_abs_diff
-from harness.workload import MLP
+from harness.training.workload import MLP
 
 SHARDED = ["zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op"]
 MODEL = MLP(8, 16)
@@ -25,7 +25,7 @@ P = sum(LAYERS)
 
 @functools.lru_cache(maxsize=None)
 def _run(strategy: str, world_size: int, micro_batches: int = 1) -> RunRecord:
-    from harness.pool import shared_pool
+    from harness.launch.pool import shared_pool
 
     spec = RunSpec(strategy=strategy, world_size=world_size, micro_batches=micro_batches,
                    deadline=20)

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.strategies.zero.bucket import Bucket, buckets_of
-from harness.strategies.zero.layout import Layer
+from harness.training.strategies.zero.bucket import Bucket, buckets_of
+from harness.training.strategies.zero.layout import Layer
 
 SIZES = [7, 1, 12, 5]  # layer sizes none of the world sizes divides evenly
 

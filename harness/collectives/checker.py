@@ -19,7 +19,7 @@ from harness.collectives import KINDS  # noqa: F401 (part of this module's inter
 
 from harness.collectives.jobs import run_user
 from harness.collectives.properties import Case, cases, mismatch, reduced
-from harness.pool import shared_pool
+from harness.launch.pool import shared_pool
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def evaluate(target: str, kind: str, case: Case, deadline: float) -> Failure | N
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline,
                       deadline=deadline + 10, error_grace=deadline + 2)
     if not result.ok:
-        from harness.scriptreport import raising_line
+        from harness.doctor.report import raising_line
 
         lines = []
         hang = False

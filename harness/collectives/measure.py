@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from harness.collectives import algorithms
 from harness.collectives.transport import GlooTransport
-from harness.pool import shared_pool
+from harness.launch.pool import shared_pool
 
 NAMES = ("ring-allreduce", "tree-allreduce", "broadcast", "allgather", "reduce-scatter")
 

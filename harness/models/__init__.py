@@ -4,7 +4,11 @@ what checks conclude (verdict).
 Everything here is a frozen dataclass that survives a JSON round trip, so a record written
 by one run (or one machine) can be re-checked later by a newer detector without re-running.
 A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord and nothing
-else. Bump SCHEMA_VERSION whenever a field changes meaning.
+else. Bump SCHEMA_VERSION whenever a field changes meaning. Beside the dataclasses:
+strategy names (``strategies``), distances between fingerprints (``distance``) and the
+JSON codec (``jsoncodec``).
+
+It imports nothing of the project, torch included, and every other package imports it.
 """
 
 from harness.models.evidence import (BackwardEvidence, Call, Evidence, Fingerprint,

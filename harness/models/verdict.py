@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.jsoncodec import SchemaError, from_json, to_json
+from harness.models.jsoncodec import SchemaError, from_json, to_json
 from harness.models.record import SCHEMA_VERSION, RunRecord
 from harness.models.spec import RunSpec, apply_changes
 

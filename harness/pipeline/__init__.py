@@ -2,6 +2,10 @@
 
 The strategy names live here, free of torch imports, so the command line can offer them
 without paying for torch at start-up.
+
+It imports ``models``, ``launch`` (a rank job's context), ``training`` (fingerprints),
+``text``, and ``checks`` (the measured stage times its report prints); it is imported by
+``diagnosis``, which runs it, and by ``cli``.
 """
 
 # hand-rolled strategy -> the schedule its ranks walk (harness.pipeline.orders)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.fingerprint import fingerprint
+from harness.training.fingerprint import fingerprint
 from harness.models import Fingerprint, ReferenceComparison, RunRecord, RunSpec
 from harness.models.distance import max_abs_diff
 from harness.pipeline.model import build_layers, make_data, step_batch

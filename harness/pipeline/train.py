@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.fingerprint import fingerprint
+from harness.training.fingerprint import fingerprint
 from harness.models import PipeStepEvidence, RunSpec, StageCost
 from harness.pipeline import handrolled
 from harness.pipeline.model import (
@@ -24,7 +24,7 @@ from harness.pipeline.model import (
 )
 from harness.pipeline import HANDROLLED, TORCH_SCHEDULES
 from harness.pipeline.torchpipe import TorchPipeline, stage_ranks
-from harness.rank import RankContext
+from harness.launch.rank import RankContext
 
 
 

@@ -1,0 +1,82 @@
+"""``distdoctor check-collective`` and ``distdoctor collectives``."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.args import UsageError, count, seconds
+from harness.collectives import KINDS, OPS
+
+
+def _sizes(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N-M, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1] <= 16:
+        raise argparse.ArgumentTypeError(f"world sizes must be within 1-16, got {text}")
+    return bounds
+
+
+def add_commands(commands) -> None:
+    checker = commands.add_parser(
+        "check-collective", help="test your own collective against the reference properties",
+        description="Run the collective properties against MODULE:FUNCTION, which receives "
+                    "distdoctor's transport (send, recv, isend, rank, world_size) and its "
+                    "rank's input tensor (and src for broadcast) and returns the result, "
+                    "in the input's dtype (avg of integers truncates toward zero; "
+                    "reduce_scatter gives rank r elements [r*c, (r+1)*c) with "
+                    "c = ceil(T/N)). Prints the smallest failing example; a hang fails "
+                    "too. Exit 0 when every property holds, 1 when not.")
+    checker.add_argument("target", metavar="MODULE:FUNCTION")
+    checker.add_argument("--kind", required=True, choices=KINDS)
+    checker.add_argument("--op", default="sum", choices=OPS,
+                         help="the reduction your function performs (default: %(default)s)")
+    checker.add_argument("--world-sizes", type=_sizes, default=(2, 6), metavar="N-M",
+                         help="world sizes to try (default: 2-6)")
+    checker.add_argument("--examples", type=count(1), default=200,
+                         help="examples to try (default: %(default)s)")
+    checker.add_argument("--deadline", type=seconds, default=2.0, metavar="SECONDS",
+                         help="longest a receive may wait before it counts as a hang "
+                              "(default: %(default)s)")
+    checker.set_defaults(handler=check_command)
+
+    table = commands.add_parser(
+        "collectives", help="bytes, steps and time of each collective against its formula",
+        description="Run each collective written from scratch over gloo point-to-point on N "
+                    "ranks with T float32 elements: bytes each rank sent against the "
+                    "formula, communication steps against the formula, and time against "
+                    "gloo's own collective on the same data.")
+    table.add_argument("--world-size", type=count(2), default=4, metavar="N")
+    table.add_argument("--numel", type=count(0), default=1_000_000, metavar="T")
+    table.add_argument("--repeats", type=count(1), default=5)
+    table.set_defaults(handler=table_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from harness.collectives.checker import check, describe, load
+
+    try:
+        load(args.target)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    low, high = args.world_sizes
+    print(f"check-collective {args.target} --kind {args.kind} --op {args.op}: up to "
+          f"{args.examples} examples, world sizes {low}-{high}", flush=True)
+    failure, ran = check(args.target, args.kind, args.op, args.world_sizes, args.examples,
+                         args.deadline)
+    if failure is None:
+        print(f"OK: every property held on {ran} examples")
+        return 0
+    print(f"FAILED (after {ran} examples, counting hypothesis's shrinking)")
+    print(describe(failure, args.kind))
+    return 1
+
+
+def table_command(args: argparse.Namespace) -> int:
+    from harness.collectives.measure import measure_all, table
+
+    print(table(measure_all(args.world_size, args.numel, args.repeats), args.world_size,
+                args.numel))
+    return 0

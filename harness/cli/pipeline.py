@@ -1,0 +1,110 @@
+"""``distdoctor pipeline simulate`` and ``distdoctor pipeline run``."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.args import Parser, UsageError, cost, count, run_options, spec_from
+from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
+from harness.pipeline.orders import SCHEDULES as SIMULATED
+
+
+def add_commands(commands) -> None:
+    pipeline = commands.add_parser(
+        "pipeline", help="simulate pipeline schedules, or run one on real ranks",
+        description="Pipeline parallelism: schedule simulators and real runs.")
+    pipeline_commands = pipeline.add_subparsers(dest="pipeline_command", metavar="ACTION",
+                                                parser_class=Parser)
+    pipeline_commands.required = True
+    simulate = pipeline_commands.add_parser(
+        "simulate", help="bubble, activations and a Gantt chart of a schedule",
+        description="Simulate a pipeline schedule from per-action costs: bubble fraction, "
+                    "idle time per rank against the published closed form, peak in-flight "
+                    "activations and parameter copies, and a Gantt chart.")
+    simulate.add_argument("--schedule", default="all", choices=["all", *SIMULATED],
+                          help="(default: all, as one table)")
+    simulate.add_argument("--stages", type=count(1), default=4, metavar="S")
+    simulate.add_argument("--microbatches", type=count(1), default=8, metavar="M")
+    for name, default, text in (("f", 1.0, "forward"), ("b", 1.0, "backward for inputs"),
+                                ("w", 1.0, "backward for weights"),
+                                ("comm", 0.0, "hop between ranks")):
+        simulate.add_argument(f"--{name}", type=cost, default=default, metavar="T",
+                              help=f"time of a {text} (default: %(default)s)")
+    simulate.add_argument("--fb", type=cost, default=None, metavar="T",
+                          help="time of an overlapped forward+backward (default: f+b+w)")
+    simulate.add_argument("--png", metavar="PATH", help="also draw the chart as PNG "
+                          "(needs matplotlib)")
+    simulate.set_defaults(handler=simulate_command)
+    pipe_run = pipeline_commands.add_parser(
+        "run", parents=[run_options(2)], help="train a pipeline on real ranks",
+        description="Train the pipeline workload on S real ranks, check loss, gradients and "
+                    "parameters against one process, and compare the bubble it measured with "
+                    "the simulator's for the same S, M and the run's own costs.")
+    pipe_run.add_argument("--schedule", required=True, choices=list(PIPELINES),
+                          metavar="SCHEDULE", help=", ".join(PIPELINES))
+    pipe_run.add_argument("--seq-len", type=count(1), default=32)
+    pipe_run.add_argument("--d-model", type=count(1), default=16)
+    pipe_run.set_defaults(handler=run_command)
+
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    from harness.pipeline.gantt import png_gantt, text_gantt
+    from harness.pipeline.report import simulation_table
+    from harness.pipeline.simulate import Costs, run_schedule
+
+    costs = Costs(args.f, args.b, args.w, args.fb, args.comm)
+    names = list(SIMULATED) if args.schedule == "all" else [args.schedule]
+    print(simulation_table(names, args.stages, args.microbatches, costs))
+    if args.schedule != "all":
+        try:
+            timeline = run_schedule(args.schedule, args.stages, args.microbatches, costs)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print()
+        print(text_gantt(timeline))
+        if args.png:
+            print(f"wrote {args.png}" if png_gantt(timeline, args.png)
+                  else "no PNG: matplotlib is not installed")
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from harness.cli import tables
+    from harness.models import PipeShape
+    from harness.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
+    from harness.pipeline.simulate import simulate as simulate_schedule
+    from harness.diagnosis.runspec import assess, run
+
+    spec = spec_from(args, args.schedule)
+    try:
+        spec = dataclasses.replace(spec, pipe=PipeShape(spec.pipe.layers, args.seq_len,
+                                                        args.d_model))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"distdoctor pipeline run: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "
+          f"{spec.micro_batches} micro-batches of {spec.batch_size // spec.micro_batches}, "
+          f"{spec.num_steps} steps, layers {spec.pipe.layers} (seq {spec.pipe.seq_len}, "
+          f"d {spec.pipe.d_model})", flush=True)
+    record = run(spec)
+    assessment = assess(record)
+    print(pipeline_text(record, assessment))
+    bubble = measured_bubble(record)
+    simulated = simulated_for(record) if record.finished else None
+    if bubble is not None and simulated:
+        name, timeline = simulated
+        free = simulate_schedule(timeline.schedule, dataclasses.replace(timeline.costs, comm=0))
+        print(f"bubble: measured {bubble:.2%}; simulated {name} with this run's per-stage "
+              f"times {free.bubble_fraction:.2%}, and {timeline.bubble_fraction:.2%} adding "
+              f"its measured hop latency ({timeline.costs.comm * 1e3:.2f} ms); the rest is "
+              f"per-call overhead between a rank's actions, which the simulator does not model")
+        note = core_note(spec.world_size)
+        if note:
+            print(note)
+    elif bubble is not None:
+        print(f"bubble: measured {bubble:.2%} (no simulator for {spec.strategy})")
+    print("verdict: " + ("PASS" if assessment.healthy else "FAIL") + ": "
+          + tables.numbers_line(assessment))
+    return 0 if assessment.healthy else 1

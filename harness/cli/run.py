@@ -1,0 +1,110 @@
+"""``distdoctor run SCRIPT`` and ``distdoctor analyze DIR``: diagnose a user's own script."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness.cli.args import UsageError, count, seconds
+
+
+def add_commands(commands) -> None:
+    run = commands.add_parser(
+        "run", help="run your own distributed script on N ranks and diagnose it",
+        description="Start SCRIPT on N ranks as 'torchrun --standalone' would (RANK, "
+                    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; "
+                    "the script calls init_process_group itself), trace every collective and "
+                    "point-to-point call, and when the ranks crash, disagree or stop making "
+                    "calls for --deadline seconds, say which rank did what, where, and the "
+                    "fix. Exit 0 when the run is clean, 1 when a problem was found.")
+    run.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
+                     help="ranks to start (default: %(default)s)")
+    run.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
+                     help="seconds without a collective or point-to-point call, on any rank, "
+                          "before the ranks count as hung (default: %(default)s)")
+    run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
+                     "(schema distdoctor.run.v1)")
+    run.add_argument("script", help="the training script")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    run.set_defaults(handler=run_command)
+
+    analyze = commands.add_parser(
+        "analyze", help="diagnose traces written under torchrun by python -m harness.doctor",
+        description="Read DIR/rank-*.jsonl (and rank-*.stacks) written by 'torchrun ... -m "
+                    "harness.doctor --trace-dir DIR SCRIPT' on one or many machines, and "
+                    "diagnose them as 'distdoctor run' would.")
+    analyze.add_argument("directory", metavar="DIR")
+    analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    analyze.set_defaults(handler=analyze_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from harness.doctor.launcher import ScriptStartError, run_script
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"no such script: {args.script}")
+    try:
+        result = run_script(str(script), args.args, args.nproc_per_node, args.deadline)
+    except ScriptStartError as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    return _diagnose(_record(result.ends, result.traces, result.wall_s, result.started,
+                             args.deadline), args.script, args.report)
+
+
+def analyze_command(args: argparse.Namespace) -> int:
+    from harness.models import RankEnd
+    from harness.launch.stacks import parse_faulthandler
+
+    directory = Path(args.directory)
+    traces = sorted(directory.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    if not traces:
+        raise UsageError(f"no rank-*.jsonl traces in {args.directory}")
+    ends, events = [], []
+    for path in traces:
+        rank = int(path.stem.split("-")[1])
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        exit_event = next((e for e in reversed(lines) if e.get("ev") == "exit"), None)
+        stack_file = path.with_suffix(".stacks")
+        raw = stack_file.read_text() if stack_file.exists() else ""
+        if exit_event is None:
+            ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
+                                stacks=parse_faulthandler(raw), raw_stack=raw or None))
+        elif exit_event.get("status") == "raised":
+            ends.append(RankEnd(rank, "raised", at=0.0, error=exit_event.get("error")))
+        else:
+            ends.append(RankEnd(rank, "finished"))
+        events.append(tuple(lines))
+    return _diagnose(_record(tuple(ends), tuple(events), 0.0, 0.0, 0.0),
+                     str(directory), args.report)
+
+
+def _record(ends, traces, wall_s: float, started: float, deadline: float):
+    from harness.trace.evidence import evidence_from_events
+    from harness.models import RankRecord, RunRecord, RunSpec
+
+    world = len(ends)
+    spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
+                   deadline=deadline or 60.0)
+    ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, (), trace))
+                  for end, trace in zip(ends, traces))
+    return RunRecord(spec=spec, ranks=ranks, wall_s=wall_s, started=started)
+
+
+def _diagnose(record, script: str, report_path: str | None) -> int:
+    import time
+
+    import checks
+    from harness.doctor.report import render, report
+    from harness.cli.tables import hang_timing
+
+    result = report(record, checks.run_all(record), script)
+    print(render(result), flush=True)
+    timing = hang_timing(record, time.monotonic()) if record.started else None
+    if timing:
+        print("\n" + timing)
+    if report_path:
+        result.write(report_path)
+        print(f"\nwrote {report_path}")
+    return 0 if result.status == "ok" else 1

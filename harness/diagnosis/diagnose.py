@@ -1,0 +1,51 @@
+"""Inject a fault, run, detect, apply the findings' fixes, run again, and judge.
+
+The fix applied is what the findings say, never what the fault says: a fault that its
+detectors miss is reported as not reproduced rather than fixed by looking up the answer.
+"""
+
+from __future__ import annotations
+
+from faults import Fault
+from harness.models import RunReport, RunSpec, Verdict, apply_changes
+from harness.launch.pool import RankPool
+from harness.models.distance import built_spread, spreads
+from harness.diagnosis.runspec import assess, run
+
+
+def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
+             pool: RankPool | None = None) -> RunReport:
+    spec = fault.inject(fault.scenario(base), variant)
+    label = f"{fault.id}:{fault.variant(variant).name}"
+    record = run(spec, pool)
+    before = assess(record)
+    if not before.findings:
+        masked = fault.masked_by.get(spec.strategy)
+        outcome = "masked" if masked and before.healthy else "not-reproduced"
+        note = masked or (f"no detector fired on {spec.strategy}; the run is "
+                          f"{'healthy' if before.healthy else 'unhealthy'}")
+        return RunReport(record, Verdict(outcome, before, note=note + _construction(record)),
+                         fault=label)
+    changes = {}
+    for found in before.findings:
+        changes.update(found.fix_changes)
+    if not changes:
+        return RunReport(record, Verdict("not-fixed", before, note="no finding carries a fix"),
+                         fault=label)
+    fixed = apply_changes(spec, changes)
+    # a fix may change the world size (more ranks to fit memory): that needs its own pool
+    same_size = pool is not None and pool.world_size == fixed.world_size
+    fixed_record = run(fixed, pool if same_size else None)
+    after = assess(fixed_record)
+    verdict = Verdict("fixed" if after.healthy else "not-fixed", before, after,
+                      note="applied " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+    return RunReport(record, verdict, fixed_record=fixed_record, fault=label)
+
+
+def _construction(record) -> str:
+    """What wrapping the model did to the ranks' spread: the evidence of a masked fault."""
+    built, wrapped = built_spread(record), spreads(record)
+    if built is None or not wrapped or built == wrapped[0]:
+        return ""
+    return (f" (measured: parameter spread across ranks {built:.3g} as built, "
+            f"{wrapped[0]:.3g} once {record.spec.strategy} had wrapped the model)")

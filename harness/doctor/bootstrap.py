@@ -1,0 +1,134 @@
+"""``python -m harness.doctor SCRIPT [ARGS...]``: run a user's script as one traced rank.
+
+The script runs unchanged as ``__main__`` (it reads RANK, WORLD_SIZE, ... and calls
+``dist.init_process_group`` itself); before it starts, the collective tracer is installed
+and DDP is taught to record its parameters' names (so DDP's "Parameter indices which did
+not receive grad: 2 3" can be read as names). Two ways to run:
+
+* under ``distdoctor run``, which passes pipe descriptors: results go home over them, the
+  parent can ask for stacks at any time, and it decides when the ranks are hung;
+* under a real ``torchrun`` (several machines), with ``--trace-dir DIR``: each rank writes
+  ``rank-<RANK>.jsonl`` (its calls, then how it ended) and, when it makes no call for
+  ``--deadline`` seconds or gets SIGTERM, its stacks to ``rank-<RANK>.stacks``;
+  ``distdoctor analyze DIR`` diagnoses them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from harness.launch import procs, stacks
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.doctor")
+    parser.add_argument("--fds", help=argparse.SUPPRESS)  # conn,ctrl,faulthandler,trace
+    parser.add_argument("--trace-dir", help="write this rank's trace and stacks here")
+    parser.add_argument("--deadline", type=float, default=60.0,
+                        help="with --trace-dir: seconds without a call before this rank "
+                             "writes its stacks (default: %(default)s)")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    if options.fds:
+        _run_under_distdoctor(options)
+    elif options.trace_dir:
+        _run_into_directory(options)
+    else:
+        parser.error("give --trace-dir (under torchrun), or run through 'distdoctor run'")
+
+
+def _run_under_distdoctor(options: argparse.Namespace) -> None:
+    conn_fd, ctrl_fd, faulthandler_fd, trace_fd = map(int, options.fds.split(","))
+    conn, ctrl = Connection(conn_fd), Connection(ctrl_fd)
+    code = 1
+    try:
+        procs.become_rank(int(os.environ["DISTDOCTOR_PARENT_PID"]), set_threads=False)
+        stacks.arm_faulthandler(faulthandler_fd)
+        stacks.serve_stacks(ctrl)
+        faulthandler.enable(sys.stderr, all_threads=True)
+        _install(trace_fd)
+        conn.send(("ready", procs.now()))
+        conn.recv_bytes()  # the parent says go once every rank is up
+        error = _run_script(options.script, options.args)
+        conn.send(("raised", procs.now(), error) if error else ("done", procs.now(), None))
+        code = 1 if error else 0
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass
+    finally:
+        _exit(code)
+
+
+def _run_into_directory(options: argparse.Namespace) -> None:
+    rank = os.environ.get("RANK", "0")
+    os.makedirs(options.trace_dir, exist_ok=True)
+    trace = os.open(os.path.join(options.trace_dir, f"rank-{rank}.jsonl"),
+                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    stack_file = open(os.path.join(options.trace_dir, f"rank-{rank}.stacks"), "w")
+    faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    tracer = _install(trace)
+    _watch_for_stalls(tracer, options.deadline, stack_file)
+    error = _run_script(options.script, options.args)
+    tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
+    _exit(1 if error else 0)
+
+
+def _install(fd: int):
+    from harness.trace.tracer import Tracer
+
+    tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
+    tracer.record_ddp_parameters()
+    return tracer
+
+
+def _run_script(script: str, args: list[str]) -> str | None:
+    """Run ``script`` as __main__; its traceback if it raised, else None."""
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        pass  # leaving on purpose is not a crash: a peer still waiting is the problem
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                                  or tb.tb_frame.f_code.co_filename.startswith("<frozen")):
+            tb = tb.tb_next  # start the traceback at the script
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    return None
+
+
+def _watch_for_stalls(tracer, deadline: float, stack_file) -> None:
+    """Under torchrun nobody watches from outside: a rank that makes no call for
+    ``deadline`` seconds writes down its own stacks once, and notes the moment."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(min(1.0, deadline / 4))
+            if procs.now() - tracer.last_event >= deadline:
+                tracer.write(ev="stalled", t=procs.now())
+                faulthandler.dump_traceback(stack_file, all_threads=True)
+                stack_file.flush()
+                return
+
+    threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)  # no interpreter teardown: torch's destructors can deadlock there
+

@@ -1,0 +1,155 @@
+"""``distdoctor run``: start a user's script on N ranks as ``torchrun --standalone`` would.
+
+Each rank is a fresh ``python -m harness.doctor SCRIPT ARGS`` process with the environment
+torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, OMP_NUM_THREADS=1). As torchrun's agent does, this process hosts the TCP store
+(on a port the OS picks, so no races) and sets TORCHELASTIC_USE_AGENT_STORE, so the script's
+own ``init_process_group`` connects to it. The ranks are then watched like a pool's job:
+calls as they happen, stderr passed through and kept, stacks of ranks that stop, all killed
+and reaped at the end.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from harness.launch import procs
+from harness.launch.results import JobResult
+from harness.launch.watch import JobWatch, RankHandle
+
+START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
+
+
+class ScriptStartError(RuntimeError):
+    """The ranks did not come up (a rank died on start, or the start took too long)."""
+
+
+@dataclass
+class PopenProcess:
+    """A subprocess.Popen seen as the multiprocessing.Process the watch expects."""
+
+    popen: subprocess.Popen
+    sentinel: int  # a pidfd: readable once the process has exited
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK=str(rank),
+               ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+               DISTDOCTOR_PARENT_PID=str(os.getpid()))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_script(script: str, args: list[str], world_size: int, deadline: float,
+               error_grace: float = 1.0, echo: bool = True) -> JobResult:
+    """Run the script on ``world_size`` ranks until every rank ended or was stopped."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    handles: list[RankHandle] = []
+    try:
+        for rank in range(world_size):
+            handles.append(_start(rank, world_size, store.port, script, args))
+        _wait_until_ready(handles)
+        watch = JobWatch(handles, deadline, error_grace, _echo if echo else None)
+        return watch.run(b"go")
+    finally:
+        procs.kill([h.process for h in handles])
+        for h in handles:
+            h.conn.close()
+            h.ctrl.close()
+            for fd in (h.faulthandler_fd, h.stderr_fd, h.trace_fd, h.process.sentinel):
+                os.close(fd)
+        del store
+
+
+def _start(rank: int, world_size: int, port: int, script: str, args: list[str]) -> RankHandle:
+    conn_parent, conn_child = mp.Pipe()
+    ctrl_parent, ctrl_child = mp.Pipe()
+    pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
+    for read, _ in pipes:
+        os.set_blocking(read, False)
+    (fh_read, fh_write), (err_read, err_write), (trace_read, trace_write) = pipes
+    fds = [conn_child.fileno(), ctrl_child.fileno(), fh_write, trace_write]
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "harness.doctor", "--fds", ",".join(map(str, fds)),
+             script, *args],
+            env=rank_environment(rank, world_size, port), pass_fds=fds, stderr=err_write,
+            start_new_session=True)
+    finally:
+        for end in (conn_child, ctrl_child):
+            end.close()
+        for fd in (fh_write, err_write, trace_write):
+            os.close(fd)
+    process = PopenProcess(popen, os.pidfd_open(popen.pid))
+    return RankHandle(rank, process, conn_parent, ctrl_parent, fh_read, err_read, trace_read)
+
+
+def _wait_until_ready(handles: list[RankHandle]) -> None:
+    waiting = {h.conn: h for h in handles}
+    end = procs.now() + START_TIMEOUT
+    while waiting:
+        sentinels = {h.process.sentinel: h for h in waiting.values()}
+        ready = wait(list(waiting) + list(sentinels), max(0.0, end - procs.now()))
+        if not ready:
+            raise ScriptStartError(f"ranks {sorted(h.rank for h in waiting.values())} did not "
+                                   f"start within {START_TIMEOUT:.0f} s")
+        for item in ready:
+            if item in sentinels:
+                handle = sentinels[item]
+                tail = _read_all(handle.stderr_fd)
+                raise ScriptStartError(f"rank {handle.rank} exited while starting "
+                                       f"(code {handle.process.exitcode}): {tail[-2000:]}")
+            waiting.pop(item).conn.recv()
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _echo(rank: int, chunk: bytes) -> None:
+    """Pass a rank's stderr through, as torchrun leaves it on the terminal."""
+    buffer = getattr(sys.stderr, "buffer", None)
+    if buffer is not None:
+        buffer.write(chunk)
+    else:
+        sys.stderr.write(chunk.decode(errors="replace"))
+    sys.stderr.flush()
+
+
+__all__ = ["run_script", "ScriptStartError", "Connection"]

@@ -1,0 +1,207 @@
+"""What ``distdoctor run`` (and ``analyze``) say about a user's script: cause first.
+
+The findings of the checks are folded into one cause of the kinds a user meets:
+p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed, unused-parameters or
+hang-unknown. A mismatch outranks the crash it caused, and a rank's own exception outranks
+the "Connection reset by peer" its peers raised after it. Written as JSON, the report has
+the schema ``distdoctor.run.v1``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harness.models.jsoncodec import to_json
+from harness.models import Call, Finding, RankRecord, RunRecord
+from harness.models.record import is_peer_echo
+
+RUN_SCHEMA = "distdoctor.run.v1"
+CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
+                    "unused-parameters", "hang-unknown"]
+RankState = Literal["finished", "blocked", "crashed", "exited"]
+
+
+@dataclass(frozen=True)
+class ReportCall:
+    op: str
+    peer: int | None
+    seq: int
+    shape: list[list[int]]
+    dtype: str
+    where: str
+
+
+@dataclass(frozen=True)
+class ReportRank:
+    rank: int
+    state: RankState
+    call: ReportCall | None
+    error: str | None
+    stack: str
+
+
+@dataclass(frozen=True)
+class Cause:
+    kind: CauseKind
+    ranks: list[int]
+    summary: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class ScriptReport:
+    status: Literal["ok", "failed"]
+    cause: Cause | None
+    ranks: list[ReportRank]
+    script: str
+    wall_s: float
+    schema: str = RUN_SCHEMA
+
+    def write(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(to_json(self), indent=1) + "\n")
+
+
+def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> ScriptReport:
+    cause = classify(record, findings)
+    ranks = [_rank(r, cause is not None) for r in record.ranks]
+    return ScriptReport("ok" if cause is None else "failed", cause, ranks, script,
+                        record.wall_s)
+
+
+# findings that name the cause outright, most specific first: finding -> cause reported
+NAMED_CAUSES: tuple[tuple[str, CauseKind], ...] = (
+    ("unused-params", "unused-parameters"), ("collective-mismatch", "collective-mismatch"),
+    ("send-before-receive", "p2p-cycle"), ("p2p-cycle", "p2p-cycle"))
+
+
+def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
+    by_fault = {f.fault: f for f in findings}
+    for fault, kind in NAMED_CAUSES:
+        if fault in by_fault:
+            return _cause(kind, by_fault[fault])
+    missing = by_fault.get("missing-from-collective")
+    if missing is not None:
+        ended = all(record.ranks[r].end.status in ("finished", "died", "raised")
+                    for r in missing.ranks)
+        return _cause("rank-exited-early" if ended else "collective-mismatch", missing)
+    crashed = [r.end for r in record.ranks
+               if r.end.status in ("raised", "died") and not is_peer_echo(r.end)]
+    if crashed:
+        first = min(crashed, key=lambda e: e.at if e.at is not None else float("inf"))
+        return Cause("rank-crashed", [first.rank],
+                     f"rank {first.rank} {first.status} first: {first.headline}",
+                     "fix the error in rank "
+                     f"{first.rank}'s traceback; the other ranks' connection errors follow from it")
+    if any(not r.end.ok for r in record.ranks):
+        early = [r for r in record.ranks if r.end.ok]
+        if early:
+            return _exited_early(record, early)
+    if "hang-unknown" in by_fault:
+        return _cause("hang-unknown", by_fault["hang-unknown"])
+    return None
+
+
+def _cause(kind: CauseKind, found: Finding) -> Cause:
+    return Cause(kind, list(found.ranks), found.symptom, found.fix)
+
+
+def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
+    """Peers failed only because ranks left: name who left, after how many calls, and
+    where the others were waiting for them."""
+    left = "; ".join(f"rank {r.rank} ended after {len(r.evidence.calls)} calls"
+                     + (f" (last: {_describe(r.evidence.calls[-1])})" if r.evidence.calls else "")
+                     for r in early)
+    waiting = "; ".join(f"rank {r.rank} was in {_describe(r.evidence.calls[-1])}"
+                        for r in record.ranks if not r.end.ok and r.evidence.calls)
+    return Cause("rank-exited-early", [r.rank for r in early],
+                 f"{left}, while the others still expected it: {waiting}",
+                 "make every rank make the same collective calls: the same number of steps "
+                 "on every rank (pad or drop the last batches), and no rank returning early")
+
+
+def _rank(rank: RankRecord, failed: bool) -> ReportRank:
+    end = rank.end
+    calls = rank.evidence.calls
+    blocking = [c for c in calls if c.blocking]
+    call = blocking[-1] if blocking else (calls[-1] if calls else None)
+    if end.status in ("hung", "stopped"):
+        state: RankState = "blocked"
+    elif end.status in ("raised", "died"):
+        state = "crashed"
+    else:
+        state = "exited" if failed else "finished"
+    stack = "\n".join(str(s) for s in end.stacks) or (end.raw_stack or "")
+    error = end.error if end.status in ("raised", "died") else None
+    return ReportRank(rank.rank, state, _call(call) if call else None, error, stack)
+
+
+def _call(call: Call) -> ReportCall:
+    where = call.wait_where if call.async_op and call.wait_where else call.where
+    return ReportCall(call.op, call.peer, call.seq, [list(s) for s in call.shapes], call.dtype,
+                      where)
+
+
+def _describe(call: Call) -> str:
+    from checks.hang import describe
+
+    return describe(call)
+
+
+def raising_line(error: str | None) -> str | None:
+    """file:line of the innermost frame of a traceback outside torch and distdoctor."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line (\d+)', error or "")
+    user = [(f, n) for f, n in frames if "site-packages" not in f and "/harness/" not in f
+            and not f.startswith("<")]
+    return f"{user[-1][0]}:{user[-1][1]}" if user else None
+
+
+def _by_line(where: str) -> tuple[str, int]:
+    path, _, line = where.rpartition(":")
+    return (path, int(line)) if line.isdigit() else (where, 0)
+
+
+def _call_text(call: ReportCall | None) -> str:
+    if call is None:
+        return "no traced call"
+    shapes = " ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+                      for s in call.shape)
+    peer = f" peer {call.peer}" if call.peer is not None else ""
+    detail = ", ".join(filter(None, [f"#{call.seq}", shapes, call.dtype]))
+    return f"{call.op}{peer} ({detail}) at {call.where}"
+
+
+def render(result: ScriptReport) -> str:
+    """The human report: cause, ranks, lines and fix first, then each rank's state."""
+    lines = []
+    if result.cause is None:
+        lines.append(f"distdoctor run: OK: all {len(result.ranks)} ranks of {result.script} "
+                     f"finished ({result.wall_s:.2f} s)")
+    else:
+        cause = result.cause
+        ranks = ", ".join(map(str, cause.ranks))
+        lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {ranks})",
+                  f"  {cause.summary}", f"  fix: {cause.fix}"]
+        places = {r.call.where for r in result.ranks if r.call and r.state != "finished"}
+        root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
+        if cause.kind in ("rank-crashed", "unused-parameters"):
+            places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
+        if places:
+            lines.append("  look at: " + ", ".join(sorted(places, key=_by_line)))
+        if cause.kind in ("rank-crashed", "unused-parameters"):
+            for r in root[:1]:
+                lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
+    for r in result.ranks:
+        lines.append(f"\nrank {r.rank}: {r.state}; "
+                     f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
+                     f"{_call_text(r.call)}")
+        if r.error and r.rank not in (result.cause.ranks if result.cause else []):
+            lines.append("  " + r.error.strip().splitlines()[-1][:300])
+        if r.stack and r.state == "blocked":
+            lines.append("  " + r.stack.replace("\n", "\n  "))
+    return "\n".join(lines)

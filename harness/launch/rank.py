@@ -1,0 +1,135 @@
+"""The inside of a rank: join the process group, then run jobs until told to stop.
+
+A job is ``fn(ctx, *args, **kwargs)`` with a module-level ``fn``; its return value goes back
+to the parent. A job that raises sends its traceback and the rank exits at once: its
+closed sockets make peers blocked on it fail within milliseconds instead of waiting out
+the group timeout, and the parent re-forks the whole group for the next job.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+from harness.launch import procs, stacks
+
+# How long ranks wait for each other at rendezvous; the parent gives up sooner.
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+# torch's default group timeout: the parent's no-progress deadline always fires long before.
+GROUP_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass
+class RankContext:
+    """Handed to every job: who this rank is, and a channel for streaming records home."""
+
+    rank: int
+    world_size: int
+    backend: str
+    _conn: Connection = field(repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    mesh: list | None = field(default=None, repr=False)  # queues[src][dst], with mesh pools
+
+    def emit(self, record: Any) -> None:
+        """Send a record to the parent now (it survives a later hang) and count as progress."""
+        self._send(("event", procs.now(), record))
+
+    def progress(self) -> None:
+        """Tell the parent this rank is alive and moving (resets the no-progress deadline)."""
+        self._send(("progress", procs.now()))
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # tensors by value
+        with self._lock:
+            self._conn.send_bytes(data)
+
+
+def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
+              conn: Connection, ctrl: Connection, faulthandler_out: Connection,
+              stderr_out: Connection, trace_out: Connection,
+              inherited: list[Connection | int], mesh=None) -> None:
+    """Entry point of a rank process. Never returns into the parent's code."""
+    code = 1
+    try:
+        procs.become_rank(parent_pid)
+        for other in inherited:  # every other pipe end a fork copied: not ours
+            other.close() if isinstance(other, Connection) else os.close(other)
+        os.dup2(stderr_out.fileno(), 2)  # warnings and last words go to the parent, per rank
+        stderr_out.close()
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # not the parent's (captured) one
+        faulthandler.enable(sys.stderr, all_threads=True)  # a fatal signal's stack, too
+        faulthandler_fd = os.dup(faulthandler_out.fileno())
+        faulthandler_out.close()
+        stacks.arm_faulthandler(faulthandler_fd)
+        from harness.trace.tracer import Tracer
+
+        tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
+        trace_out.close()
+        stacks.serve_stacks(ctrl)
+        ctx = RankContext(rank, world_size, backend, conn, mesh=mesh)
+        _join_group(ctx, host)
+        conn.send(("ready", procs.now()))
+        code = _serve_jobs(ctx, conn, tracer)
+    except KeyboardInterrupt:
+        pass  # stopped on purpose
+    except BaseException:  # e.g. the group could not form: tell the parent why
+        try:
+            conn.send(("raised", procs.now(), traceback.format_exc()))
+        except BaseException:
+            pass  # the parent is gone; nobody is left to tell
+    finally:
+        os._exit(code)  # no atexit, no destructors: torch's can deadlock at teardown
+
+
+def _join_group(ctx: RankContext, host: str) -> None:
+    import torch.distributed as dist
+
+    if host in ("127.0.0.1", "localhost") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if ctx.rank == 0:  # the OS picks a free port: no races between concurrent pools
+        store = dist.TCPStore(host, 0, ctx.world_size, is_master=True,
+                              timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+        ctx._send(("port", store.port))
+    else:
+        kind, port = ctx._conn.recv()
+        assert kind == "port", kind
+        store = dist.TCPStore(host, port, ctx.world_size, is_master=False,
+                              timeout=RENDEZVOUS_TIMEOUT)
+    if ctx.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend nccl needs a CUDA GPU per rank and this machine has "
+                               "none; use the gloo backend")
+        torch.cuda.set_device(ctx.rank % torch.cuda.device_count())
+    dist.init_process_group(ctx.backend, store=store, rank=ctx.rank,
+                            world_size=ctx.world_size, timeout=GROUP_TIMEOUT)
+
+
+def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
+    while True:
+        message = conn.recv()
+        if message[0] == "close":
+            return 0
+        _, fn, args, kwargs = message
+        tracer.reset()  # a job's calls are numbered from its own start, on every rank
+        ctx.progress()
+        try:
+            value = fn(ctx, *args, **kwargs)
+        except BaseException:
+            ctx._send(("raised", procs.now(), traceback.format_exc()))
+            return 1
+        try:
+            ctx._send(("done", procs.now(), value))
+        except Exception:
+            ctx._send(("raised", procs.now(),
+                       traceback.format_exc() + "\nthe job's return value could not be sent"))
+            return 1

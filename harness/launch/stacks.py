@@ -1,0 +1,151 @@
+"""Stacks of a rank that cannot answer for itself.
+
+A hung rank is usually blocked inside a C++ collective with the GIL released, so a small
+thread in the rank can still walk every thread's frames and send them back structured
+(file, line, function, source) on request. When even that thread cannot run (a C call
+holding the GIL), the parent falls back to SIGUSR1: faulthandler dumps the raw text
+without the GIL, into a pipe the parent reads.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import runpy
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+
+from harness.models import Frame, ThreadStack
+
+_RESPONDER_NAME = "distdoctor-stacks"
+_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# frames that only carry a job or a script to the user's code
+CARRIERS = frozenset({os.path.join(_HARNESS, "launch", "rank.py"),
+                      os.path.join(_HARNESS, "doctor", "__main__.py"),
+                      os.path.join(_HARNESS, "doctor", "bootstrap.py"),
+                      runpy.__file__, "<frozen runpy>"})
+# the wrapper between user code and torch
+TRACER_FILE = os.path.join(_HARNESS, "trace", "tracer.py")
+_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def capture_stacks() -> tuple[ThreadStack, ...]:
+    """Every thread's stack in this process except the caller's, main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    me = threading.get_ident()
+    stacks = []
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames = _below_rank_loop(tuple(
+            Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
+            for f in traceback.extract_stack(top)
+        ))
+        stacks.append(ThreadStack(names.get(ident, f"0x{ident:x}"), ident == main_ident, frames))
+    stacks.sort(key=lambda s: not s.main)
+    return tuple(stacks)
+
+
+def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """Drop the frames a forked rank inherited, the job loop and runpy: start at the
+    job or the script itself."""
+    carriers = [i for i, f in enumerate(frames) if f.file in CARRIERS]
+    below = frames[carriers[-1] + 1:] if carriers else frames
+    return tuple(f for f in below if f.file != TRACER_FILE)
+
+
+def serve_stacks(conn: Connection) -> threading.Thread:
+    """Answer every request on ``conn`` with this process's stacks, until the parent hangs up."""
+
+    def loop() -> None:
+        while True:
+            try:
+                conn.recv()
+                conn.send(capture_stacks())
+            except (EOFError, OSError):
+                return
+
+    thread = threading.Thread(target=loop, name=_RESPONDER_NAME, daemon=True)
+    thread.start()
+    return thread
+
+
+def arm_faulthandler(write_fd: int) -> None:
+    """Make SIGUSR1 dump every thread's stack into ``write_fd`` (no GIL needed)."""
+    faulthandler.register(signal.SIGUSR1, file=os.fdopen(write_fd, "w"), all_threads=True)
+
+
+def request_stacks(
+    targets: list[tuple[Connection, int, int]], timeout: float = 0.5
+) -> list[tuple[tuple[ThreadStack, ...], str | None]]:
+    """Ask live ranks, all at once, for their stacks: (structured stacks, raw text) each.
+
+    ``targets`` holds (stack connection, pid, faulthandler read fd) per rank. A rank whose
+    stack thread does not answer within ``timeout`` gets SIGUSR1 and its faulthandler text.
+    """
+    answers: dict[int, tuple[tuple[ThreadStack, ...], str | None]] = {}
+    asked = {}
+    for index, (conn, _, _) in enumerate(targets):
+        try:
+            conn.send("stacks")
+            asked[conn] = index
+        except OSError:
+            pass
+    end = time.monotonic() + timeout
+    while asked and (left := end - time.monotonic()) > 0:
+        for conn in wait(list(asked), left):
+            index = asked.pop(conn)
+            try:
+                answers[index] = (conn.recv(), None)
+            except (EOFError, OSError):
+                pass
+    silent = [i for i in range(len(targets)) if i not in answers]
+    for index in silent:
+        try:
+            os.kill(targets[index][1], signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    for index in silent:
+        raw = _read_until_quiet(targets[index][2], first=timeout, quiet=0.05)
+        answers[index] = (parse_faulthandler(raw), raw or None)
+    return [answers[i] for i in range(len(targets))]
+
+
+def _read_until_quiet(fd: int, first: float, quiet: float) -> str:
+    """Read what faulthandler writes: wait ``first`` for it to start, stop at ``quiet`` silence."""
+    chunks: list[bytes] = []
+    wait = first
+    while select.select([fd], [], [], wait)[0]:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+        wait = quiet
+    return b"".join(chunks).decode(errors="replace")
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+    """Turn faulthandler's text (innermost frame first) into ThreadStacks."""
+    stacks = []
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip()):
+        lines = block.splitlines()
+        if not lines or "0x" not in lines[0]:
+            continue
+        frames = [
+            Frame(m["file"], int(m["line"]), m["func"])
+            for m in map(_FAULTHANDLER_FRAME.search, lines[1:])
+            if m
+        ]
+        name = lines[0].split("(")[0].replace("Current thread", "Thread").strip()
+        stacks.append(ThreadStack(name, main=False, frames=tuple(reversed(frames))))
+    return tuple(stacks)

@@ -1,0 +1,242 @@
+"""The parent's watch over one job: read every rank until each has ended or been stopped.
+
+Progress is any message from a rank. With no progress from any running rank for
+``deadline`` seconds, every running rank's stacks are taken and it is killed ("hung"). After
+the first rank raises or dies, the others get ``error_grace`` seconds to end by themselves,
+then the same ("stopped"). Each rank's stderr and trace pipes are read as they come, so a
+chatty rank never blocks, a dying rank's last words are kept, and the tracer's record of
+the call a rank is blocked in arrives before the rank is stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+from harness.launch import procs, stacks
+from harness.models import RankEnd
+from harness.launch.results import JobResult
+
+STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
+TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
+# would cost the ranks a share of the cores; 1 MB pipes hold far more than 50 ms of calls
+
+
+@dataclass
+class RankHandle:
+    """The parent's end of one rank process."""
+
+    rank: int
+    process: BaseProcess
+    conn: Connection
+    ctrl: Connection
+    faulthandler_fd: int
+    stderr_fd: int
+    trace_fd: int
+
+
+class JobWatch:
+    """The parent's side of one job: watch every rank until each has ended or been stopped."""
+
+    def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float,
+                 echo_stderr: Callable[[int, bytes], None] | None = None):
+        self.ranks = ranks
+        self.deadline = deadline
+        self.error_grace = error_grace
+        self.ends: dict[int, RankEnd] = {}
+        self.values: dict[int, Any] = {}
+        self.events: dict[int, list[Any]] = {h.rank: [] for h in ranks}
+        self.first_error: float | None = None
+        self.started = procs.now()
+        self.last_progress = {h.rank: self.started for h in ranks}
+        self.stderr = {h.rank: _Tail() for h in ranks}
+        self.trace = {h.rank: _Lines() for h in ranks}
+        self.echo_stderr = echo_stderr
+        self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
+        self.streams = {}  # fd -> (rank, reader), while the rank's end is open
+        for h in ranks:
+            self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
+            self.streams[h.trace_fd] = (h.rank, self.trace[h.rank])
+            for fd in (h.stderr_fd, h.trace_fd):
+                _read_available(fd)  # left over from an earlier job: not ours
+
+    def run(self, payload: bytes) -> JobResult:
+        for handle in self.ranks:
+            handle.conn.send_bytes(payload)
+        while True:
+            running = [h for h in self.ranks if h.rank not in self.ends]
+            if not running:
+                break
+            timeout = self._time_left(running)
+            now = procs.now()
+            awake = [fd for fd in self.streams if self.resting.get(fd, 0.0) <= now]
+            wake = min((t for t in self.resting.values() if t > now), default=now + timeout)
+            watched = [h.conn for h in running] + [h.process.sentinel for h in running]
+            pause = min(timeout, wake - now)
+            ready = wait(watched + awake, max(0.0, pause)) if pause > 0 else []
+            if not ready:
+                if timeout > pause:
+                    continue  # a trace pipe's rest is over: watch it again
+                self._read_streams(list(self.streams))  # calls entered since the last look
+                if self._time_left(running) > 0:
+                    continue  # they were progress after all
+                self._stop(running, "stopped" if self.first_error is not None else "hung")
+                break
+            self._read_streams(set(ready) & set(self.streams))
+            for handle in running:
+                if handle.conn in ready or handle.process.sentinel in ready:
+                    self._drain(handle)
+        self._read_streams(list(self.streams))
+        return JobResult(
+            ends=tuple(dataclasses.replace(self.ends[h.rank], stderr=str(self.stderr[h.rank]))
+                       for h in self.ranks),
+            values=tuple(self.values.get(h.rank) for h in self.ranks),
+            events=tuple(tuple(self.events[h.rank]) for h in self.ranks),
+            wall_s=procs.now() - self.started,
+            traces=tuple(tuple(self.trace[h.rank].items) for h in self.ranks),
+            started=self.started,
+        )
+
+    def _read_streams(self, fds) -> None:
+        for fd in fds:
+            rank, reader = self.streams[fd]
+            chunk = _read_available(fd)
+            if reader is self.trace[rank]:
+                self.resting[fd] = procs.now() + TRACE_REST
+            if chunk and reader is self.trace[rank]:
+                self.last_progress[rank] = procs.now()  # a rank entering calls is moving
+            elif chunk and self.echo_stderr is not None:
+                self.echo_stderr(rank, chunk)
+            if not reader.add(chunk):
+                del self.streams[fd]  # the rank closed it: it has exited
+                self.resting.pop(fd, None)
+
+    def _time_left(self, running: list[RankHandle]) -> float:
+        if self.first_error is not None:
+            return self.first_error + self.error_grace - procs.now()
+        latest = max(self.last_progress[h.rank] for h in running)
+        return latest + self.deadline - procs.now()
+
+    def _drain(self, handle: RankHandle) -> None:
+        """Read everything a rank has sent; notice if its process is gone."""
+        rank = handle.rank
+        try:
+            while rank not in self.ends and handle.conn.poll():
+                self._handle(rank, handle.conn.recv())
+        except (EOFError, OSError):
+            pass
+        if rank not in self.ends and not handle.process.is_alive():
+            handle.process.join()
+            tail = self.stderr[rank]
+            tail.add(_read_available(handle.stderr_fd))
+            last_words = f"; its stderr ended with:\n{tail.last_lines(60)}" if str(tail) else ""
+            self._end(RankEnd(rank, "died", at=procs.now() - self.started,
+                              error=describe_exit(handle.process) + last_words,
+                              exitcode=handle.process.exitcode))
+
+    def _handle(self, rank: int, message: tuple) -> None:
+        kind, at = message[0], message[1]
+        self.last_progress[rank] = procs.now()
+        if kind == "event":
+            self.events[rank].append(message[2])
+        elif kind == "done":
+            self.values[rank] = message[2]
+            self._end(RankEnd(rank, "finished", at=at - self.started))
+        elif kind == "raised":
+            self._end(RankEnd(rank, "raised", at=at - self.started, error=message[2]))
+
+    def _end(self, end: RankEnd) -> None:
+        self.ends[end.rank] = end
+        if not end.ok and self.first_error is None:
+            self.first_error = procs.now()
+
+    def _stop(self, running: list[RankHandle], status: str) -> None:
+        """Take the stacks of every rank still running, then kill them."""
+        at = procs.now() - self.started
+        why = (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
+               else f"still running {self.error_grace:.1f} s after another rank failed")
+        answers = stacks.request_stacks(
+            [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
+        for handle, (threads, raw) in zip(running, answers):
+            self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
+                                             stacks=threads, raw_stack=raw)
+        procs.kill([handle.process for handle in running])
+        stopped = {handle.rank for handle in running}
+        for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:
+            del self.streams[fd]  # what they wrote while dying is not evidence
+            self.resting.pop(fd, None)
+
+
+class _Lines:
+    """JSON lines as they arrive, kept as bytes and parsed only when asked for."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def add(self, chunk: bytes | None) -> bool:
+        if chunk is None:
+            return True
+        self.data += chunk
+        return bool(chunk)
+
+    @property
+    def items(self) -> list[dict]:
+        parsed = []
+        for line in bytes(self.data).split(b"\n"):
+            if line:
+                try:
+                    parsed.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut by a killed writer
+        return parsed
+
+
+class _Tail:
+    """The last STDERR_TAIL bytes a rank wrote to stderr."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def add(self, chunk: bytes | None) -> bool:
+        """Keep ``chunk``; False when the writer has closed its end."""
+        if chunk is None:
+            return True
+        self.data = (self.data + chunk)[-STDERR_TAIL:]
+        return bool(chunk)
+
+    def last_lines(self, count: int) -> str:
+        return "\n".join(str(self).rstrip().splitlines()[-count:])
+
+    def __str__(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds now: b"" at end of file, None when empty."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        except OSError:
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks) or None
+
+
+def describe_exit(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code} without reporting a result"

@@ -1,0 +1,29 @@
+"""Rebuild one rank's Evidence from the records it streamed home, however far it got."""
+
+from __future__ import annotations
+
+from harness.models import Evidence
+from harness.trace.tracer import fold
+
+# event kind -> Evidence field, for records that accumulate
+_SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
+           "stage_event": "stage_events", "pipe_step": "pipe_steps",
+           "memory": "memory"}
+# event kind -> Evidence field, for records that happen once
+_ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds"}
+
+
+def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidence:
+    """``events`` as the rank emitted them; ``trace`` its tracer's JSON events."""
+    fields: dict = {name: [] for name in _SERIES.values()}
+    fields["calls"] = list(fold(trace))
+    ddp = [event["params"] for event in trace if event.get("ev") == "ddp"]
+    if ddp:
+        fields["ddp_params"] = tuple(ddp[-1])
+    for kind, payload in events:
+        if kind in _SERIES:
+            fields[_SERIES[kind]].append(payload)
+        elif kind in _ONCE:
+            fields.setdefault(_ONCE[kind], payload)
+    return Evidence(rank=rank, **{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in fields.items()})

@@ -1,0 +1,52 @@
+"""The single-process reference: what correct training on the same samples produces.
+
+One process trains the same model from rank 0's initialisation, each step on every rank's
+share of the global batch (as a correct distributed sampler deals it), minimising the mean
+of the per-rank losses: the objective data parallelism is meant to optimise, with the
+optimiser the spec names (ZeRO and FSDP shard it, but must not change its result). It
+ignores the spec's knobs, which is the point (they are what a fault breaks), except the
+workload's own choice of which ranks' losses include the aux head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from harness.training.fingerprint import fingerprint
+from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
+from harness.models.distance import max_abs_diff, param_history
+from harness.training.workload import batch_ids, build_model, loss_fn, make_dataset, make_optimizer
+
+
+def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
+    """Parameter fingerprints after construction (index 0) and after every step."""
+    clean = dataclasses.replace(spec, knobs=Knobs(aux_skipped_on=spec.knobs.aux_skipped_on))
+    model = build_model(clean, rank=0)
+    params = list(model.parameters())
+    optimizer = make_optimizer(params, clean)
+    x, y = make_dataset(clean)
+    prints = [fingerprint(params, clean.fingerprint_values)]
+    for step in range(1, clean.num_steps + 1):
+        optimizer.zero_grad(set_to_none=True)
+        losses = []
+        for rank in range(clean.world_size):
+            ids = batch_ids(clean, rank, step)
+            out, aux = model(x[ids], use_aux=clean.uses_aux(rank))
+            losses.append(loss_fn(out, aux, y[ids]))
+        (sum(losses) / clean.world_size).backward()
+        optimizer.step()
+        prints.append(fingerprint(params, clean.fingerprint_values))
+    return tuple(prints)
+
+
+def compare(record: RunRecord, reference: tuple[Fingerprint, ...],
+            tolerance: float = 1e-5) -> ReferenceComparison:
+    """Largest parameter difference from the reference, per step (0 = after construction),
+    over every rank; a step some rank never reached counts as infinitely far."""
+    per_step = []
+    for index, expected in enumerate(reference):
+        diffs = [max_abs_diff(history[index], expected) if index < len(history) else math.inf
+                 for history in (param_history(record, r.rank) for r in record.ranks)]
+        per_step.append(max(diffs))
+    return ReferenceComparison(max(per_step), tuple(per_step), tolerance)
