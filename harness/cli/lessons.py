@@ -1,4 +1,5 @@
-"""``distdoctor demo``: each fault as a short lesson, and the summary of a whole sweep.
+"""What ``distdoctor demo`` prints: each fault as a short lesson, and the summary of a
+whole sweep.
 
 A lesson is a diagnosis told in order: what goes wrong, what was measured, why, the fix,
 and the numbers after it. Everything in it comes from the run's own report.
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from faults import Fault
-from harness.models import RunReport
 from harness.cli.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
+from harness.models import RunReport
 from harness.text import ranks_line, wrap
 
 

@@ -1,0 +1,87 @@
+"""``distdoctor demo FAULT | --all``: diagnose each fault and tell it as a lesson (the
+lessons' text is ``harness.cli.lessons``), then, with --all, sweep every variant on every
+strategy and print one summary table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from harness.cli.args import EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, run_options, spec_from
+from harness.cli.faults import check_variant, fault_named
+
+
+def add_commands(commands) -> None:
+    demo = commands.add_parser(
+        "demo", parents=[run_options(4, deadline=10.0)],
+        help="show a failure mode as a short lesson, or all of them",
+        description="Each fault as a narrated lesson: what goes wrong, what was measured, "
+                    "why, the fix, and the numbers after it. With --all, every fault, then "
+                    "one summary table over every variant and strategy.")
+    which = demo.add_mutually_exclusive_group(required=True)
+    which.add_argument("fault", nargs="?", metavar="FAULT", help="a fault id")
+    which.add_argument("--all", action="store_true", help="every fault in the catalogue")
+    demo.add_argument("--strategy", choices=EVERY_STRATEGY, metavar="STRATEGY",
+                      help="strategy for the lesson (default: the first that shows the "
+                           "fault); " + EVERY_STRATEGY_TEXT)
+    demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
+    demo.set_defaults(handler=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    import faults
+    from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
+    from harness.diagnosis.diagnose import diagnose
+
+    chosen = list(faults.catalogue().values()) if args.all else [fault_named(args.fault)]
+    if args.all and args.variant:
+        raise UsageError("--variant goes with one FAULT, not --all")
+    for fault in chosen:
+        check_variant(fault, args.variant)
+        if args.strategy and args.strategy not in fault.strategies:
+            raise UsageError(f"fault {fault.id} does not apply to {args.strategy}")
+    rows: list[DemoRow] = []
+    started = time.monotonic()
+
+    def diagnosed(fault, strategy: str, variant: str | None) -> DemoRow:
+        report, seconds = _timed(diagnose, fault, spec_from(args, strategy), variant)
+        rows.append(DemoRow(fault.id, fault.variant(variant).name, strategy, args.world_size,
+                            report, seconds))
+        return rows[-1]
+
+    for fault in chosen:
+        strategy = args.strategy or next(s for s in fault.strategies if fault.detectable_on(s))
+        text = lesson(fault, diagnosed(fault, strategy, args.variant).report)
+        for masked in fault.masked_by if not args.strategy else ():
+            text += "\n" + masked_note(diagnosed(fault, masked, args.variant).report)
+        print(text + "\n", flush=True)
+    if args.all:
+        todo = [(fault, variant, strategy) for fault in chosen for variant in fault.variants
+                for strategy in fault.strategies
+                if not any(r.fault == fault.id and r.variant == variant.name
+                           and r.strategy == strategy for r in rows)]
+        print(f"sweeping every variant on every strategy: {len(todo)} more diagnoses ...",
+              flush=True)
+        for done, (fault, variant, strategy) in enumerate(todo, 1):
+            row = diagnosed(fault, strategy, variant.name)
+            _progress(f"[{done}/{len(todo)}] {fault.id} ({variant.name}) on {strategy}: "
+                      f"{row.report.verdict.outcome} in {row.seconds:.1f} s")
+        _progress("")
+        rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
+        print(summary_table(rows))
+        print(f"wall time {time.monotonic() - started:.1f} s")
+    return 0 if all(r.report.verdict.passed for r in rows) else 1
+
+
+def _progress(text: str) -> None:
+    """One self-overwriting status line on a terminal's stderr; nothing when redirected."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + text)
+        sys.stderr.flush()
+
+
+def _timed(fn, *args):
+    start = time.monotonic()
+    result = fn(*args)
+    return result, time.monotonic() - start

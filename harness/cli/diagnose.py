@@ -1,0 +1,56 @@
+"""``distdoctor diagnose``: inject a fault, detect it, apply the findings' fix, verify."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from harness.cli.args import EVERY_STRATEGY, EVERY_STRATEGY_TEXT, run_options, spec_from
+from harness.cli.faults import check_variant, fault_named
+from harness.text import wrap
+
+
+def add_commands(commands) -> None:
+    diagnose = commands.add_parser(
+        "diagnose", parents=[run_options(2)],
+        help="inject a fault, detect it, apply the fix, and verify it",
+        description="Inject FAULT into a run, detect it from what the ranks recorded (the "
+                    "detectors never see which fault was injected), apply the fix the "
+                    "findings carry, run again, and print the verdict. Exit 0 when the fix "
+                    "is verified (or the strategy masks the fault), 1 when not.")
+    diagnose.add_argument("--strategy", choices=EVERY_STRATEGY, required=True,
+                          help=EVERY_STRATEGY_TEXT, metavar="STRATEGY")
+    diagnose.add_argument("--fault", required=True, metavar="FAULT",
+                          help="a fault id from 'distdoctor faults'")
+    diagnose.add_argument("--variant", metavar="NAME", help="one of the fault's variants "
+                          "(default: its first)")
+    diagnose.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    diagnose.set_defaults(handler=diagnose_command)
+
+
+def diagnose_command(args: argparse.Namespace) -> int:
+    from harness.cli import tables
+    from harness.diagnosis.diagnose import diagnose
+    from harness.models import dump_report
+
+    fault = fault_named(args.fault)
+    check_variant(fault, args.variant)
+    spec = spec_from(args, args.strategy)
+    variant = fault.variant(args.variant)
+    print(f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}, "
+          f"{spec.world_size} {spec.backend} ranks\n"
+          f"injected: {tables.changes_text(variant.knobs)} ({variant.description})\n",
+          flush=True)
+    if spec.strategy in fault.excluded:
+        print(wrap(f"note: {fault.id} does not apply to {spec.strategy}: "
+                   f"{fault.excluded[spec.strategy]}; running it anyway to show what "
+                   f"happens") + "\n", flush=True)
+    report = diagnose(fault, spec, args.variant)
+    print(tables.diagnosis_text(report), flush=True)
+    timing = tables.hang_timing(report.record, time.monotonic())
+    if timing:
+        print(wrap(timing))
+    if args.json:
+        dump_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0 if report.verdict.passed else 1

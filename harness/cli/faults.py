@@ -1,0 +1,54 @@
+"""``distdoctor faults``: the catalogue; and a fault and variant looked up from what the
+user typed, for ``diagnose`` and ``demo``, with a one-line error when there is none."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.args import UsageError
+from harness.text import wrap
+
+
+def add_commands(commands) -> None:
+    listing = commands.add_parser("faults", help="list the fault catalogue",
+                                  description="Every failure mode distdoctor can inject.")
+    listing.set_defaults(handler=faults_command)
+
+
+def fault_named(fault_id: str):
+    import faults
+
+    try:
+        return faults.get(fault_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_variant(fault, variant: str | None) -> None:
+    try:
+        fault.variant(variant)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def faults_command(args: argparse.Namespace) -> int:
+    import faults
+
+    from harness.cli.tables import changes_text
+
+    catalogue = faults.catalogue()
+    print(f"distdoctor fault catalogue: {len(catalogue)} failure modes\n")
+    for fault in catalogue.values():
+        print(f"{fault.id}: {fault.title}")
+        print(f"  strategies: {', '.join(fault.strategies)}")
+        for strategy, why in fault.masked_by.items():
+            print(wrap(f"masked on {strategy}: {why}", "  "))
+        for strategy, why in fault.excluded.items():
+            print(wrap(f"does not apply to {strategy}: {why}", "  "))
+        for variant in fault.variants:
+            print(wrap(f"variant {variant.name}: {variant.description} "
+                       f"({changes_text(variant.knobs)})", "  "))
+        for label in ("symptom", "cause", "fix"):
+            print(wrap(f"{label}: {getattr(fault, label)}", "  "))
+        print()
+    return 0
