@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.distdoctor-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,5 +21,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/launch.py
 
+# demo --all x10 and one diagnose case x50 under a CPU hog on every core, then the suite x5
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py --load --suite 0
+	$(BIN)/python bench/soak.py --demo 0 --diagnose 0
+
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis soak-failures

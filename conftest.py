@@ -27,3 +27,23 @@ def private_tmp(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmpdir),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))
     return env, tmpdir
+
+
+@pytest.fixture
+def cpu_hog():
+    """A busy-looping process on every core for the test's duration (each one also ends by
+    itself after two minutes), as on a CI machine that runs other jobs alongside."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import time\nend = time.monotonic() + 120\n"
+            "while time.monotonic() < end: pass\n")
+    hogs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+            for _ in range(os.cpu_count() or 1)]
+    try:
+        yield len(hogs)
+    finally:
+        for hog in hogs:
+            os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()

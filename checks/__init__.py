@@ -29,7 +29,7 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
 
 def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,
             ranks=(), measured: dict | None = None, cause: str | None = None,
-            fix: str | None = None) -> Finding:
+            fix: str | None = None, inconclusive: bool = False) -> Finding:
     """A finding for a catalogued failure mode, with its cause and fix text."""
     import faults
 
@@ -37,7 +37,7 @@ def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes:
     return Finding(check=check, fault=fault_id, symptom=symptom,
                    cause=cause or fault.cause, fix=fix or fault.fix,
                    fix_changes=fix_changes, ranks=tuple(ranks), measured=measured or {},
-                   headline=headline)
+                   headline=headline, inconclusive=inconclusive)
 
 
 def steps_on_every_rank(record: RunRecord) -> list[list]:

@@ -2,15 +2,27 @@
 
 A pipeline runs at the pace of its slowest rank. Each rank's compute per step is the CPU
 time of its forwards and backwards (CPU time, so ranks sharing a core do not look slower
-than they are), taken as the median over steps. A max/mean above 1.25 means the slowest
-rank gates the others; its FLOPs share, counted by torch, says whether the cut is to blame.
-The fix cuts by measured time: FLOP counters miss softmax and transposes, which attention
-spends real time on. Pipelines with under 2 ms of compute per rank and step are not judged:
-per-call overhead, not compute, sets their times.
+than they are); its FLOPs share, counted by torch, says whether the cut is to blame. The
+fix cuts by measured time: FLOP counters miss softmax and transposes, which attention
+spends real time on.
+
+The rule, since four ranks share two cores here and one step's times wander by +-15%:
+
+- only steps that every rank completed are judged (a hung run's last step is partial);
+- the rank with the largest median time is the candidate; its ratio to the mean of all
+  ranks is taken step by step, and the 95% Student-t interval of the mean ratio is formed
+  from those per-step ratios;
+- unbalanced when the whole interval lies above 1.25 (the slowest rank is over 25% above
+  the mean: at least a fifth of every cycle lost); balanced when it lies at or below 1.25;
+  otherwise the finding is marked inconclusive, with the interval, and the runner measures
+  more steps (``harness.diagnosis.runspec``) before anything is decided;
+- not judged at all: fewer than 3 complete steps, or under 2 ms of compute per rank and
+  step, where per-call overhead, not compute, sets the times.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 
@@ -20,31 +32,60 @@ from harness.models import Finding, RunRecord
 NAME = "stage_balance"
 TOLERANCE = 1.25
 MIN_COMPUTE_S = 0.002  # below 2 ms of compute per rank and step, per-call overhead rules
+MIN_STEPS = 3  # complete steps needed before the spread across steps means anything
+# two-sided 95% Student-t quantiles by degrees of freedom (1.96 beyond the table)
+_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+        16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
+        40: 2.021, 60: 2.000, 120: 1.980}
 
 
-def per_rank_times(record: RunRecord) -> dict[int, float]:
-    """Median over steps of each rank's compute CPU time per step."""
+def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
+    """Each rank's compute CPU time per step, for the steps every rank completed."""
+    done = [{s.step for s in r.evidence.pipe_steps} for r in record.ranks]
+    complete = set.intersection(*done) if done else set()
     times = {}
     for rank in record.ranks:
         by_step = defaultdict(float)
         for event in rank.evidence.stage_events:
-            by_step[event.step] += event.cpu
+            if event.step in complete:
+                by_step[event.step] += event.cpu
         if by_step:
-            times[rank.rank] = statistics.median(by_step.values())
+            times[rank.rank] = dict(by_step)
     return times
 
 
+def per_rank_times(record: RunRecord) -> dict[int, float]:
+    """Median over complete steps of each rank's compute CPU time per step."""
+    return {rank: statistics.median(steps.values())
+            for rank, steps in per_step_times(record).items()}
+
+
+def interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Mean of ``ratios`` and its 95% Student-t interval (low, mean, high)."""
+    mean = statistics.fmean(ratios)
+    df = len(ratios) - 1
+    t95 = next((v for k, v in sorted(_T95.items()) if k >= df), 1.96)
+    half = t95 * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return mean - half, mean, mean + half
+
+
 def check(record: RunRecord) -> list[Finding]:
-    times = per_rank_times(record)
-    if len(times) < 2 or len(times) != len(record.ranks):
+    steps = per_step_times(record)
+    if len(steps) < 2 or len(steps) != len(record.ranks):
         return []
+    judged = sorted(set.intersection(*(set(s) for s in steps.values())))
+    times = {rank: statistics.median(s[n] for n in judged) for rank, s in steps.items()}
     mean = sum(times.values()) / len(times)
-    if mean < MIN_COMPUTE_S:
+    if len(judged) < MIN_STEPS or mean < MIN_COMPUTE_S:
         return []
     slowest = max(times, key=times.get)
-    ratio = times[slowest] / mean
-    if ratio <= TOLERANCE:
+    ratios = [steps[slowest][n] / statistics.fmean(s[n] for s in steps.values())
+              for n in judged]
+    low, ratio, high = interval(ratios)
+    if high <= TOLERANCE:
         return []
+    inconclusive = low <= TOLERANCE
     flops = {r.rank: sum(s.forward_flops + s.backward_flops for s in r.evidence.stages)
              for r in record.ranks}
     flops_ratio = flops[slowest] / (sum(flops.values()) / len(flops))
@@ -52,12 +93,20 @@ def check(record: RunRecord) -> list[Finding]:
     held = ", ".join(f"stage {s.stage} (layers {s.first_layer}-{s.end_layer - 1}: {s.kinds})"
                      for s in stages)
     per_rank = ", ".join(f"rank {r}: {t * 1e3:.1f}" for r, t in sorted(times.items()))
+    spread = f"95% interval {low:.2f}-{high:.2f} over {len(judged)} steps"
+    verdict = (f"cannot say whether it exceeds the limit {TOLERANCE} ({spread}): measure "
+               f"more steps" if inconclusive else
+               f"over the limit {TOLERANCE} ({spread}), and so gates every cycle")
     return [finding(
-        "unbalanced-stages", NAME, f"rank {slowest} at {ratio:.2f}x the mean",
-        f"rank {slowest}, holding {held}, takes {ratio:.2f}x the mean compute time per step "
-        f"(limit {TOLERANCE}) and so gates every cycle; it does {flops_ratio:.2f}x the mean "
-        f"FLOPs. CPU ms per step: {per_rank}",
+        "unbalanced-stages", NAME,
+        f"rank {slowest} at {ratio:.2f}x the mean" + (" (inconclusive)" * inconclusive),
+        f"rank {slowest}, holding {held}, takes {ratio:.2f}x the mean compute time per step, "
+        f"{verdict}; it does {flops_ratio:.2f}x the mean FLOPs. CPU ms per step (median): "
+        f"{per_rank}",
         {"knobs.stage_split": "time"}, [slowest],
-        {"slowest_rank": slowest, "max_over_mean_time": ratio, "max_over_mean_flops": flops_ratio,
+        {"slowest_rank": slowest, "max_over_mean_time": ratio,
+         "max_over_mean_time_interval": [low, high], "steps_judged": len(judged),
+         "max_over_mean_flops": flops_ratio,
          "cpu_s_per_step": {str(r): t for r, t in times.items()},
-         "flops_per_micro_batch": {str(r): f for r, f in flops.items()}})]
+         "flops_per_micro_batch": {str(r): f for r, f in flops.items()}},
+        inconclusive=inconclusive)]

@@ -37,9 +37,10 @@ def lesson(fault: Fault, report: RunReport) -> str:
              f"{spec.world_size} {spec.backend} ranks as {changes_text(variant.knobs)} "
              f"({variant.description})."),
     ]
-    if not before.findings:
+    if not before.decided:
+        undecided = " ".join(f.symptom.rstrip(".") + "." for f in before.undecided)
         paragraphs.append(wrap(
-            f"What we measured: no detector fired; {numbers_line(before)}; "
+            f"What we measured: {undecided or 'no detector fired;'} {numbers_line(before)}; "
             f"ranks: {ranks_line(report.record)}. {OUTCOME_TEXT[verdict.outcome]}: "
             f"{verdict.note}"))
         return "\n".join(paragraphs)
@@ -51,8 +52,8 @@ def lesson(fault: Fault, report: RunReport) -> str:
         distance = "The run did not finish, so it has no final parameters to compare."
     paragraphs += [
         wrap(f"What we measured: {measured} Ranks: {ranks_line(report.record)}. {distance}"),
-        wrap("Why: " + " ".join(dict.fromkeys(f.cause.rstrip(".") + "." for f in before.findings))),
-        wrap("The fix: " + " ".join(dict.fromkeys(f.fix.rstrip(".") + "." for f in before.findings
+        wrap("Why: " + " ".join(dict.fromkeys(f.cause.rstrip(".") + "." for f in before.decided))),
+        wrap("The fix: " + " ".join(dict.fromkeys(f.fix.rstrip(".") + "." for f in before.decided
                                                   if f.fix_changes))
              + f" Applied as {verdict.note.removeprefix('applied ')}."),
     ]

@@ -76,7 +76,7 @@ def run_command(args: argparse.Namespace) -> int:
     from harness.models import PipeShape
     from harness.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
     from harness.pipeline.simulate import simulate as simulate_schedule
-    from harness.diagnosis.runspec import assess, run
+    from harness.diagnosis.runspec import judge, run_decided
 
     spec = spec_from(args, args.schedule)
     try:
@@ -88,8 +88,7 @@ def run_command(args: argparse.Namespace) -> int:
           f"{spec.micro_batches} micro-batches of {spec.batch_size // spec.micro_batches}, "
           f"{spec.num_steps} steps, layers {spec.pipe.layers} (seq {spec.pipe.seq_len}, "
           f"d {spec.pipe.d_model})", flush=True)
-    record = run(spec)
-    assessment = assess(record)
+    record, assessment = run_decided(spec)
     print(pipeline_text(record, assessment))
     bubble = measured_bubble(record)
     simulated = simulated_for(record) if record.finished else None
@@ -105,6 +104,8 @@ def run_command(args: argparse.Namespace) -> int:
             print(note)
     elif bubble is not None:
         print(f"bubble: measured {bubble:.2%} (no simulator for {spec.strategy})")
-    print("verdict: " + ("PASS" if assessment.healthy else "FAIL") + ": "
-          + tables.numbers_line(assessment))
-    return 0 if assessment.healthy else 1
+    verdict = judge(record, assessment)
+    label = {"healthy": "PASS", "unhealthy": "FAIL"}.get(verdict.outcome, "INCONCLUSIVE")
+    print(f"verdict: {label}: " + tables.numbers_line(assessment)
+          + (f"; {verdict.note}" if verdict.note else ""))
+    return 0 if verdict.passed else 1

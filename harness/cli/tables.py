@@ -72,8 +72,11 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
 def verdict_line(verdict: Verdict) -> str:
     final = verdict.final
     findings = len(final.findings)
-    text = (f"{'PASS' if verdict.passed else 'FAIL'}: {numbers_line(final)}, "
-            f"{findings} finding{'s' * (findings != 1)}")
+    label = "INCONCLUSIVE" if verdict.outcome == "inconclusive" else \
+        "PASS" if verdict.passed else "FAIL"
+    text = (f"{label}: {numbers_line(final)}, {findings} finding{'s' * (findings != 1)}")
+    if final.undecided:
+        text += f" ({len(final.undecided)} undecided)"
     return text if final.ranks_finished else text + ", not every rank finished"
 
 
@@ -129,6 +132,8 @@ OUTCOME_TEXT = {
     "not-fixed": "NOT FIXED: the fix was applied but the run is still not healthy",
     "masked": "MASKED: the strategy prevents this fault, and the run shows it",
     "not-reproduced": "NOT REPRODUCED: no detector fired",
+    "inconclusive": "INCONCLUSIVE: a timing judgement stayed undecided after measuring more "
+                    "steps; its interval straddles the limit",
     "healthy": "HEALTHY",
     "unhealthy": "UNHEALTHY",
 }
@@ -152,7 +157,8 @@ def diagnosis_text(report: RunReport) -> str:
                          f"the stage times more than in the step time")
             sections.append(wrap(text))
     closing = "verdict: " + OUTCOME_TEXT[verdict.outcome]
-    if verdict.note and verdict.outcome in ("masked", "not-reproduced", "not-fixed"):
+    if verdict.note and verdict.outcome in ("masked", "not-reproduced", "not-fixed",
+                                            "inconclusive"):
         closing += "\n" + wrap(verdict.note, "  ")
     return "\n\n".join(sections + [closing])
 

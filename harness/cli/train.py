@@ -29,7 +29,7 @@ def add_commands(commands) -> None:
 
 def train_command(args: argparse.Namespace) -> int:
     from harness.cli import tables
-    from harness.diagnosis.runspec import judge, run
+    from harness.diagnosis.runspec import judge, run_decided
     from harness.memory.measured import memory_table
     from harness.models import RunReport, dump_report
 
@@ -37,8 +37,8 @@ def train_command(args: argparse.Namespace) -> int:
     print(f"distdoctor train: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "
           f"{spec.num_steps} steps, batch {spec.batch_size} per rank, seed {spec.seed}",
           flush=True)
-    record = run(spec)
-    verdict = judge(record)
+    record, assessment = run_decided(spec)
+    verdict = judge(record, assessment)
     print(tables.step_table(record, verdict.before))
     if not record.finished:
         print(tables.rank_ends(record))

@@ -10,16 +10,18 @@ from faults import Fault
 from harness.models import RunReport, RunSpec, Verdict, apply_changes
 from harness.launch.pool import RankPool
 from harness.models.distance import built_spread, spreads
-from harness.diagnosis.runspec import assess, run
+from harness.diagnosis.runspec import run_decided, undecided_note
 
 
 def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
              pool: RankPool | None = None) -> RunReport:
     spec = fault.inject(fault.scenario(base), variant)
     label = f"{fault.id}:{fault.variant(variant).name}"
-    record = run(spec, pool)
-    before = assess(record)
-    if not before.findings:
+    record, before = run_decided(spec, pool)
+    if not before.decided and before.undecided:
+        return RunReport(record, Verdict("inconclusive", before, note=undecided_note(before)),
+                         fault=label)
+    if not before.decided:
         masked = fault.masked_by.get(spec.strategy)
         outcome = "masked" if masked and before.healthy else "not-reproduced"
         note = masked or (f"no detector fired on {spec.strategy}; the run is "
@@ -27,7 +29,7 @@ def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
         return RunReport(record, Verdict(outcome, before, note=note + _construction(record)),
                          fault=label)
     changes = {}
-    for found in before.findings:
+    for found in before.decided:
         changes.update(found.fix_changes)
     if not changes:
         return RunReport(record, Verdict("not-fixed", before, note="no finding carries a fix"),
@@ -35,10 +37,14 @@ def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
     fixed = apply_changes(spec, changes)
     # a fix may change the world size (more ranks to fit memory): that needs its own pool
     same_size = pool is not None and pool.world_size == fixed.world_size
-    fixed_record = run(fixed, pool if same_size else None)
-    after = assess(fixed_record)
-    verdict = Verdict("fixed" if after.healthy else "not-fixed", before, after,
-                      note="applied " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+    fixed_record, after = run_decided(fixed, pool if same_size else None)
+    applied = "applied " + ", ".join(f"{k}={v}" for k, v in changes.items())
+    if not after.decided_health:
+        verdict = Verdict("inconclusive", before, after,
+                          note=f"{applied}; {undecided_note(after)}")
+    else:
+        verdict = Verdict("fixed" if after.healthy else "not-fixed", before, after,
+                          note=applied)
     return RunReport(record, verdict, fixed_record=fixed_record, fault=label)
 
 

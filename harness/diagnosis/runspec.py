@@ -1,6 +1,14 @@
-"""Run a spec on real ranks and assess the result: the forward path of the design."""
+"""Run a spec on real ranks and assess the result: the forward path of the design.
+
+A timing judgement that cannot decide (its confidence interval straddles its limit: see
+``checks.stage_balance``) is not settled by luck: the same spec runs again with twice, then
+four times the steps, and only what is still undecided after that is reported as
+inconclusive.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -44,7 +52,31 @@ def assess(record: RunRecord) -> Assessment:
                       param_spread=spread, ranks_finished=record.finished)
 
 
-def judge(record: RunRecord) -> Verdict:
-    """The verdict on a single run: healthy or not."""
+MORE_STEPS = (2, 4)  # step multiples tried while a timing judgement stays undecided
+
+
+def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord, Assessment]:
+    """``run`` and ``assess``; while a finished run leaves a timing judgement undecided, run
+    the spec again with more steps (the last record and its assessment are returned)."""
+    record = run(spec, pool)
     assessment = assess(record)
+    for factor in MORE_STEPS:
+        if not (assessment.undecided and record.finished):
+            break
+        record = run(dataclasses.replace(spec, num_steps=spec.num_steps * factor), pool)
+        assessment = assess(record)
+    return record, assessment
+
+
+def judge(record: RunRecord, assessment: Assessment | None = None) -> Verdict:
+    """The verdict on a single run: healthy, unhealthy, or inconclusive when the only thing
+    against it is an undecided timing judgement."""
+    assessment = assessment or assess(record)
+    if not assessment.decided_health:
+        return Verdict("inconclusive", assessment, note=undecided_note(assessment))
     return Verdict("healthy" if assessment.healthy else "unhealthy", assessment)
+
+
+def undecided_note(assessment: Assessment) -> str:
+    return "undecided after measuring more: " + "; ".join(
+        f"{f.check}: {f.headline}" for f in assessment.undecided)

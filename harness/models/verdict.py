@@ -13,7 +13,8 @@ from harness.models.record import SCHEMA_VERSION, RunRecord
 from harness.models.spec import RunSpec, apply_changes
 
 REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
-Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced"]
+Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced",
+                  "inconclusive"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class Finding:
     ranks: tuple[int, ...] = ()
     measured: dict[str, Any] = field(default_factory=dict)
     headline: str = ""  # the key number in a few words, for tables
+    # a timing judgement whose confidence interval straddles its limit: neither a detection
+    # nor a clean bill, until more is measured
+    inconclusive: bool = False
 
     def apply_fix(self, spec: RunSpec) -> RunSpec:
         return apply_changes(spec, self.fix_changes)
@@ -58,10 +62,26 @@ class Assessment:
     spread_tolerance: float = 1e-6
 
     @property
+    def decided(self) -> tuple[Finding, ...]:
+        """The findings that were decided: what counts as detected, or as remaining."""
+        return tuple(f for f in self.findings if not f.inconclusive)
+
+    @property
+    def undecided(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.inconclusive)
+
+    @property
     def healthy(self) -> bool:
+        """Finished, matching the reference, and no decided finding (an inconclusive one
+        makes the run neither healthy nor unhealthy: see ``decided_health``)."""
         spread_ok = self.param_spread is None or self.param_spread <= self.spread_tolerance
         reference_ok = self.reference is not None and self.reference.matches
-        return self.ranks_finished and not self.findings and spread_ok and reference_ok
+        return self.ranks_finished and not self.decided and spread_ok and reference_ok
+
+    @property
+    def decided_health(self) -> bool:
+        """Can a verdict be given? Not while a healthy-looking run has undecided findings."""
+        return not (self.healthy and self.undecided)
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,9 @@ class Verdict:
 
     outcome: ``healthy``/``unhealthy`` for a single run; for an injected fault ``fixed``
     (found, and gone after the fix with the reference matched), ``not-fixed``, ``masked``
-    (the strategy itself prevents the fault: see ``note``) or ``not-reproduced``.
+    (the strategy itself prevents the fault: see ``note``) or ``not-reproduced``; and
+    ``inconclusive`` for either when a timing judgement stayed undecided after measuring
+    more (the numbers are in the findings, marked inconclusive).
     """
 
     outcome: Outcome

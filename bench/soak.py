@@ -1,0 +1,139 @@
+"""Soak: run the demo, the test suite and one diagnose case many times, and count failures.
+
+A verdict that fails one time in twenty looks green on a developer's single run and red
+in somebody's nightly CI. This runs each job as a separate command, K times, optionally
+under `--load` (one busy-looping process per core for the whole soak, each bounded in time
+and stopped with the soak), and prints per job how many runs failed. The output of every
+failing run is kept under --keep (default soak-failures/), named by job and run number.
+
+    python bench/soak.py                      # the issue's targets: demo x10, suite x5, diagnose x50
+    python bench/soak.py --load --suite 0     # demo and diagnose under a CPU hog
+    python bench/soak.py --demo 0 --suite 0 --diagnose 20 \\
+        --case "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
+
+Exit 0 when every run passed, 1 when any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CASE = "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
+# one core's worth of busy loop that ends by itself, whatever happens to the soak
+HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    argv: tuple[str, ...]
+    runs: int
+    timeout_s: float
+
+
+def jobs(args: argparse.Namespace) -> list[Job]:
+    python = sys.executable
+    found = [
+        Job("demo --all", (python, "-m", "harness", "demo", "--all"), args.demo, 900),
+        Job("test suite", (python, "-m", "pytest", "-q", "-p", "no:cacheprovider"), args.suite,
+            1800),
+        Job(f"diagnose {args.case}", (python, "-m", "harness", "diagnose",
+                                      *shlex.split(args.case)), args.diagnose, 300),
+    ]
+    return [job for job in found if job.runs > 0]
+
+
+def start_load(seconds: float) -> list[subprocess.Popen]:
+    """One hog per core, in its own session so it can be killed as a group."""
+    return [subprocess.Popen([sys.executable, "-c", HOG, str(seconds)], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(os.cpu_count() or 1)]
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def run_once(job: Job) -> tuple[bool, str, float]:
+    """(passed, output, seconds) for one run of ``job``; a run past its timeout fails, and
+    its whole process group is killed."""
+    start = time.monotonic()
+    process = subprocess.Popen(job.argv, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=job.timeout_s)
+        passed = process.returncode == 0
+        output += f"\n[exit code {process.returncode}]\n"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        passed = False
+        output += f"\n[killed after {job.timeout_s:g} s]\n"
+    except BaseException:  # Ctrl-C: the job is in its own session and did not get the signal
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return passed, output, time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run the demo, the suite and one diagnose case many times; count failures.")
+    parser.add_argument("--demo", type=int, default=10, metavar="K",
+                        help="runs of 'distdoctor demo --all' (default: %(default)s)")
+    parser.add_argument("--suite", type=int, default=5, metavar="K",
+                        help="runs of the whole test suite (default: %(default)s)")
+    parser.add_argument("--diagnose", type=int, default=50, metavar="K",
+                        help="runs of the diagnose case (default: %(default)s)")
+    parser.add_argument("--case", default=DEFAULT_CASE,
+                        help="diagnose's arguments (default: %(default)s)")
+    parser.add_argument("--load", action="store_true",
+                        help="keep every core busy with a hog process for the whole soak")
+    parser.add_argument("--max-hours", type=float, default=4.0,
+                        help="the hogs end by themselves after this long (default: %(default)s)")
+    parser.add_argument("--keep", default="soak-failures", metavar="DIR",
+                        help="where the output of failing runs goes (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if min(args.demo, args.suite, args.diagnose) < 0 or args.max_hours <= 0:
+        parser.error("counts must be zero or more and --max-hours positive")
+    todo = jobs(args)
+    keep = ROOT / args.keep
+    load = start_load(args.max_hours * 3600) if args.load else []
+    print(f"soak: {', '.join(f'{j.name} x{j.runs}' for j in todo)}"
+          + (f", under load ({len(load)} hog processes)" if load else ""), flush=True)
+    results: dict[str, list[bool]] = {}
+    try:
+        for job in todo:
+            outcomes = results.setdefault(job.name, [])
+            for index in range(1, job.runs + 1):
+                passed, output, seconds = run_once(job)
+                outcomes.append(passed)
+                note = ""
+                if not passed:
+                    keep.mkdir(exist_ok=True)
+                    path = keep / f"{job.name.split()[0]}-{index}.log"
+                    path.write_text(output)
+                    note = f"  FAILED, output in {path.relative_to(ROOT)}"
+                print(f"  {job.name} [{index}/{job.runs}] {seconds:.1f} s{note}", flush=True)
+    finally:
+        stop(load)
+    print("\nsoak results" + (" (under load)" if args.load else ""))
+    for name, outcomes in results.items():
+        print(f"  {name}: {sum(outcomes)} of {len(outcomes)} passed")
+    return 0 if all(all(o) for o in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
