@@ -20,6 +20,7 @@ from pathlib import Path
 
 from checks import finding, rank_list
 from harness.models import Call, Finding, RankRecord, RunRecord
+from harness.models.record import user_frame
 
 NAME = "hang"
 STOPPED = ("hung", "stopped")
@@ -162,16 +163,16 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:
     if rank.end.status in ("finished", "raised", "died"):
         return f"it {rank.end.status}"
-    return f"blocked in {describe(call)}" if call else "blocked outside any traced call"
+    return f"blocked in {describe(call)}" if call else _from_stack(rank)
 
 
 def _from_stack(rank: RankRecord) -> str:
-    main = next((s for s in rank.end.stacks if s.main), None)
-    if main and main.frames:
-        frame = main.frames[-1]
-        return (f"no traced call; stack ends in {frame.function} at "
+    """Where a rank in no traced call was: the innermost frame of the user's own code."""
+    frame = user_frame(rank.end.stacks)
+    if frame is not None:
+        return (f"in no collective or send/receive: running {frame.function} at "
                 f"{_short(frame.file)}:{frame.line}")
-    return "no traced call and no stack"
+    return "in no traced call, and no stack of the user's code"
 
 
 def _short(where: str) -> str:

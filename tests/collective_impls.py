@@ -65,6 +65,21 @@ def broadcast_from_zero_only(t, x, src):
     return t.recv(0)
 
 
+def tree_broadcast_spins_off_root0(t, x, src):  # SPIN-START
+    """A binomial-tree broadcast whose span only doubles for source 0: from any other
+    source every rank loops forever without a send or a receive."""
+    n, r = t.world_size, t.rank
+    span = 1
+    while span < n:
+        if src == 0 and r < span and r + span < n:
+            t.send(x, r + span)
+        elif src == 0 and span <= r < 2 * span:
+            x = t.recv(r - span)
+        if src == 0:  # BUG: the loop's progress depends on the source being rank 0
+            span *= 2
+    return x  # SPIN-END
+
+
 def allgather(t, x):
     n, r = t.world_size, t.rank
     blocks = [None] * n

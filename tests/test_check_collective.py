@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import collective_impls
 import pytest
 
@@ -66,3 +68,21 @@ def test_an_unloadable_target_is_a_usage_error(capsys):
 def _line(marker: str) -> int:
     with open(collective_impls.__file__) as source:
         return next(n for n, line in enumerate(source, 1) if f"# {marker}" in line)
+
+
+def test_a_rank_that_spins_is_stopped_at_the_deadline_and_located(capsys):
+    """A broadcast that loops forever without a send or receive when the source is not
+    rank 0: each rank is stopped within the deadline plus a second (not the deadline plus
+    ten, as before), and the report gives the function and line it was running and that it
+    never entered a send or receive."""
+    code, printed = check(capsys, "tree_broadcast_spins_off_root0", "broadcast",
+                          "--deadline", "1", "--world-sizes", "2-3")
+    assert code == 1 and ": hang" in printed and "source rank 1" in printed, printed
+    first, last = _line("SPIN-START"), _line("SPIN-END")
+    places = re.findall(r"never entered one: running tree_broadcast_spins_off_root0 at "
+                        r"(\S+):(\d+)", printed)
+    assert len(places) == 2, printed  # both ranks of the shrunk example
+    assert all(path == collective_impls.__file__ and first < int(line) < last
+               for path, line in places)
+    stopped = [float(s) for s in re.findall(r"stopped ([\d.]+) s after the start", printed)]
+    assert len(stopped) == 2 and all(1.0 <= s <= 1.0 + 1.0 for s in stopped), stopped

@@ -91,3 +91,18 @@ def test_measured_bubble_is_idle_share_of_the_step():
 
     record = RunRecord(RunSpec(strategy="pipe-gpipe"), (rank(0, [(0, 1)]), rank(1, [(1, 3)])), 1)
     assert measured_bubble(record) == pytest.approx(1 - 3 / (2 * 3))
+
+
+def test_identical_blocks_get_one_cost_so_their_noise_cannot_move_the_cut():
+    from harness.pipeline.model import one_cost_per_kind
+
+    assert one_cost_per_kind([1.0, 1.2, 0.8, 1.1, 2.0, 2.4, 2.2], "mmmmaaa") == \
+        [1.05] * 4 + [2.2] * 3
+    # three calibration passes measured here (us per block: 12 MLP, then 4 attention)
+    passes = ["480 546 435 415 506 546 460 507 494 541 454 473 1068 1086 859 1058",
+              "547 470 495 556 509 420 373 451 528 525 520 532 989 1034 1028 1108",
+              "531 443 540 439 431 502 531 517 494 564 469 435 1177 1090 1146 801"]
+    measured = [[float(us) for us in one.split()] for one in passes]
+    kinds = "m" * 12 + "a" * 4
+    assert len({tuple(partition(m, 4)) for m in measured}) == 2  # raw: the cut moves
+    assert len({tuple(partition(one_cost_per_kind(m, kinds), 4)) for m in measured}) == 1

@@ -147,3 +147,22 @@ def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(tmp_path):
     assert [r["state"] for r in report["ranks"]] == ["blocked", "blocked"]
     assert all(r["call"]["where"].endswith(line_of("p2p_cycle.py", "dist.send(").split(":")[1])
                for r in report["ranks"])
+
+
+def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(tmp_path):
+    """Rank 1 never enters the all_reduce rank 0 waits in: it loops in its own function.
+    The report says where (function and line, from its stack), that it is in no call, and
+    the hang is declared at the deadline, within a second."""
+    done, report = run_example(tmp_path, "rank_spins.py", 2, deadline=2.0)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("collective-mismatch", [1])
+    waiting, spinning = report["ranks"]
+    assert waiting["state"] == "blocked"
+    assert waiting["call"]["where"] == line_of("rank_spins.py", "dist.all_reduce(grad)")
+    assert spinning["state"] == "running" and spinning["call"] is None
+    function, _, where = spinning["running"].partition(" at ")
+    loop = {line_of("rank_spins.py", "while not flags"), line_of("rank_spins.py", "time.sleep")}
+    assert function == "wait_until_ready" and where in loop, spinning["running"]
+    assert "in no collective or send/receive: running wait_until_ready" in done.stdout
+    declared = float(done.stdout.split("the hang was declared ")[1].split(" s")[0])
+    assert 2.0 <= declared <= 2.0 + 1.0

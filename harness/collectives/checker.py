@@ -21,6 +21,8 @@ from harness.collectives.jobs import run_user
 from harness.collectives.properties import Case, cases, mismatch, reduced
 from harness.launch.pool import shared_pool
 
+TRANSPORT_FILE = os.path.join("harness", "collectives", "transport.py")
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -45,6 +47,9 @@ def load(target: str):
 
 
 HANG_BUDGET = 8  # deadlines' worth of hangs to spend shrinking one before stopping
+# after one rank raised (a receive's deadline), how long the others get before the pool
+# stops them and takes their stacks: their own receives time out about together
+ERROR_GRACE_S = 0.5
 
 
 class _StopShrinking(BaseException):
@@ -85,22 +90,38 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
 
 def evaluate(target: str, kind: str, case: Case, deadline: float) -> Failure | None:
     pool = shared_pool(case.world_size, mesh=True)
+    # one deadline for both: a receive that waits it out raises, and a rank that makes no
+    # call at all (a loop that never ends) is stopped by the pool's watch at the same time
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline,
-                      deadline=deadline + 10, error_grace=deadline + 2)
+                      deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
-        from harness.doctor.report import raising_line
-
-        lines = []
-        hang = False
-        for end in result.ends:
-            if end.ok:
-                continue
-            hang |= "RecvTimeout" in (end.error or "") or end.status in ("hung", "stopped")
-            where = raising_line(end.error) or ""
-            lines.append(f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else ""))
+        hang = any("RecvTimeout" in (end.error or "") or end.status in ("hung", "stopped")
+                   for end in result.ends)
+        lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
+                 if not end.ok]
         return Failure(case, "hang" if hang else "error", "; ".join(lines))
     problem = mismatch(kind, case, list(result.values))
     return Failure(case, "wrong result", problem) if problem else None
+
+
+def rank_text(end, events) -> str:
+    """What one rank that did not finish was doing: its error at the user's line, or, for a
+    rank the pool stopped, where its stack was and whether it ever sent or received."""
+    from harness.doctor.report import raising_line
+    from harness.models.record import user_frame
+
+    if end.status not in ("hung", "stopped"):
+        where = raising_line(end.error) or ""
+        return f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else "")
+    frame = user_frame(end.stacks)
+    place = f"{frame.function} at {frame.file}:{frame.line}" if frame else "no stack"
+    in_transport = any(f.file.endswith(TRANSPORT_FILE) for s in end.stacks if s.main
+                       for f in s.frames)
+    called = any(isinstance(e, tuple) and e[:1] == ("transport-call",) for e in events)
+    doing = ("waiting in the transport" if in_transport else
+             "in no send or receive" + ("" if called else ", and it never entered one"))
+    return (f"rank {end.rank}: stopped {end.at or 0:.2f} s after the start, {doing}: "
+            f"running {place}")
 
 
 def describe(failure: Failure, kind: str) -> str:

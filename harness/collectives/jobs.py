@@ -70,7 +70,22 @@ def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
     """A user's ``module:function(transport, tensor[, src])`` on the queue mesh."""
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
-    transport = transport_for(ctx, "queue", timeout)
+    transport = _FirstCallNoted(transport_for(ctx, "queue", timeout), ctx)
     x = inputs[ctx.rank].clone()
     with transport.collective(f"{kind} ({target})"):
         return function(transport, x, src) if kind == "broadcast" else function(transport, x)
+
+
+class _FirstCallNoted:
+    """A transport that tells the parent when this rank first sends or receives, so a rank
+    stopped later can be said to have never entered either (its stack says where it was)."""
+
+    def __init__(self, transport, ctx):
+        self._transport, self._ctx, self._noted = transport, ctx, False
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._transport, name)
+        if name in ("send", "recv", "isend", "exchange") and not self._noted:
+            self._noted = True
+            self._ctx.emit(("transport-call", name))
+        return attribute

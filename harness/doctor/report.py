@@ -16,12 +16,13 @@ from typing import Literal
 
 from harness.models.jsoncodec import to_json
 from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.models.record import is_peer_echo
+from harness.models.record import is_peer_echo, user_frame
 
 RUN_SCHEMA = "distdoctor.run.v1"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "hang-unknown"]
-RankState = Literal["finished", "blocked", "crashed", "exited"]
+# running: stopped while in its own code, in no traced call (a loop that never ends)
+RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ReportRank:
     call: ReportCall | None
     error: str | None
     stack: str
+    running: str | None = None  # "function at file:line", for a rank stopped in no call
 
 
 @dataclass(frozen=True)
@@ -128,15 +130,20 @@ def _rank(rank: RankRecord, failed: bool) -> ReportRank:
     calls = rank.evidence.calls
     blocking = [c for c in calls if c.blocking]
     call = blocking[-1] if blocking else (calls[-1] if calls else None)
-    if end.status in ("hung", "stopped"):
-        state: RankState = "blocked"
+    running = None
+    if end.status in ("hung", "stopped") and not blocking:
+        state: RankState = "running"  # its last call completed: it is in its own code
+        frame = user_frame(end.stacks)
+        running = f"{frame.function} at {frame.file}:{frame.line}" if frame else None
+    elif end.status in ("hung", "stopped"):
+        state = "blocked"
     elif end.status in ("raised", "died"):
         state = "crashed"
     else:
         state = "exited" if failed else "finished"
     stack = "\n".join(str(s) for s in end.stacks) or (end.raw_stack or "")
     error = end.error if end.status in ("raised", "died") else None
-    return ReportRank(rank.rank, state, _call(call) if call else None, error, stack)
+    return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running)
 
 
 def _call(call: Call) -> ReportCall:
@@ -187,7 +194,9 @@ def render(result: ScriptReport) -> str:
         ranks = ", ".join(map(str, cause.ranks))
         lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {ranks})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
-        places = {r.call.where for r in result.ranks if r.call and r.state != "finished"}
+        places = {r.call.where for r in result.ranks
+                  if r.call and r.state not in ("finished", "running")}
+        places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):
             places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
@@ -197,11 +206,15 @@ def render(result: ScriptReport) -> str:
             for r in root[:1]:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
     for r in result.ranks:
-        lines.append(f"\nrank {r.rank}: {r.state}; "
-                     f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
-                     f"{_call_text(r.call)}")
+        if r.state == "running":
+            lines.append(f"\nrank {r.rank}: running, in no collective or send/receive: "
+                         f"{r.running or 'no stack'}; last call: {_call_text(r.call)}")
+        else:
+            lines.append(f"\nrank {r.rank}: {r.state}; "
+                         f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
+                         f"{_call_text(r.call)}")
         if r.error and r.rank not in (result.cause.ranks if result.cause else []):
             lines.append("  " + r.error.strip().splitlines()[-1][:300])
-        if r.stack and r.state == "blocked":
+        if r.stack and r.state in ("blocked", "running"):
             lines.append("  " + r.stack.replace("\n", "\n  "))
     return "\n".join(lines)

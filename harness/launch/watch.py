@@ -164,8 +164,12 @@ class JobWatch:
         answers = stacks.request_stacks(
             [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
         for handle, (threads, raw) in zip(running, answers):
-            self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
-                                             stacks=threads, raw_stack=raw)
+            # it may have ended while we asked (a receive's own deadline can expire at the
+            # same moment): what it said of itself, or its exit, beats "hung"
+            self._drain(handle)
+            if handle.rank not in self.ends:
+                self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
+                                                 stacks=threads, raw_stack=raw)
         procs.kill([handle.process for handle in running])
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:

@@ -3,6 +3,7 @@ died, hung or stopped, with its traceback or stacks)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +37,22 @@ class ThreadStack:
     def __str__(self) -> str:
         head = f"Thread {self.name}{' (main)' if self.main else ''}, most recent call last:"
         return "\n".join([head, *map(str, self.frames)])
+
+
+# code that is not the user's: distdoctor itself, the standard library, installed packages
+_NOT_USER = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+             os.path.dirname(os.__file__) + os.sep, os.sep + "site-packages" + os.sep,
+             os.sep + "dist-packages" + os.sep)
+
+
+def user_frame(stacks: tuple[ThreadStack, ...]) -> Frame | None:
+    """The innermost frame of the main thread in the user's own code (not distdoctor's,
+    the standard library's or an installed package's): where a rank that is in no call
+    was running."""
+    main = next((s for s in stacks if s.main), stacks[0] if stacks else None)
+    own = [f for f in (main.frames if main else ())
+           if not f.file.startswith("<") and not any(part in f.file for part in _NOT_USER)]
+    return own[-1] if own else None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ matmuls: torch's FlopCounterMode counts CPU scaled_dot_product_attention as 0 FL
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -106,6 +107,20 @@ def layer_times(layers: nn.ModuleList, shape: PipeShape, micro_size: int,
         layer.zero_grad(set_to_none=True)
         times.append(sorted(samples)[len(samples) // 2])
     return times
+
+
+def one_cost_per_kind(times: list[float], kinds: str) -> list[float]:
+    """Each layer's time replaced by the median over the layers of its kind.
+
+    Blocks of one kind run the same computation on the same shapes, so their measured
+    times differ by noise alone: measured here, identical MLP blocks from 373 to 580 us in
+    one pass, which moved the cut by a layer from run to run (a 1F1B at N=4 then came out
+    at 1.05x or at 1.40x its mean stage time, depending on the run)."""
+    by_kind: dict[str, list[float]] = {}
+    for time_s, kind in zip(times, kinds):
+        by_kind.setdefault(kind, []).append(time_s)
+    median = {kind: statistics.median(v) for kind, v in by_kind.items()}
+    return [median[kind] for kind in kinds]
 
 
 def partition(weights: list[float], parts: int) -> list[tuple[int, int]]:

@@ -20,7 +20,8 @@ from harness.training.fingerprint import fingerprint
 from harness.models import PipeStepEvidence, RunSpec, StageCost
 from harness.pipeline import handrolled
 from harness.pipeline.model import (
-    build_layers, layer_costs, layer_times, make_data, split_layers, step_batch,
+    build_layers, layer_costs, layer_times, make_data, one_cost_per_kind, split_layers,
+    step_batch,
 )
 from harness.pipeline import HANDROLLED, TORCH_SCHEDULES
 from harness.pipeline.torchpipe import TorchPipeline, stage_ranks
@@ -42,13 +43,14 @@ def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _agreed_times(layers: nn.ModuleList, spec: RunSpec, micro: int) -> list[float] | None:
     """Per-layer CPU times measured on every rank and averaged with one all-reduce, so
-    that every rank cuts the layers at the same places (only for a split by time)."""
+    that every rank cuts the layers at the same places (only for a split by time); one
+    cost per block kind, since identical blocks differ only by measurement noise."""
     if spec.knobs.stage_split != "time":
         return None
     times = torch.tensor(layer_times(layers, spec.pipe, spec.batch_size // micro),
                          dtype=torch.float64)
     dist.all_reduce(times)
-    return (times / dist.get_world_size()).tolist()
+    return one_cost_per_kind((times / dist.get_world_size()).tolist(), spec.pipe.layers)
 
 
 def pipeline_job(ctx: RankContext, spec: RunSpec) -> None:
