@@ -32,6 +32,23 @@ def ring_allreduce(t, x):
     return _ring(t, x, lambda n: n - 1)
 
 
+def ring_allreduce_send_first(t, x):
+    """The same ring with a blocking send before each receive: correct on a wire that
+    buffers, a deadlock on one where a send waits for its receive."""
+    n, r = t.world_size, t.rank
+    flat = x.reshape(-1).clone()
+    size = -(-flat.numel() // n) if flat.numel() else 0
+    chunks = [flat[i * size:(i + 1) * size].clone() for i in range(n)]
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        t.send(chunks[(r - s) % n], right)  # SEND-FIRST-LINE
+        chunks[(r - s - 1) % n] = chunks[(r - s - 1) % n] + t.recv(left)
+    for s in range(n - 1):
+        t.send(chunks[(r + 1 - s) % n], right)
+        chunks[(r - s) % n] = t.recv(left)
+    return torch.cat(chunks)[:flat.numel()].reshape(x.shape)
+
+
 def ring_avg(t, x):
     return _ring(t, x, lambda n: n - 1, divide=True)
 

@@ -86,3 +86,28 @@ def test_a_rank_that_spins_is_stopped_at_the_deadline_and_located(capsys):
                for path, line in places)
     stopped = [float(s) for s in re.findall(r"stopped ([\d.]+) s after the start", printed)]
     assert len(stopped) == 2 and all(1.0 <= s <= 1.0 + 1.0 for s in stopped), stopped
+
+
+def test_a_send_first_ring_passes_a_buffered_wire_and_deadlocks_a_rendezvous(capsys):
+    """Every rank sends before it receives: a queue that buffers lets it through; a wire
+    where a send waits for its receive (gloo, NCCL with large messages, MPI_Ssend) shows
+    the cycle, with each rank's line and the fix."""
+    code, printed = check(capsys, "ring_allreduce_send_first", "allreduce",
+                          "--transport", "buffered")
+    assert code == 0, printed
+    code, printed = check(capsys, "ring_allreduce_send_first", "allreduce", "--deadline", "1")
+    assert code == 1 and ": deadlock on the rendezvous transport" in printed, printed
+    assert "world size 2," in printed
+    assert "ordering deadlock on the rendezvous transport: ranks 0 -> 1 -> 0" in printed
+    send_line = f"collective_impls.py:{_line('SEND-FIRST-LINE')}"
+    for rank, peer in ((0, 1), (1, 0)):
+        assert re.search(rf"rank {rank} in send to rank {peer} at \S*{send_line}", printed)
+    assert "even ranks send first, odd ranks receive first" in printed
+
+
+def test_correct_rings_pass_the_rendezvous_wire_too(capsys):
+    """isend, recv, wait: no cycle, whatever the wire; broadcast's blocking sends meet
+    their receives."""
+    for function, kind in (("ring_allreduce", "allreduce"), ("broadcast", "broadcast")):
+        code, printed = check(capsys, function, kind, "--transport", "rendezvous")
+        assert code == 0, printed

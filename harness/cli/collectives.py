@@ -38,8 +38,14 @@ def add_commands(commands) -> None:
     checker.add_argument("--examples", type=count(1), default=200,
                          help="examples to try (default: %(default)s)")
     checker.add_argument("--deadline", type=seconds, default=2.0, metavar="SECONDS",
-                         help="longest a receive may wait before it counts as a hang "
+                         help="longest a send or receive may wait before it counts as a hang "
                               "(default: %(default)s)")
+    checker.add_argument("--transport", choices=("buffered", "rendezvous", "both"),
+                         default="both",
+                         help="buffered: a send returns at once (a queue); rendezvous: a send "
+                              "returns once the peer has received, as on gloo, NCCL with "
+                              "large messages and MPI_Ssend, so sends ordered into a cycle "
+                              "deadlock; both: every example on each (default: %(default)s)")
     checker.set_defaults(handler=check_command)
 
     table = commands.add_parser(
@@ -55,7 +61,7 @@ def add_commands(commands) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from harness.collectives.checker import check, describe, load
+    from harness.collectives.checker import WIRES, check, describe, load
 
     try:
         load(args.target)
@@ -63,9 +69,11 @@ def check_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     low, high = args.world_sizes
     print(f"check-collective {args.target} --kind {args.kind} --op {args.op}: up to "
-          f"{args.examples} examples, world sizes {low}-{high}", flush=True)
+          f"{args.examples} examples, world sizes {low}-{high}, transport {args.transport}",
+          flush=True)
+    wires = WIRES if args.transport == "both" else (args.transport,)
     failure, ran = check(args.target, args.kind, args.op, args.world_sizes, args.examples,
-                         args.deadline)
+                         args.deadline, wires)
     if failure is None:
         print(f"OK: every property held on {ran} examples")
         return 0

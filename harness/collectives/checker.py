@@ -1,15 +1,20 @@
 """``distdoctor check-collective``: the collective properties, run on someone else's code.
 
 The user's function gets our queue-mesh transport and its rank's input tensor (and the
-source rank for broadcast) and returns the result. Hypothesis searches for a failing
-example and shrinks it; a wrong answer, an exception and a hang all fail, a hang being any
-receive that waits longer than the deadline, reported with where each rank waited.
+source rank for broadcast) and returns the result. Each example runs on a rendezvous
+transport (a send returns once received, as gloo's does) and then a buffered one (a send
+returns at once). Hypothesis searches for a failing example and shrinks it; a wrong
+answer, an exception and a hang all fail: a send or receive that waits longer than the
+deadline, or a rank the pool stops after the deadline, reported with where each rank was.
+Ranks that each waited for the next around a cycle are an ordering deadlock, reported as
+the cycle with every rank's line and the fix.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -21,14 +26,24 @@ from harness.collectives.jobs import run_user
 from harness.collectives.properties import Case, cases, mismatch, reduced
 from harness.launch.pool import shared_pool
 
-TRANSPORT_FILE = os.path.join("harness", "collectives", "transport.py")
+TRANSPORT_FILES = (os.path.join("harness", "collectives", "transport.py"),
+                   os.path.join("harness", "collectives", "rendezvous.py"))
+# the wires every example runs on, strictest first: on a rendezvous a send returns only once
+# received (gloo, NCCL with large messages, MPI_Ssend); buffered, it returns at once
+WIRES = ("rendezvous", "buffered")
+ORDER_FIX = ("pair sends and receives: even ranks send first, odd ranks receive first, or "
+             "use isend/irecv and wait on both")
+# a transport's timeout: "rank 0 waited 1 s in allreduce (...) in send to rank 1, ..."
+_WAIT = re.compile(r"rank (?P<rank>\d+) waited (?P<seconds>\S+) s in .* "
+                   r"(?P<how>in send to|for data from) rank (?P<peer>\d+)")
 
 
 @dataclass(frozen=True)
 class Failure:
     case: Case
-    what: str  # "wrong result", "error" or "hang"
+    what: str  # "wrong result", "error", "hang" or "deadlock" (a cycle of waits)
     detail: str
+    wire: str = "buffered"  # the transport it failed on
 
 
 def load(target: str):
@@ -57,7 +72,7 @@ class _StopShrinking(BaseException):
 
 
 def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], examples: int,
-          deadline: float) -> tuple[Failure | None, int]:
+          deadline: float, wires: tuple[str, ...] = WIRES) -> tuple[Failure | None, int]:
     """The smallest failing example (or None) and how many examples ran. Every hanging
     example costs a deadline, so after HANG_BUDGET of them the search stops and reports
     the smallest hang seen."""
@@ -72,10 +87,11 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
     def holds(case: Case) -> None:
         nonlocal count
         count += 1
-        failure = evaluate(target, kind, case, deadline)
+        failure = next((f for wire in wires
+                        if (f := evaluate(target, kind, case, deadline, wire)) is not None), None)
         if failure is not None:
             failures.append(failure)
-            if sum(f.what == "hang" for f in failures) > HANG_BUDGET:
+            if sum(f.what in ("hang", "deadlock") for f in failures) > HANG_BUDGET:
                 raise _StopShrinking()
             raise AssertionError(failure.detail)
 
@@ -88,20 +104,56 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
     return None, count
 
 
-def evaluate(target: str, kind: str, case: Case, deadline: float) -> Failure | None:
+def evaluate(target: str, kind: str, case: Case, deadline: float,
+             wire: str = "buffered") -> Failure | None:
     pool = shared_pool(case.world_size, mesh=True)
     # one deadline for both: a receive that waits it out raises, and a rank that makes no
     # call at all (a loop that never ends) is stopped by the pool's watch at the same time
-    result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline,
+    result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline, wire,
                       deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
-        hang = any("RecvTimeout" in (end.error or "") or end.status in ("hung", "stopped")
+        cycle = wait_cycle(result.ends)
+        if cycle:
+            return Failure(case, "deadlock", deadlock_text(cycle, result.ends, wire), wire)
+        hang = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
                    for end in result.ends)
         lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
                  if not end.ok]
-        return Failure(case, "hang" if hang else "error", "; ".join(lines))
+        return Failure(case, "hang" if hang else "error", "; ".join(lines), wire)
     problem = mismatch(kind, case, list(result.values))
-    return Failure(case, "wrong result", problem) if problem else None
+    return Failure(case, "wrong result", problem, wire) if problem else None
+
+
+def wait_cycle(ends) -> list[int]:
+    """Ranks that each timed out waiting for the next (in a send to it, or for its data),
+    around a cycle: an ordering deadlock. [] when the waits form no cycle."""
+    waits = {}
+    for end in ends:
+        found = _WAIT.search(end.error or "")
+        if found and int(found["rank"]) == end.rank:
+            waits[end.rank] = int(found["peer"])
+    for start in sorted(waits):
+        path, rank = [], start
+        while rank in waits and rank not in path:
+            path.append(rank)
+            rank = waits[rank]
+        if rank in path:
+            return path[path.index(rank):]
+    return []
+
+
+def deadlock_text(cycle: list[int], ends, wire: str) -> str:
+    from harness.doctor.report import raising_line
+
+    ring = " -> ".join(map(str, cycle + [cycle[0]]))
+    each = []
+    for end in sorted((e for e in ends if e.rank in cycle), key=lambda e: e.rank):
+        found = _WAIT.search(end.error)
+        how = "in send to" if found["how"] == "in send to" else "in recv from"
+        each.append(f"rank {end.rank} {how} rank {found['peer']} at "
+                    f"{raising_line(end.error) or '?'} (waited {found['seconds']} s)")
+    return (f"ordering deadlock on the {wire} transport: ranks {ring} each wait for the next: "
+            f"{'; '.join(each)}. fix: {ORDER_FIX}")
 
 
 def rank_text(end, events) -> str:
@@ -115,7 +167,7 @@ def rank_text(end, events) -> str:
         return f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else "")
     frame = user_frame(end.stacks)
     place = f"{frame.function} at {frame.file}:{frame.line}" if frame else "no stack"
-    in_transport = any(f.file.endswith(TRANSPORT_FILE) for s in end.stacks if s.main
+    in_transport = any(f.file.endswith(TRANSPORT_FILES) for s in end.stacks if s.main
                        for f in s.frames)
     called = any(isinstance(e, tuple) and e[:1] == ("transport-call",) for e in events)
     doing = ("waiting in the transport" if in_transport else
@@ -127,7 +179,8 @@ def rank_text(end, events) -> str:
 def describe(failure: Failure, kind: str) -> str:
     case = failure.case
     numel = len(case.values[0]) if case.values else 0
-    lines = [f"smallest failing example (shrunk by hypothesis): {failure.what}",
+    on = f" on the {failure.wire} transport" if failure.wire != "buffered" else ""
+    lines = [f"smallest failing example (shrunk by hypothesis): {failure.what}{on}",
              f"  world size {case.world_size}, {numel} {case.dtype} element"
              f"{'s' * (numel != 1)} per rank"
              + (f", op {case.op}" if kind in ("allreduce", "reduce_scatter") else "")

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from harness.collectives import algorithms
+from harness.collectives.rendezvous import RendezvousTransport
 from harness.collectives.transport import GlooTransport, QueueTransport
 
 # name -> (function, takes an op, takes a source rank)
@@ -28,6 +29,10 @@ def transport_for(ctx, kind: str, timeout: float | None = None):
         if ctx.mesh is None:
             raise ValueError("a queue transport needs a RankPool(mesh=True)")
         return QueueTransport(ctx.rank, ctx.world_size, ctx.mesh, timeout)
+    if kind == "rendezvous":
+        if ctx.mesh is None:
+            raise ValueError("a rendezvous transport needs a RankPool(mesh=True)")
+        return RendezvousTransport(ctx.rank, ctx.world_size, ctx.mesh, timeout)
     if kind == "gloo":
         return GlooTransport(ctx.rank, ctx.world_size)
     raise ValueError(f"unknown transport {kind!r}")
@@ -66,14 +71,19 @@ def run_native(ctx, name: str, inputs: list[torch.Tensor], op: str = "sum",
 
 
 def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
-             timeout: float) -> Any:
-    """A user's ``module:function(transport, tensor[, src])`` on the queue mesh."""
+             timeout: float, wire: str = "buffered") -> Any:
+    """A user's ``module:function(transport, tensor[, src])`` on the queue mesh, buffered
+    (a send returns at once) or as a rendezvous (a send returns once received)."""
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
-    transport = _FirstCallNoted(transport_for(ctx, "queue", timeout), ctx)
+    inner = transport_for(ctx, "rendezvous" if wire == "rendezvous" else "queue", timeout)
+    transport = _FirstCallNoted(inner, ctx)
     x = inputs[ctx.rank].clone()
     with transport.collective(f"{kind} ({target})"):
-        return function(transport, x, src) if kind == "broadcast" else function(transport, x)
+        result = function(transport, x, src) if kind == "broadcast" else function(transport, x)
+        if wire == "rendezvous":
+            inner.settle()  # every isend received, and no answer left for the next job
+        return result
 
 
 class _FirstCallNoted:

@@ -111,6 +111,10 @@ class QueueTransport(_Base):
         self.timeout = RECV_TIMEOUT_S if timeout is None else timeout
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._post(tensor, dst)
+
+    def _post(self, tensor: torch.Tensor, dst: int) -> None:
+        """Put ``tensor`` on the queue to ``dst``; it returns at once."""
         tensor = tensor.detach().contiguous()
         payload = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
         self.mesh[self.rank][dst].put((DTYPES.index(tensor.dtype), tuple(tensor.shape), payload))
@@ -136,11 +140,20 @@ class QueueTransport(_Base):
                 q.join_thread()
 
     def recv(self, src: int) -> torch.Tensor:
+        return self._decode(self._get(src, self.timeout, f"for data from rank {src}, which "
+                                                         f"never sent it"))
+
+    def _get(self, src: int, timeout: float, waiting_for: str) -> tuple:
+        """The next message from ``src``; RecvTimeout, saying what was awaited, if none
+        comes within ``timeout``."""
         try:
-            code, shape, payload = self.mesh[src][self.rank].get(timeout=self.timeout)
+            return self.mesh[src][self.rank].get(timeout=max(timeout, 0.0))
         except queue.Empty:
             raise RecvTimeout(f"rank {self.rank} waited {self.timeout:g} s in {self.current} "
-                              f"for data from rank {src}, which never sent it") from None
+                              f"{waiting_for}") from None
+
+    def _decode(self, message: tuple) -> torch.Tensor:
+        code, shape, payload = message
         dtype = DTYPES[code]
         if payload:
             tensor = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype)
