@@ -33,7 +33,7 @@ NAME = "stage_balance"
 TOLERANCE = 1.25
 MIN_COMPUTE_S = 0.002  # below 2 ms of compute per rank and step, per-call overhead rules
 MIN_STEPS = 3  # complete steps needed before the spread across steps means anything
-# two-sided 95% Student-t quantiles by degrees of freedom (1.96 beyond the table)
+# two-sided 95% Student-t quantiles by degrees of freedom
 _T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
         9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
         16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
@@ -64,8 +64,8 @@ def per_rank_times(record: RunRecord) -> dict[int, float]:
 def interval(ratios: list[float]) -> tuple[float, float, float]:
     """Mean of ``ratios`` and its 95% Student-t interval (low, mean, high)."""
     mean = statistics.fmean(ratios)
-    df = len(ratios) - 1
-    t95 = next((v for k, v in sorted(_T95.items()) if k >= df), 1.96)
+    # between tabled degrees of freedom, the next lower one's quantile: the wider interval
+    t95 = _T95[max(k for k in _T95 if k <= len(ratios) - 1)]
     half = t95 * statistics.stdev(ratios) / math.sqrt(len(ratios))
     return mean - half, mean, mean + half
 
@@ -89,7 +89,7 @@ def check(record: RunRecord) -> list[Finding]:
     flops = {r.rank: sum(s.forward_flops + s.backward_flops for s in r.evidence.stages)
              for r in record.ranks}
     flops_ratio = flops[slowest] / (sum(flops.values()) / len(flops))
-    stages = [s for s in record.ranks[slowest].evidence.stages]
+    stages = record.ranks[slowest].evidence.stages
     held = ", ".join(f"stage {s.stage} (layers {s.first_layer}-{s.end_layer - 1}: {s.kinds})"
                      for s in stages)
     per_rank = ", ".join(f"rank {r}: {t * 1e3:.1f}" for r, t in sorted(times.items()))
