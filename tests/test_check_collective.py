@@ -111,3 +111,24 @@ def test_correct_rings_pass_the_rendezvous_wire_too(capsys):
     for function, kind in (("ring_allreduce", "allreduce"), ("broadcast", "broadcast")):
         code, printed = check(capsys, function, kind, "--transport", "rendezvous")
         assert code == 0, printed
+
+
+def test_a_deadlock_is_closed_from_a_stopped_rank_s_reported_wait():
+    """The race the suite once lost: rank 0's send timed out and raised, but the pool
+    stopped rank 1 before its own timeout. Rank 1's transport had reported whom it waited
+    for, and its stack says where: the cycle is still found, with both lines."""
+    from harness.collectives.checker import deadlock_text, wait_cycle
+    from harness.models import Frame, RankEnd, ThreadStack
+
+    raised = RankEnd(0, "raised", error=(
+        'Traceback (most recent call last):\n  File "/u/impl.py", line 44, in ring\n'
+        "SendTimeout: rank 0 waited 1 s in allreduce (impl:ring) in send to rank 1, which "
+        "never received it"))
+    stack = ThreadStack("MainThread", True, (Frame("/u/impl.py", 44, "ring"),))
+    stopped = RankEnd(1, "hung", stacks=(stack,))
+    ends, events = (raised, stopped), ((), (("transport-call", "send"), ("waiting", "send", 0)))
+    assert wait_cycle(ends, events) == [0, 1]
+    text = deadlock_text([0, 1], ends, events, "rendezvous")
+    assert ("rank 0 in send to rank 1 at /u/impl.py:44; rank 1 in send to rank 0 at "
+            "/u/impl.py:44") in text
+    assert wait_cycle(ends, ((), ())) == []  # without rank 1's report there is no cycle

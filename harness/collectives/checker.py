@@ -112,9 +112,10 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline, wire,
                       deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
-        cycle = wait_cycle(result.ends)
+        cycle = wait_cycle(result.ends, result.events)
         if cycle:
-            return Failure(case, "deadlock", deadlock_text(cycle, result.ends, wire), wire)
+            return Failure(case, "deadlock",
+                           deadlock_text(cycle, result.ends, result.events, wire), wire)
         hang = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
                    for end in result.ends)
         lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
@@ -124,14 +125,33 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     return Failure(case, "wrong result", problem, wire) if problem else None
 
 
-def wait_cycle(ends) -> list[int]:
-    """Ranks that each timed out waiting for the next (in a send to it, or for its data),
-    around a cycle: an ordering deadlock. [] when the waits form no cycle."""
+def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
+    """Whom each rank that did not finish was waiting for: rank -> (how, peer, line). From
+    its own timeout when it raised one; else, for a rank the pool stopped, from the last
+    wait its transport reported ("waiting", what, peer) and the line its stack was at."""
+    from harness.doctor.report import raising_line
+    from harness.models.record import user_frame
+
     waits = {}
-    for end in ends:
+    for end, emitted in zip(ends, events):
         found = _WAIT.search(end.error or "")
         if found and int(found["rank"]) == end.rank:
-            waits[end.rank] = int(found["peer"])
+            how = "in send to" if found["how"] == "in send to" else "in recv from"
+            waits[end.rank] = (how, int(found["peer"]), raising_line(end.error) or "?")
+            continue
+        reported = [e for e in emitted if isinstance(e, tuple) and e[:1] == ("waiting",)]
+        if end.status in ("hung", "stopped") and reported:
+            _, what, peer = reported[-1]
+            frame = user_frame(end.stacks)
+            waits[end.rank] = ("in send to" if what == "send" else "in recv from", peer,
+                               f"{frame.file}:{frame.line}" if frame else "?")
+    return waits
+
+
+def wait_cycle(ends, events) -> list[int]:
+    """Ranks that each wait for the next (in a send to it, or for its data) around a
+    cycle: an ordering deadlock. [] when the waits form no cycle."""
+    waits = {rank: peer for rank, (_, peer, _) in waits_of(ends, events).items()}
     for start in sorted(waits):
         path, rank = [], start
         while rank in waits and rank not in path:
@@ -142,18 +162,13 @@ def wait_cycle(ends) -> list[int]:
     return []
 
 
-def deadlock_text(cycle: list[int], ends, wire: str) -> str:
-    from harness.doctor.report import raising_line
-
+def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
     ring = " -> ".join(map(str, cycle + [cycle[0]]))
-    each = []
-    for end in sorted((e for e in ends if e.rank in cycle), key=lambda e: e.rank):
-        found = _WAIT.search(end.error)
-        how = "in send to" if found["how"] == "in send to" else "in recv from"
-        each.append(f"rank {end.rank} {how} rank {found['peer']} at "
-                    f"{raising_line(end.error) or '?'} (waited {found['seconds']} s)")
+    waits = waits_of(ends, events)
+    each = "; ".join(f"rank {rank} {waits[rank][0]} rank {waits[rank][1]} at {waits[rank][2]}"
+                     for rank in sorted(cycle))
     return (f"ordering deadlock on the {wire} transport: ranks {ring} each wait for the next: "
-            f"{'; '.join(each)}. fix: {ORDER_FIX}")
+            f"{each}. fix: {ORDER_FIX}")
 
 
 def rank_text(end, events) -> str:

@@ -77,6 +77,7 @@ def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
     inner = transport_for(ctx, "rendezvous" if wire == "rendezvous" else "queue", timeout)
+    inner.on_wait = lambda what, peer: ctx.emit(("waiting", what, peer))
     transport = _FirstCallNoted(inner, ctx)
     x = inputs[ctx.rank].clone()
     with transport.collective(f"{kind} ({target})"):

@@ -77,7 +77,7 @@ class RendezvousTransport(QueueTransport):
         end = time.monotonic() + self.timeout
         while self._answered[dst] < ticket:
             try:
-                message = self._get(dst, end - time.monotonic(), "")
+                message = self._get(dst, end - time.monotonic(), "", what="send")
             except RecvTimeout:
                 raise SendTimeout(f"rank {self.rank} waited {self.timeout:g} s in "
                                   f"{self.current} in send to rank {dst}, which never "

@@ -17,12 +17,13 @@ import contextlib
 import os
 import queue
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
 
 RECV_TIMEOUT_S = float(os.environ.get("DISTDOCTOR_RECV_TIMEOUT_S", "30"))
+WAIT_NOTICE_S = 0.05  # a wait this long is reported to on_wait
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.int32,
           torch.float16, torch.uint8, torch.int8, torch.int16, torch.bool)
 MAX_DIMS = 6
@@ -109,6 +110,9 @@ class QueueTransport(_Base):
         super().__init__(rank, world_size)
         self.mesh = mesh
         self.timeout = RECV_TIMEOUT_S if timeout is None else timeout
+        # told (what, peer) once a wait outlasts WAIT_NOTICE_S: whom this rank waits for is
+        # then known outside it, even if it is stopped before its own deadline expires
+        self.on_wait: Callable[[str, int], None] | None = None
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self._post(tensor, dst)
@@ -143,11 +147,19 @@ class QueueTransport(_Base):
         return self._decode(self._get(src, self.timeout, f"for data from rank {src}, which "
                                                          f"never sent it"))
 
-    def _get(self, src: int, timeout: float, waiting_for: str) -> tuple:
+    def _get(self, src: int, timeout: float, waiting_for: str, what: str = "recv") -> tuple:
         """The next message from ``src``; RecvTimeout, saying what was awaited, if none
-        comes within ``timeout``."""
+        comes within ``timeout``. ``what`` ("recv", or "send" for a send awaiting its
+        answer) is reported to ``on_wait`` when the wait is not over at once."""
+        channel = self.mesh[src][self.rank]
         try:
-            return self.mesh[src][self.rank].get(timeout=max(timeout, 0.0))
+            if self.on_wait is None:
+                return channel.get(timeout=max(timeout, 0.0))
+            try:
+                return channel.get(timeout=max(min(timeout, WAIT_NOTICE_S), 0.0))
+            except queue.Empty:
+                self.on_wait(what, src)
+                return channel.get(timeout=max(timeout - WAIT_NOTICE_S, 0.0))
         except queue.Empty:
             raise RecvTimeout(f"rank {self.rank} waited {self.timeout:g} s in {self.current} "
                               f"{waiting_for}") from None
