@@ -94,7 +94,10 @@ def test_inconclusive_findings_are_neither_detected_nor_remaining():
     assert "undecided after measuring more" in verdict.note
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+# N=4 only: four ranks and the hogs on two cores is the harshest case for a false positive,
+# and the N=2 detection (the weaker signal) is covered by the fault matrix without a hog.
+# Under the hog each case measures more steps: about 10 s each, where N=2 took up to 32 s.
+@pytest.mark.parametrize("world_size", [4])
 def test_a_healthy_pipeline_under_a_cpu_hog_is_never_called_unbalanced(pools, cpu_hog,
                                                                        world_size):
     """Cut by time, with every core also busy elsewhere: balanced or inconclusive, never a
@@ -109,7 +112,7 @@ def test_a_healthy_pipeline_under_a_cpu_hog_is_never_called_unbalanced(pools, cp
     assert assessment.decided == (), [f.headline for f in assessment.decided]
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [4])
 def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, world_size):
     import faults
     from harness.diagnosis.runspec import run_decided
