@@ -32,6 +32,7 @@ def add_commands(commands) -> None:
 def demo_command(args: argparse.Namespace) -> int:
     import faults
     from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
+    from harness.cli.tables import diagnosis_text
     from harness.diagnosis.diagnose import diagnose
 
     chosen = list(faults.catalogue().values()) if args.all else [fault_named(args.fault)]
@@ -71,6 +72,10 @@ def demo_command(args: argparse.Namespace) -> int:
         rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
         print(summary_table(rows))
         print(f"wall time {time.monotonic() - started:.1f} s")
+        for row in rows:  # a row that did not pass says why, in full
+            if not row.report.verdict.passed:
+                print(f"\n== did not pass: {row.fault} ({row.variant}) on {row.strategy} ==\n"
+                      + diagnosis_text(row.report))
     return 0 if all(r.report.verdict.passed for r in rows) else 1
 
 
