@@ -39,7 +39,7 @@ def check(record: RunRecord) -> list[Finding]:
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
     listing = "; ".join(f"rank {k}: {v}" for k, v in sorted(calls.items()))
 
-    cycle = _cycle(edges)
+    cycle = cycle_of(edges)
     if cycle and all(blocked[r].op in P2P for r in cycle):
         kinds = {_direction(blocked[r]) for r in cycle}
         ring = " -> ".join(map(str, cycle + [cycle[0]]))
@@ -105,8 +105,9 @@ def _same_collective(a: Call, b: Call) -> bool:
     return a.op not in P2P and a.group == b.group and a.seq == b.seq
 
 
-def _cycle(edges: dict[int, set[int]]) -> list[int] | None:
-    """The first cycle found following wait-for edges, as a list of ranks."""
+def cycle_of(edges: dict[int, set[int]]) -> list[int] | None:
+    """The first cycle found following wait-for edges, as a list of ranks (also used by
+    check-collective on its transport's waits)."""
     for start in sorted(edges):
         path, seen = [start], {start}
         node = start

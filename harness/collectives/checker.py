@@ -151,15 +151,10 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
 def wait_cycle(ends, events) -> list[int]:
     """Ranks that each wait for the next (in a send to it, or for its data) around a
     cycle: an ordering deadlock. [] when the waits form no cycle."""
-    waits = {rank: peer for rank, (_, peer, _) in waits_of(ends, events).items()}
-    for start in sorted(waits):
-        path, rank = [], start
-        while rank in waits and rank not in path:
-            path.append(rank)
-            rank = waits[rank]
-        if rank in path:
-            return path[path.index(rank):]
-    return []
+    from checks.hang import cycle_of
+
+    waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events).items()}
+    return cycle_of(waits) or []
 
 
 def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
