@@ -93,16 +93,31 @@ def test_measured_bubble_is_idle_share_of_the_step():
     assert measured_bubble(record) == pytest.approx(1 - 3 / (2 * 3))
 
 
-def test_identical_blocks_get_one_cost_so_their_noise_cannot_move_the_cut():
-    from harness.pipeline.model import one_cost_per_kind
+def test_identical_blocks_get_one_cost_measured_in_interleaved_warmed_rounds():
+    """One figure per kind, so noise between identical blocks cannot move the cut; kinds
+    measured round by round, each as a chain of its blocks, after the warm-up rounds."""
+    import torch
+    from torch import nn
 
-    assert one_cost_per_kind([1.0, 1.2, 0.8, 1.1, 2.0, 2.4, 2.2], "mmmmaaa") == \
-        [1.05] * 4 + [2.2] * 3
-    # three calibration passes measured here (us per block: 12 MLP, then 4 attention)
-    passes = ["480 546 435 415 506 546 460 507 494 541 454 473 1068 1086 859 1058",
-              "547 470 495 556 509 420 373 451 528 525 520 532 989 1034 1028 1108",
-              "531 443 540 439 431 502 531 517 494 564 469 435 1177 1090 1146 801"]
-    measured = [[float(us) for us in one.split()] for one in passes]
-    kinds = "m" * 12 + "a" * 4
-    assert len({tuple(partition(m, 4)) for m in measured}) == 2  # raw: the cut moves
-    assert len({tuple(partition(one_cost_per_kind(m, kinds), 4)) for m in measured}) == 1
+    from harness.models import PipeShape
+    from harness.pipeline.model import kind_times
+
+    calls = []
+
+    class Block(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.w = name, nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            calls.append(self.name)
+            return x * self.w
+
+    kinds = "mmmmmmaa"
+    layers = nn.ModuleList(Block(f"{k}{i}") for i, k in enumerate(kinds))
+    times = kind_times(layers, PipeShape(kinds, seq_len=2, d_model=2), 1,
+                       warm_rounds=2, rounds=3, chain=4)
+    assert len(set(times[:6])) == 1 and len(set(times[6:])) == 1 and len(times) == 8
+    one_round = ["m0", "m1", "m2", "m3", "a6", "a7"]  # the first four MLP blocks, then attention
+    assert calls == one_round * 5
+    assert all(p.grad is None for p in layers.parameters())

@@ -91,36 +91,38 @@ def layer_costs(layers: nn.ModuleList, shape: PipeShape, micro_size: int) -> lis
     return costs
 
 
-def layer_times(layers: nn.ModuleList, shape: PipeShape, micro_size: int,
-                repeats: int = 3) -> list[float]:
-    """CPU seconds of each layer's forward and backward on one micro-batch (median of
-    ``repeats`` after a warm-up): the cost a FLOP counter misses (softmax, transposes)."""
-    times = []
-    for layer in layers:
-        samples = []
-        for attempt in range(repeats + 1):
-            x = torch.randn(micro_size, shape.seq_len, shape.d_model, requires_grad=True)
+def kind_times(layers: nn.ModuleList, shape: PipeShape, micro_size: int,
+               warm_rounds: int = 10, rounds: int = 20, chain: int = 4) -> list[float]:
+    """CPU seconds of one forward and backward on one micro-batch, per layer, one figure
+    per block kind: the cost a FLOP counter misses (softmax, transposes).
+
+    Blocks of one kind run the same computation on the same shapes, so they differ by
+    noise alone, and one figure per kind keeps that noise from moving the cut. Each kind
+    is timed as a chain of up to ``chain`` of its blocks run through together, as a stage
+    runs them (one block per backward call would charge the autograd engine's per-call
+    cost to every block, and most to the cheapest kind). The kinds are measured in
+    interleaved rounds, after warm-up rounds, and the median round is kept: a process's
+    first ~20 passes run up to twice as slow as later ones (allocator and caches), so
+    measuring the layers in order, as an earlier version did, charged that warm-up to the
+    MLP blocks that come first and cut attention-heavy stages too big (measured: 1.2-1.3x
+    the mean stage time at N=4)."""
+    by_kind: dict[str, list[nn.Module]] = {}
+    for layer, kind in zip(layers, shape.layers):
+        by_kind.setdefault(kind, []).append(layer)
+    chains = {kind: nn.Sequential(*blocks[:chain]) for kind, blocks in by_kind.items()}
+    samples: dict[str, list[float]] = {kind: [] for kind in chains}
+    size = (micro_size, shape.seq_len, shape.d_model)
+    for round_ in range(warm_rounds + rounds):
+        for kind, blocks in chains.items():
+            x, grad = torch.randn(size, requires_grad=True), torch.randn(size)
             start = time.thread_time()
-            layer(x).sum().backward()
-            if attempt:
-                samples.append(time.thread_time() - start)
+            blocks(x).backward(grad)
+            if round_ >= warm_rounds:
+                samples[kind].append((time.thread_time() - start) / len(blocks))
+    for layer in layers:
         layer.zero_grad(set_to_none=True)
-        times.append(sorted(samples)[len(samples) // 2])
-    return times
-
-
-def one_cost_per_kind(times: list[float], kinds: str) -> list[float]:
-    """Each layer's time replaced by the median over the layers of its kind.
-
-    Blocks of one kind run the same computation on the same shapes, so their measured
-    times differ by noise alone: measured here, identical MLP blocks from 373 to 580 us in
-    one pass, which moved the cut by a layer from run to run (a 1F1B at N=4 then came out
-    at 1.05x or at 1.40x its mean stage time, depending on the run)."""
-    by_kind: dict[str, list[float]] = {}
-    for time_s, kind in zip(times, kinds):
-        by_kind.setdefault(kind, []).append(time_s)
-    median = {kind: statistics.median(v) for kind, v in by_kind.items()}
-    return [median[kind] for kind in kinds]
+    median = {kind: statistics.median(v) for kind, v in samples.items()}
+    return [median[kind] for kind in shape.layers]
 
 
 def partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
