@@ -24,20 +24,20 @@ def add_commands(commands) -> None:
     which.add_argument("--all", action="store_true", help="every fault in the catalogue")
     demo.add_argument("--strategy", choices=EVERY_STRATEGY, metavar="STRATEGY",
                       help="strategy for the lesson (default: the first that shows the "
-                           "fault); " + EVERY_STRATEGY_TEXT)
+                           "fault); with --all, every fault that applies to it, on it "
+                           "alone; " + EVERY_STRATEGY_TEXT)
     demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
     demo.set_defaults(handler=demo_command)
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    import faults
     from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
     from harness.cli.tables import diagnosis_text
     from harness.diagnosis.diagnose import diagnose
 
-    chosen = list(faults.catalogue().values()) if args.all else [fault_named(args.fault)]
     if args.all and args.variant:
         raise UsageError("--variant goes with one FAULT, not --all")
+    chosen = sweep_faults(args.strategy) if args.all else [fault_named(args.fault)]
     for fault in chosen:
         check_variant(fault, args.variant)
         if args.strategy and args.strategy not in fault.strategies:
@@ -58,12 +58,11 @@ def demo_command(args: argparse.Namespace) -> int:
             text += "\n" + masked_note(diagnosed(fault, masked, args.variant).report)
         print(text + "\n", flush=True)
     if args.all:
-        todo = [(fault, variant, strategy) for fault in chosen for variant in fault.variants
-                for strategy in fault.strategies
-                if not any(r.fault == fault.id and r.variant == variant.name
-                           and r.strategy == strategy for r in rows)]
-        print(f"sweeping every variant on every strategy: {len(todo)} more diagnoses ...",
-              flush=True)
+        todo = [case for case in sweep_cases(chosen, args.strategy)
+                if not any((r.fault, r.variant, r.strategy) == (case[0].id, case[1].name, case[2])
+                           for r in rows)]
+        where = args.strategy or "every strategy"
+        print(f"sweeping every variant on {where}: {len(todo)} more diagnoses ...", flush=True)
         for done, (fault, variant, strategy) in enumerate(todo, 1):
             row = diagnosed(fault, strategy, variant.name)
             _progress(f"[{done}/{len(todo)}] {fault.id} ({variant.name}) on {strategy}: "
@@ -77,6 +76,26 @@ def demo_command(args: argparse.Namespace) -> int:
                 print(f"\n== did not pass: {row.fault} ({row.variant}) on {row.strategy} ==\n"
                       + diagnosis_text(row.report))
     return 0 if all(r.report.verdict.passed for r in rows) else 1
+
+
+def sweep_faults(strategy: str | None) -> list:
+    """The faults ``demo --all`` covers: the catalogue, or those that apply to ``strategy``."""
+    import faults
+
+    every = list(faults.catalogue().values())
+    if strategy is None:
+        return every
+    chosen = [fault for fault in every if strategy in fault.strategies]
+    if not chosen:
+        raise UsageError(f"no fault in the catalogue applies to {strategy}")
+    return chosen
+
+
+def sweep_cases(chosen: list, strategy: str | None) -> list[tuple]:
+    """Every (fault, variant, strategy) the sweep diagnoses: each variant of each fault on
+    ``strategy``, or on every strategy it applies to."""
+    return [(fault, variant, on) for fault in chosen for variant in fault.variants
+            for on in ([strategy] if strategy else fault.strategies)]
 
 
 def _progress(text: str) -> None:
