@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,23 +28,47 @@ def line_of(example: str, text: str) -> str:
     return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
 
 
-def distdoctor(*args: str, cwd: Path = EXAMPLES, timeout: float = 120):
-    before = proctable.children()
-    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, timeout=timeout,
-                          capture_output=True, text=True)
-    assert proctable.children() == before
-    return done
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def run_example(tmp_path, example: str, ranks: int, deadline: float = 30.0):
+@pytest.fixture
+def distdoctor(capfd, monkeypatch):
+    """``distdoctor(*args)``: the command run in this process, from the examples folder,
+    with what it and its ranks wrote to fds 1 and 2. In-process, the ranks are this
+    process's own children, so one left running would show in the process table (a
+    child process's leaked ranks would be reparented to init, out of sight), and no test
+    pays for a second interpreter importing torch."""
+    from harness.cli.main import main
+
+    monkeypatch.chdir(EXAMPLES)
+
+    def command(*args: str) -> Done:
+        before = proctable.children()
+        capfd.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+        out, err = capfd.readouterr()
+        assert proctable.children() == before
+        return Done(code, out, err)
+
+    return command
+
+
+def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float = 30.0):
     report = tmp_path / "report.json"
     done = distdoctor("run", "--nproc-per-node", str(ranks), "--deadline", str(deadline),
                       "--report", str(report), example)
     return done, json.loads(report.read_text())
 
 
-def test_a_clean_script_is_reported_clean(tmp_path):
-    done, report = run_example(tmp_path, "clean.py", 2)
+def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
+    done, report = run_example(distdoctor, tmp_path, "clean.py", 2)
     assert done.returncode == 0, done.stdout + done.stderr
     assert report["schema"] == "distdoctor.run.v1"
     assert (report["status"], report["cause"]) == ("ok", None)
@@ -70,9 +96,9 @@ NO_HANG = {"ddp_unused_params.py"}
     ("rank_raises.py", 2, "rank-crashed", [1], {0: "dist.all_reduce("}),
     ("ddp_unused_params.py", 2, "unused-parameters", [1], {}),
 ])
-def test_each_buggy_example_gets_its_cause_ranks_and_lines(tmp_path, example, ranks, kind,
-                                                          culprits, where):
-    done, report = run_example(tmp_path, example, ranks,
+def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path, example, ranks,
+                                                          kind, culprits, where):
+    done, report = run_example(distdoctor, tmp_path, example, ranks,
                                deadline=30.0 if example in NO_HANG else 2.0)
     assert done.returncode == 1, done.stdout + done.stderr
     assert report["status"] == "failed"
@@ -84,8 +110,8 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(tmp_path, example, ra
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
 
 
-def test_the_root_cause_traceback_comes_first_not_the_connection_errors(tmp_path):
-    done, report = run_example(tmp_path, "rank_raises.py", 2)
+def test_the_root_cause_traceback_comes_first_not_the_connection_errors(distdoctor, tmp_path):
+    done, report = run_example(distdoctor, tmp_path, "rank_raises.py", 2)
     root = next(r for r in report["ranks"] if r["rank"] == 1)
     assert root["state"] == "crashed" and "ValueError: corrupt batch at step 2" in root["error"]
     assert root["error"].splitlines()[1].strip().startswith('File "')  # starts at the script
@@ -93,15 +119,15 @@ def test_the_root_cause_traceback_comes_first_not_the_connection_errors(tmp_path
     assert done.stdout.index("rank 1 (root cause)") < done.stdout.index("rank 0:")
 
 
-def test_ddp_unused_parameters_are_named_not_numbered(tmp_path):
-    done, report = run_example(tmp_path, "ddp_unused_params.py", 2)
+def test_ddp_unused_parameters_are_named_not_numbered(distdoctor, tmp_path):
+    done, report = run_example(distdoctor, tmp_path, "ddp_unused_params.py", 2)
     assert "rank 1: aux.weight, aux.bias" in report["cause"]["summary"]
     assert "find_unused_parameters=True" in report["cause"]["fix"]
 
 
-def test_a_hang_is_reported_within_the_deadline_plus_three_seconds(tmp_path):
+def test_a_hang_is_reported_within_the_deadline_plus_three_seconds(distdoctor, tmp_path):
     deadline = 2.0
-    done, report = run_example(tmp_path, "p2p_cycle.py", 2, deadline=deadline)
+    done, report = run_example(distdoctor, tmp_path, "p2p_cycle.py", 2, deadline=deadline)
     printed = float(done.stdout.split("this diagnosis printed ")[1].split(" s")[0])
     assert deadline <= printed <= deadline + 3.0
     assert all(r["state"] == "blocked" and "dist.send(" in r["stack"] for r in report["ranks"])
@@ -111,12 +137,15 @@ def test_a_hang_is_reported_within_the_deadline_plus_three_seconds(tmp_path):
     ["run", "missing.py"], ["run", "--nproc-per-node", "0", "clean.py"],
     ["run", "--deadline", "-1", "clean.py"], ["analyze", "/nonexistent-distdoctor-dir"],
 ])
-def test_bad_usage_is_one_line_and_exit_code_2(argv):
+def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     done = distdoctor(*argv)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
-def _torchrun(trace_dir: Path, example: str, ranks: int, timeout: float | None = None):
+def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) -> None:
+    """Run ``example`` under a real torchrun with the in-rank bootstrap; if it ``hangs``,
+    stop it with SIGTERM, as a user would, once every rank has written its stall stacks
+    (each rank does so by itself at its 2 s deadline)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(ranks), "-m", "harness.doctor", "--trace-dir",
                str(trace_dir), "--deadline", "2", example]
@@ -126,21 +155,37 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, timeout: float | None =
     process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True,
                                env=dict(os.environ, TMPDIR=str(scratch)))
+    stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
+
+    def stalled() -> bool:
+        return all(path.exists() and example in path.read_text() for path in stacks)
+
     try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:  # a hang under torchrun: stop it as a user would
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(30)
+        if not hangs:
+            process.wait(120)
+            return
+        give_up = time.monotonic() + 60
+        while not stalled() and time.monotonic() < give_up:
+            try:
+                process.wait(0.1)  # returns at once if torchrun ended: it should not have
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        assert stalled(), "the ranks did not write their stall stacks within 60 s"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
 
 
-def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(tmp_path):
+def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor, tmp_path):
     _torchrun(tmp_path / "crash", "rank_raises.py", 2)
     done = distdoctor("analyze", str(tmp_path / "crash"))
     assert done.returncode == 1 and "rank-crashed (ranks 1)" in done.stdout
 
 
-def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(tmp_path):
-    _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, timeout=12)
+def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor, tmp_path):
+    _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, hangs=True)
     done = distdoctor("analyze", str(tmp_path / "hang"), "--report", str(tmp_path / "r.json"))
     report = json.loads((tmp_path / "r.json").read_text())
     assert done.returncode == 1 and report["cause"]["kind"] == "p2p-cycle"
@@ -149,11 +194,11 @@ def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(tmp_path):
                for r in report["ranks"])
 
 
-def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(tmp_path):
+def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdoctor, tmp_path):
     """Rank 1 never enters the all_reduce rank 0 waits in: it loops in its own function.
     The report says where (function and line, from its stack), that it is in no call, and
     the hang is declared at the deadline, within a second."""
-    done, report = run_example(tmp_path, "rank_spins.py", 2, deadline=2.0)
+    done, report = run_example(distdoctor, tmp_path, "rank_spins.py", 2, deadline=2.0)
     assert done.returncode == 1, done.stdout + done.stderr
     assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("collective-mismatch", [1])
     waiting, spinning = report["ranks"]
