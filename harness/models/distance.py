@@ -7,6 +7,7 @@ comparison and the terminal tables all measure with the same ruler.
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 from harness.models.evidence import Fingerprint
@@ -25,7 +26,7 @@ def max_abs_diff(a: Fingerprint, b: Fingerprint) -> float:
     if a.digest == b.digest:
         return 0.0
     _check_comparable((a, b))
-    return max(abs(x - y) for x, y in zip(a.values, b.values))
+    return max(map(abs, map(operator.sub, a.values, b.values)), default=0.0)
 
 
 def _check_comparable(prints: Iterable[Fingerprint]) -> None:

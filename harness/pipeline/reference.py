@@ -6,13 +6,15 @@ parameters for exactly those layers can be compared with what the rank recorded.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from harness.training.fingerprint import fingerprint
-from harness.models import Fingerprint, ReferenceComparison, RunRecord, RunSpec
+from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
 from harness.models.distance import max_abs_diff
 from harness.pipeline.model import build_layers, make_data, step_batch
 from harness.pipeline.train import loss_fn
@@ -25,7 +27,15 @@ class PipeReferenceStep:
     params: tuple[torch.Tensor, ...]  # per layer, flattened, after the step
 
 
-def pipeline_reference(spec: RunSpec) -> list[PipeReferenceStep]:
+def pipeline_reference(spec: RunSpec) -> tuple[PipeReferenceStep, ...]:
+    """Every step's loss, gradients and parameters, trained in one process. The knobs
+    (the stage split, the send/receive order) cannot change them, so a run and its fixed
+    re-run share one computation."""
+    return _reference(dataclasses.replace(spec, knobs=Knobs()))
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(spec: RunSpec) -> tuple[PipeReferenceStep, ...]:
     layers = build_layers(spec.pipe, spec.seed)
     optimizer = torch.optim.SGD(layers.parameters(), lr=spec.learning_rate)
     x, y = make_data(spec)
@@ -42,10 +52,10 @@ def pipeline_reference(spec: RunSpec) -> list[PipeReferenceStep]:
         optimizer.step()
         params = tuple(_flat(list(layer.parameters())) for layer in layers)
         steps.append(PipeReferenceStep(loss.item(), grads, params))
-    return steps
+    return tuple(steps)
 
 
-def compare_pipeline(record: RunRecord, reference: list[PipeReferenceStep],
+def compare_pipeline(record: RunRecord, reference: tuple[PipeReferenceStep, ...],
                      tolerance: float = 1e-5) -> ReferenceComparison:
     """Largest difference in loss, gradients or parameters from the reference, per step."""
     values = record.spec.fingerprint_values
