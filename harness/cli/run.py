@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from harness.cli.args import UsageError, count, seconds
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: the OS picks one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    return port
 
 
 def add_commands(commands) -> None:
@@ -25,6 +37,13 @@ def add_commands(commands) -> None:
                           "before the ranks count as hung (default: %(default)s)")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
                      "(schema distdoctor.run.v1)")
+    run.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                     help="the address the rendezvous store listens on and the ranks connect "
+                          "to (default: %(default)s, this machine only). Another address "
+                          "opens the store, which has no authentication, to whoever can "
+                          "reach it; name one only on a network you trust")
+    run.add_argument("--master-port", type=port_number, default=0, metavar="PORT",
+                     help="the store's port (default: 0, a free one the OS picks)")
     run.add_argument("script", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(handler=run_command)
@@ -41,13 +60,22 @@ def add_commands(commands) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from harness.doctor.launcher import ScriptStartError, run_script
+    from harness.launch.store import AddressError, addresses, is_loopback
 
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"no such script: {args.script}")
     try:
-        result = run_script(str(script), args.args, args.nproc_per_node, args.deadline)
-    except ScriptStartError as exc:
+        addresses(args.master_addr)
+    except AddressError as exc:
+        raise UsageError(str(exc)) from None
+    if not is_loopback(args.master_addr):
+        print(f"distdoctor run: the rendezvous store listens on {args.master_addr}, open to "
+              f"whoever can reach it", file=sys.stderr, flush=True)
+    try:
+        result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
+                            host=args.master_addr, port=args.master_port)
+    except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     return _diagnose(_record(result.ends, result.traces, result.wall_s, result.started,
                              args.deadline), args.script, args.report)

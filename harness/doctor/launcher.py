@@ -3,7 +3,8 @@
 Each rank is a fresh ``python -m harness.doctor SCRIPT ARGS`` process with the environment
 torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, OMP_NUM_THREADS=1). As torchrun's agent does, this process hosts the TCP store
-(on a port the OS picks, so no races) and sets TORCHELASTIC_USE_AGENT_STORE, so the script's
+(on loopback only, unless ``--master-addr`` names another address, and on a port the OS
+picks, so no races) and sets TORCHELASTIC_USE_AGENT_STORE, so the script's
 own ``init_process_group`` connects to it. The ranks are then watched like a pool's job:
 calls as they happen, stderr passed through and kept, stacks of ranks that stop, all killed
 and reaped at the end.
@@ -16,13 +17,16 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
 from harness.launch import procs
 from harness.launch.results import JobResult
+from harness.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
 from harness.launch.watch import JobWatch, RankHandle
 
 START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
+STORE_TIMEOUT = timedelta(seconds=300)  # torch's default for a TCPStore
 
 
 class ScriptStartError(RuntimeError):
@@ -54,27 +58,30 @@ class PopenProcess:
             pass
 
 
-def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+def rank_environment(rank: int, world_size: int, port: int,
+                     host: str = LOOPBACK) -> dict[str, str]:
     env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK=str(rank),
-               ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+               ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=host,
                MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
                DISTDOCTOR_PARENT_PID=str(os.getpid()))
     env.setdefault("OMP_NUM_THREADS", "1")
+    if is_loopback(host):
+        pin_gloo_to_loopback(env)
     return env
 
 
 def run_script(script: str, args: list[str], world_size: int, deadline: float,
-               error_grace: float = 1.0, echo: bool = True) -> JobResult:
-    """Run the script on ``world_size`` ranks until every rank ended or was stopped."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+               error_grace: float = 1.0, echo: bool = True, host: str = LOOPBACK,
+               port: int = 0) -> JobResult:
+    """Run the script on ``world_size`` ranks until every rank ended or was stopped; the
+    store listens on ``host:port`` alone (default: loopback, a port the OS picks)."""
+    store = master_store(world_size, STORE_TIMEOUT, host, port)
     handles: list[RankHandle] = []
     try:
         for rank in range(world_size):
-            handles.append(_start(rank, world_size, store.port, script, args))
+            handles.append(_start(rank, world_size, store.port, script, args, host))
         _wait_until_ready(handles)
         watch = JobWatch(handles, deadline, error_grace, _echo if echo else None)
         return watch.run(b"go")
@@ -88,7 +95,8 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
         del store
 
 
-def _start(rank: int, world_size: int, port: int, script: str, args: list[str]) -> RankHandle:
+def _start(rank: int, world_size: int, port: int, script: str, args: list[str],
+           host: str) -> RankHandle:
     conn_parent, conn_child = mp.Pipe()
     ctrl_parent, ctrl_child = mp.Pipe()
     pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
@@ -100,7 +108,7 @@ def _start(rank: int, world_size: int, port: int, script: str, args: list[str]) 
         popen = subprocess.Popen(
             [sys.executable, "-m", "harness.doctor", "--fds", ",".join(map(str, fds)),
              script, *args],
-            env=rank_environment(rank, world_size, port), pass_fds=fds, stderr=err_write,
+            env=rank_environment(rank, world_size, port, host), pass_fds=fds, stderr=err_write,
             start_new_session=True)
     finally:
         for end in (conn_child, ctrl_child):

@@ -92,11 +92,12 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
 def _join_group(ctx: RankContext, host: str) -> None:
     import torch.distributed as dist
 
-    if host in ("127.0.0.1", "localhost") and os.path.exists("/sys/class/net/lo"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from harness.launch.store import is_loopback, master_store, pin_gloo_to_loopback
+
+    if is_loopback(host):
+        pin_gloo_to_loopback()
     if ctx.rank == 0:  # the OS picks a free port: no races between concurrent pools
-        store = dist.TCPStore(host, 0, ctx.world_size, is_master=True,
-                              timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+        store = master_store(ctx.world_size, RENDEZVOUS_TIMEOUT, host)
         ctx._send(("port", store.port))
     else:
         kind, port = ctx._conn.recv()
