@@ -76,3 +76,14 @@ def test_a_bad_master_address_is_one_line_and_exit_code_2(argv, error, capsys):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and error in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_named_master_address_is_where_the_store_listens_and_it_says_so(tmp_path, capfd):
+    out = tmp_path / "listeners.json"
+    code = main(["run", "--nproc-per-node", "2", "--master-addr", "0.0.0.0",
+                 str(TESTS / "show_listeners.py"), str(out)])
+    printed = capfd.readouterr()
+    assert code == 0, printed
+    assert "the rendezvous store listens on 0.0.0.0, open to whoever can reach it" in printed.err
+    stores = {address for pid, address, _ in json.loads(out.read_text()) if pid == os.getpid()}
+    assert stores == {"0.0.0.0"}
