@@ -1,12 +1,15 @@
 """Did the ranks split each epoch between them, and does each epoch reshuffle?
 
 A distributed sampler deals every epoch out in disjoint shares: no sample id may appear
-on two ranks in one epoch (share 0%), and epoch e must not replay epoch e-1's order.
+on two ranks in one epoch (share 0%), and epoch e must not replay epoch e-1's order. The
+same rule reads the built-in workload's steps and the batches a user's script drew from
+its data loaders (recorded by the tracer's batch-sampler hook).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from checks import finding, rank_list
 from harness.models import Finding, RunRecord
@@ -15,14 +18,49 @@ NAME = "sample_overlap"
 
 
 def check(record: RunRecord) -> list[Finding]:
-    batches = defaultdict(dict)  # epoch -> rank -> [batch, ...] in step order
+    found = []
+    for batches, loop, peers in _passes(record):
+        if peers:
+            found += _overlap(batches, loop)
+        found += _replayed_epochs(batches, loop)
+    return found
+
+
+def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
+    """Per data loader, epoch -> rank -> [batch, ...] in the order drawn, and whether those
+    ranks are data-parallel peers (so must draw disjoint samples). The built-in workload's
+    steps say their epoch, and its ranks are replicas. A user's script's batches come from
+    the tracer, one loader at a time and only loaders an optimiser stepped during
+    (evaluation loaders read the same samples on every rank by design), grouped by the DDP
+    group each rank averages over: pipeline stages or tensor-parallel shards read the same
+    batches by design, and only ranks that share a DDP are known to be replicas."""
+    steps = defaultdict(dict)
     for rank in record.ranks:
         for step in rank.evidence.steps:
-            batches[step.epoch].setdefault(rank.rank, []).append(step.sample_ids)
-    return _overlap(batches) + _replayed_epochs(batches, len(record.ranks))
+            steps[step.epoch].setdefault(rank.rank, []).append(step.sample_ids)
+    found = [(steps, None, True)] if steps else []
+    loaders = defaultdict(lambda: defaultdict(dict))  # (loader, group) -> epoch -> rank
+    loops: dict[int, Loop] = {}
+    for rank in record.ranks:
+        group = rank.evidence.ddp_group
+        for batch in rank.evidence.batches:
+            if batch.trains:
+                loaders[batch.loader, group][batch.epoch].setdefault(rank.rank, []).append(
+                    batch.sample_ids)
+                loops.setdefault(batch.loader, Loop(batch.where, batch.sampler))
+    return found + [(loaders[key], loops[key[0]], len(key[1]) > 1)
+                    for key in sorted(loaders)]
 
 
-def _overlap(batches: dict) -> list[Finding]:
+@dataclass(frozen=True)
+class Loop:
+    """Where a user's script iterates a loader, and the sampler class it draws from."""
+
+    where: str
+    sampler: str
+
+
+def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
     shares, ranks_involved = {}, set()
     for epoch, per_rank in sorted(batches.items()):
         seen = defaultdict(set)
@@ -36,22 +74,30 @@ def _overlap(batches: dict) -> list[Finding]:
     if worst == 0.0:
         return []
     per_epoch = ", ".join(f"epoch {e}: {share:.0%}" for e, share in shares.items())
+    at = f" from the loader iterated at {loop.where} ({loop.sampler})" if loop else ""
+    measured = {"overlap_share_per_epoch": {str(e): s for e, s in shares.items()},
+                "max_overlap_share": worst}
+    fix = None
+    if loop:
+        measured.update(where=loop.where, sampler=loop.sampler)
+        fix = (f"give the DataLoader iterated at {loop.where} a DistributedSampler(dataset), "
+               f"which deals each epoch out across the ranks, instead of its {loop.sampler} "
+               f"(or seed each rank's shuffle with seed + rank and split the data)")
     return [finding(
         "shared-shuffle-seed", NAME, f"{worst:.0%} of an epoch on several ranks",
         f"{worst:.0%} of the samples in an epoch were trained on by more than one rank "
         f"({per_epoch}; 0% when the epoch is dealt out); {rank_list(ranks_involved)} "
-        f"drew the same samples",
-        {"knobs.sampler": "distributed"}, ranks_involved,
-        {"overlap_share_per_epoch": {str(e): s for e, s in shares.items()},
-         "max_overlap_share": worst})]
+        f"drew the same samples{at}",
+        {"knobs.sampler": "distributed"}, ranks_involved, measured, fix=fix)]
 
 
-def _replayed_epochs(batches: dict, world_size: int) -> list[Finding]:
+def _replayed_epochs(batches: dict, loop: Loop | None = None) -> list[Finding]:
     replayed, compared = [], {}
     epochs = sorted(batches)
+    ranks = sorted({rank for per_rank in batches.values() for rank in per_rank})
     for previous, epoch in zip(epochs, epochs[1:]):
         same_on = []
-        for rank in range(world_size):
+        for rank in ranks:
             now, before = batches[epoch].get(rank, []), batches[previous].get(rank, [])
             steps = min(len(now), len(before))
             if steps and now[:steps] == before[:steps]:
@@ -62,13 +108,19 @@ def _replayed_epochs(batches: dict, world_size: int) -> list[Finding]:
     if not replayed:
         return []
     listing = ", ".join(f"epoch {e} ({compared[e]} steps compared)" for e in replayed)
+    measured = {"replayed_epochs": replayed,
+                "steps_compared": {str(e): n for e, n in compared.items()}}
+    fix = "call sampler.set_epoch(epoch) at the start of every epoch"
+    if loop:
+        measured.update(where=loop.where, sampler=loop.sampler)
+        fix = (f"call sampler.set_epoch(epoch) at the start of every epoch, before the loop "
+               f"over the DataLoader at {loop.where}")
     return [finding(
         "shared-shuffle-seed", NAME,
         f"epoch{'s' * (len(replayed) > 1)} {', '.join(map(str, replayed))} replayed",
         f"every rank replayed the previous epoch's batches in the same order: {listing}; "
         f"a sampler reshuffles each epoch",
-        {"knobs.sampler_set_epoch": True}, range(world_size),
-        {"replayed_epochs": replayed, "steps_compared": {str(e): n for e, n in compared.items()}},
+        {"knobs.sampler_set_epoch": True}, ranks, measured,
         cause="the sampler is never told the epoch (sampler.set_epoch is not called), so it "
               "shuffles with the same seed every epoch",
-        fix="call sampler.set_epoch(epoch) at the start of every epoch")]
+        fix=fix)]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from checks import gradient_scale, sample_overlap, sync_frequency, unused_params
 from harness.models import (
-    BackwardEvidence, Evidence, Fingerprint, RankEnd, RankRecord, RunRecord, RunSpec,
+    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, RankEnd, RankRecord, RunRecord,
+    RunSpec,
     StepEvidence,
 )
 
@@ -64,3 +65,61 @@ def test_missing_gradients_the_sync_coped_with_are_not_reported():
     assert "different gradients" in unused_params.check(diverged)[0].symptom
     stuck = record([step(1)], [], backward=missing, status="raised")
     assert unused_params.check(stuck)[0].measured["sync_problem"] == "rank 1 never finished step 1"
+
+
+def loader_record(per_rank: dict[int, list[tuple[int, list[int]]]], groups: dict[int, tuple],
+                  trains: bool = True, sampler: str = "RandomSampler") -> RunRecord:
+    """A user's script's batches: ``per_rank[rank]`` = [(epoch, ids), ...] from loader 0;
+    ``groups[rank]``: the ranks its DDP averages over (() for none)."""
+    ranks = []
+    for rank, drawn in per_rank.items():
+        batches = tuple(BatchEvidence(0, epoch, tuple(ids), sampler, None, "train.py:9", trains)
+                        for epoch, ids in drawn)
+        evidence = Evidence(rank, batches=batches, ddp_group=groups.get(rank, ()))
+        ranks.append(RankRecord(rank, RankEnd(rank, "finished"), evidence))
+    return RunRecord(RunSpec(world_size=len(ranks)), tuple(ranks), 0.1)
+
+
+SAME = [(0, [0, 1, 2, 3]), (1, [2, 0, 3, 1])]  # one shuffled pass per epoch, reshuffled
+
+
+def test_replicas_of_one_ddp_reading_the_same_samples_overlap_fully():
+    found = sample_overlap.check(loader_record({0: SAME, 1: SAME}, {0: (0, 1), 1: (0, 1)}))
+    assert [f.measured["max_overlap_share"] for f in found] == [1.0]
+    assert found[0].measured["where"] == "train.py:9" and "DistributedSampler" in found[0].fix
+
+
+def test_ranks_in_different_ddp_groups_may_read_the_same_samples():
+    """Tensor or pipeline parallel peers (0 with 2, 1 with 3) read the same batches by
+    design; each DDP group's replicas (0, 1) and (2, 3) read disjoint ones."""
+    a, b = [(0, [0, 1]), (1, [3, 0])], [(0, [2, 3]), (1, [1, 2])]
+    groups = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    assert sample_overlap.check(loader_record({0: a, 1: b, 2: a, 3: b}, groups)) == []
+    assert sample_overlap.check(loader_record({0: a, 1: a, 2: b, 3: b}, groups))
+
+
+def test_evaluation_loaders_and_ranks_without_ddp_are_not_called_duplicates():
+    shared = {0: SAME, 1: SAME}
+    assert sample_overlap.check(loader_record(shared, {0: (0, 1), 1: (0, 1)}, trains=False)) == []
+    assert sample_overlap.check(loader_record(shared, {})) == []  # independent models
+
+
+def test_a_pass_that_repeats_the_last_one_is_replayed_on_every_rank():
+    replay = [(0, [3, 1]), (0, [0, 2]), (1, [3, 1]), (1, [0, 2])]
+    found = sample_overlap.check(loader_record({0: replay, 1: [(e, [i + 4 for i in ids])
+                                                              for e, ids in replay]}, {}))
+    assert [f.measured["replayed_epochs"] for f in found] == [[1]]
+    assert "before the loop over the DataLoader at train.py:9" in found[0].fix
+
+
+def test_a_pass_trains_when_an_optimiser_stepped_during_it():
+    from harness.trace.tracer import fold_batches
+
+    def batch(epoch, steps, loader=0):
+        return {"ev": "batch", "loader": loader, "epoch": epoch, "ids": [epoch], "steps": steps,
+                "sampler": "RandomSampler", "where": "t.py:1"}
+    events = [batch(0, 0), batch(0, 1), {"ev": "pass_end", "loader": 0, "epoch": 0, "steps": 2},
+              batch(0, 2, loader=1), {"ev": "pass_end", "loader": 1, "epoch": 0, "steps": 2},
+              batch(1, 2), {"ev": "pass_end", "loader": 0, "epoch": 1, "steps": 3}]
+    assert [(b.loader, b.epoch, b.trains) for b in fold_batches(events)] == [
+        (0, 0, True), (0, 0, True), (1, 0, False), (0, 1, True)]

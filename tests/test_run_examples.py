@@ -70,8 +70,8 @@ def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float 
 def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
     done, report = run_example(distdoctor, tmp_path, "clean.py", 2)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert report["schema"] == "distdoctor.run.v1"
-    assert (report["status"], report["cause"]) == ("ok", None)
+    assert report["schema"] == "distdoctor.run.v2"
+    assert (report["status"], report["cause"], report["findings"]) == ("ok", None, [])
     assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
     assert report["ranks"][0]["call"]["op"] == "barrier"
 
@@ -108,6 +108,35 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
         assert by_rank[rank]["call"]["where"] == line_of(example, text)
     # the report follows whatever the script printed itself
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
+
+
+@pytest.mark.parametrize("example, kind, measured", [
+    ("epoch_not_set.py", "repeated-epoch-order",
+     {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
+      "sampler": "DistributedSampler"}),
+    ("no_distributed_sampler.py", "duplicate-samples",
+     {"max_overlap_share": 1.0, "overlap_share_per_epoch": {"0": 1.0, "1": 1.0},
+      "sampler": "RandomSampler"}),
+])
+def test_silent_data_bugs_are_named_with_their_numbers_and_the_loop(distdoctor, tmp_path,
+                                                                    example, kind, measured):
+    """Nothing crashes and the loss goes down; the report still names the bug, with the
+    line of the loop over the loader. 64 samples, batches of 8, 2 ranks: 4 steps an epoch
+    on each rank, every sample on both ranks when nothing deals them out."""
+    done, report = run_example(distdoctor, tmp_path, example, 2)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert [c["kind"] for c in report["findings"]] == [kind]
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == (kind, [0, 1])
+    assert cause["where"] == line_of(example, "# LOOP")
+    assert {k: cause["measured"][k] for k in measured} == measured
+    assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
+    assert f"look at: {line_of(example, '# LOOP')}" in done.stdout
+
+
+def test_a_healthy_sampler_with_set_epoch_and_a_shared_eval_loader_is_ok(distdoctor, tmp_path):
+    done, report = run_example(distdoctor, tmp_path, "sampler_ok.py", 2)
+    assert done.returncode == 0 and report["findings"] == [], done.stdout
 
 
 def test_the_root_cause_traceback_comes_first_not_the_connection_errors(distdoctor, tmp_path):
@@ -182,6 +211,14 @@ def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor
     _torchrun(tmp_path / "crash", "rank_raises.py", 2)
     done = distdoctor("analyze", str(tmp_path / "crash"))
     assert done.returncode == 1 and "rank-crashed (ranks 1)" in done.stdout
+
+
+def test_a_silent_bug_under_a_real_torchrun_is_named_from_its_traces(distdoctor, tmp_path):
+    _torchrun(tmp_path / "epochs", "epoch_not_set.py", 2)
+    done = distdoctor("analyze", str(tmp_path / "epochs"), "--report", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert done.returncode == 1 and report["cause"]["kind"] == "repeated-epoch-order"
+    assert report["cause"]["where"].endswith(line_of("epoch_not_set.py", "# LOOP").split(":")[1])
 
 
 def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor, tmp_path):

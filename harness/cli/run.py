@@ -36,7 +36,7 @@ def add_commands(commands) -> None:
                      help="seconds without a collective or point-to-point call, on any rank, "
                           "before the ranks count as hung (default: %(default)s)")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
-                     "(schema distdoctor.run.v1)")
+                     "(schema distdoctor.run.v2)")
     run.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
                      help="the address the rendezvous store listens on and the ranks connect "
                           "to (default: %(default)s, this machine only). Another address "

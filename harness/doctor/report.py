@@ -1,16 +1,19 @@
 """What ``distdoctor run`` (and ``analyze``) say about a user's script: cause first.
 
-The findings of the checks are folded into one cause of the kinds a user meets:
-p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed, unused-parameters or
-hang-unknown. A mismatch outranks the crash it caused, and a rank's own exception outranks
-the "Connection reset by peer" its peers raised after it. Written as JSON, the report has
-the schema ``distdoctor.run.v1``.
+The findings of the checks are folded into causes of the kinds a user meets. A run that
+hung or crashed has one of p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed,
+unused-parameters or hang-unknown: a mismatch outranks the crash it caused, and a rank's
+own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
+that never crash follow, in the order they spoil training: duplicate-samples (the ranks
+train on the same data), then repeated-epoch-order (each epoch replays the last). Every
+cause found is listed in ``findings``; ``cause`` is the first. Written as JSON, the report
+has the schema ``distdoctor.run.v2`` (v1 had ``cause`` alone, without ``where``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +21,10 @@ from harness.models.jsoncodec import to_json
 from harness.models import Call, Finding, RankRecord, RunRecord
 from harness.models.record import is_peer_echo, user_frame
 
-RUN_SCHEMA = "distdoctor.run.v1"
+RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
-                    "unused-parameters", "hang-unknown"]
+                    "unused-parameters", "hang-unknown", "duplicate-samples",
+                    "repeated-epoch-order"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
@@ -51,6 +55,8 @@ class Cause:
     ranks: list[int]
     summary: str
     fix: str
+    where: str | None = None  # the script's line to change, when the evidence names one
+    measured: dict = field(default_factory=dict)  # the detector's numbers, for the silent kinds
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class ScriptReport:
     ranks: list[ReportRank]
     script: str
     wall_s: float
+    findings: list[Cause] = field(default_factory=list)  # every cause found, ``cause`` first
     schema: str = RUN_SCHEMA
 
     def write(self, path: str | Path) -> None:
@@ -68,10 +75,24 @@ class ScriptReport:
 
 
 def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> ScriptReport:
-    cause = classify(record, findings)
-    ranks = [_rank(r, cause is not None) for r in record.ranks]
-    return ScriptReport("ok" if cause is None else "failed", cause, ranks, script,
-                        record.wall_s)
+    ended = classify(record, findings)
+    causes = ([ended] if ended else []) + silent_causes(findings)
+    ranks = [_rank(r, ended is not None) for r in record.ranks]
+    return ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
+                        ranks, script, record.wall_s, causes)
+
+
+# (the finding's fault, a key its measurements carry) -> the cause a user is told, in order
+SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
+    ("shared-shuffle-seed", "max_overlap_share", "duplicate-samples"),
+    ("shared-shuffle-seed", "replayed_epochs", "repeated-epoch-order"))
+
+
+def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
+    """The bugs that let the run finish, most fundamental first."""
+    return [Cause(kind, list(f.ranks), f.symptom, f.fix, f.measured.get("where"), f.measured)
+            for fault, key, kind in SILENT_CAUSES for f in findings
+            if f.fault == fault and key in f.measured and not f.inconclusive]
 
 
 # findings that name the cause outright, most specific first: finding -> cause reported
@@ -194,8 +215,12 @@ def render(result: ScriptReport) -> str:
         ranks = ", ".join(map(str, cause.ranks))
         lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {ranks})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
+        for other in result.findings[1:]:
+            lines += [f"also: {other.kind} (ranks {', '.join(map(str, other.ranks))})",
+                      f"  {other.summary}", f"  fix: {other.fix}"]
         places = {r.call.where for r in result.ranks
                   if r.call and r.state not in ("finished", "running")}
+        places |= {c.where for c in result.findings if c.where}
         places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):

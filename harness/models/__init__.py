@@ -11,9 +11,9 @@ JSON codec (``jsoncodec``).
 It imports nothing of the project, torch included, and every other package imports it.
 """
 
-from harness.models.evidence import (BackwardEvidence, Call, Evidence, Fingerprint,
-                                     MemoryEvidence, PipeStepEvidence, StageCost, StageEvent,
-                                     StepEvidence)
+from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, Evidence,
+                                     Fingerprint, MemoryEvidence, PipeStepEvidence, StageCost,
+                                     StageEvent, StepEvidence)
 from harness.models.record import (SCHEMA_VERSION, Frame, RankEnd, RankRecord, RankStatus,
                                    RunRecord, ThreadStack)
 from harness.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
@@ -23,8 +23,8 @@ from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
                                     load_report)
 
 __all__ = [
-    "AuxSkip", "Assessment", "BackwardEvidence", "Call", "Evidence", "Fingerprint", "Finding",
-    "Frame", "Knobs", "MemoryEvidence", "OptimizerName", "Outcome", "P2POrder",
+    "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "Evidence",
+    "Fingerprint", "Finding", "Frame", "Knobs", "MemoryEvidence", "OptimizerName", "Outcome", "P2POrder",
     "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord", "RankStatus",
     "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
     "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",

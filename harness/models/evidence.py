@@ -39,6 +39,24 @@ class StepEvidence:
 
 
 @dataclass(frozen=True)
+class BatchEvidence:
+    """One batch of sample indices a rank drew from a data loader in a user's script.
+
+    ``epoch`` counts the passes over that loader's batch sampler (each ``for batch in
+    loader`` is one); ``trains`` says an optimiser stepped during the pass, which tells a
+    training loader from an evaluation one; ``where`` is the script's line that iterates
+    the loader (the loop an epoch's ``set_epoch`` belongs before)."""
+
+    loader: int  # which loader, numbered in the order the script first iterated them
+    epoch: int  # 0-based pass over this loader
+    sample_ids: tuple[int, ...]
+    sampler: str  # the sampler's class name, e.g. DistributedSampler
+    sampler_epoch: int | None  # DistributedSampler.epoch as the pass began (set_epoch's)
+    where: str
+    trains: bool = False
+
+
+@dataclass(frozen=True)
 class BackwardEvidence:
     """Which parameters got a gradient, recorded before the step's first gradient sync.
 
@@ -173,4 +191,6 @@ class Evidence:
     pipe_steps: tuple[PipeStepEvidence, ...] = ()
     calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
     ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
+    ddp_group: tuple[int, ...] = ()  # the ranks that DDP averages gradients over
     memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
+    batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence
-from harness.trace.tracer import fold
+from harness.trace.tracer import fold, fold_batches
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
@@ -17,9 +17,11 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     """``events`` as the rank emitted them; ``trace`` its tracer's JSON events."""
     fields: dict = {name: [] for name in _SERIES.values()}
     fields["calls"] = list(fold(trace))
-    ddp = [event["params"] for event in trace if event.get("ev") == "ddp"]
+    fields["batches"] = list(fold_batches(trace))
+    ddp = [event for event in trace if event.get("ev") == "ddp"]
     if ddp:
-        fields["ddp_params"] = tuple(ddp[-1])
+        fields["ddp_params"] = tuple(ddp[-1]["params"])
+        fields["ddp_group"] = tuple(ddp[-1].get("group", ()))
     for kind, payload in events:
         if kind in _SERIES:
             fields[_SERIES[kind]].append(payload)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from harness.models import Call
+from harness.models import BatchEvidence, Call
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -92,9 +92,52 @@ class Tracer:
             ignored = getattr(ddp, "parameters_to_ignore", set())
             names = [n for n, p in module.named_parameters()
                      if p.requires_grad and n not in ignored]
-            tracer.write(ev="ddp", t=time.monotonic(), params=names, where=user_line())
+            try:  # the replicas this one averages with: its data-parallel peers
+                group = dist.get_process_group_ranks(ddp.process_group)
+            except Exception:
+                group = []
+            tracer.write(ev="ddp", t=time.monotonic(), params=names, group=group,
+                         where=user_line())
 
         DistributedDataParallel.__init__ = init
+
+    def record_batches(self) -> None:
+        """Make every batch sampler (what a DataLoader draws its index batches from) write
+        down each batch's sample indices, with the pass it belongs to, the sampler's class
+        and epoch, the script's line that iterates the loader, and how many optimiser
+        steps had run: enough to tell duplicated shards and replayed epochs, and training
+        loaders (an optimiser steps during their pass) from evaluation ones."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.utils.data.sampler import BatchSampler
+
+        tracer = self
+        steps = [0]
+        loaders: dict[int, tuple[Any, int, list[int]]] = {}  # id -> (sampler, number, passes)
+
+        def counted(*_: Any) -> None:
+            steps[0] += 1
+
+        register_optimizer_step_post_hook(counted)
+        original = BatchSampler.__iter__
+
+        def batches(sampler: Any) -> Any:
+            entry = loaders.setdefault(id(sampler), (sampler, len(loaders), [0]))
+            number, passes = entry[1], entry[2]
+            epoch, passes[0] = passes[0], passes[0] + 1
+            inner = getattr(sampler, "sampler", None)
+            head = dict(loader=number, epoch=epoch, sampler=type(inner).__name__,
+                        sampler_epoch=getattr(inner, "epoch", None))
+            where = None
+            try:
+                for ids in original(sampler):
+                    where = where or user_line()
+                    tracer.write(ev="batch", **head, ids=[int(i) for i in ids],
+                                 steps=steps[0], where=where)
+                    yield ids
+            finally:
+                tracer.write(ev="pass_end", loader=number, epoch=epoch, steps=steps[0])
+
+        BatchSampler.__iter__ = batches
 
     def write(self, **event: Any) -> None:
         self._put(json.dumps(event, separators=(",", ":")))
@@ -264,6 +307,27 @@ def user_line() -> str:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
+    """Each loader batch the rank drew; a pass ``trains`` when an optimiser stepped between
+    its first batch and its end (or the loader's next pass)."""
+    events = list(events)
+    drawn = [e for e in events if e.get("ev") == "batch"]
+    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == "pass_end"}
+    first: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    for e in drawn:
+        first.setdefault((e["loader"], e["epoch"]), e["steps"])
+        last[e["loader"], e["epoch"]] = e["steps"]
+    trains = {}
+    for (loader, epoch), began in first.items():
+        later = ends.get((loader, epoch), first.get((loader, epoch + 1), began))
+        trains[loader, epoch] = max(later, last[loader, epoch]) > began
+    return tuple(BatchEvidence(
+        loader=e["loader"], epoch=e["epoch"], sample_ids=tuple(e["ids"]), sampler=e["sampler"],
+        sampler_epoch=e.get("sampler_epoch"), where=e.get("where", ""),
+        trains=trains[e["loader"], e["epoch"]]) for e in drawn)
 
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:
