@@ -3,12 +3,16 @@
 Measured per step as the projection of the applied gradient onto the mean of the local
 ones: 1.00 when averaged, N when summed at world size N. Steps where the ranks did not
 apply one common gradient are skipped: the scale is undefined there (another check
-reports them).
+reports them). On a user's script the tracer samples each parameter's gradient at fixed
+positions, as backward left it and as the optimiser applied it, and the same projection
+is taken over those samples; steps where no synchronisation changed any rank's gradient
+are skipped too.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from checks import finding, steps_on_every_rank
 from harness.models import Finding, RunRecord
@@ -22,6 +26,10 @@ def check(record: RunRecord) -> list[Finding]:
     if world_size < 2:
         return []
     ratios = [r for r in map(_ratio, steps_on_every_rank(record)) if r is not None]
+    where = None
+    if not ratios:  # a user's script: the tracer's sampled gradients
+        ratios = [r for r in map(_user_ratio, _user_steps(record)) if r is not None]
+        where = _sync_line(record)
     if not ratios:
         return []
     ratio = statistics.median(ratios)
@@ -33,9 +41,42 @@ def check(record: RunRecord) -> list[Finding]:
         f"the synchronised gradient is {ratio:.2f}x the mean of the ranks' local gradients "
         f"(1.00 when averaged) at world size {world_size}"
         + (", i.e. summed and not divided" if summed else "")
-        + f": the effective learning rate is {ratio:.2f}x the one set",
+        + f": the effective learning rate is {ratio:.2f}x the one set"
+        + (f" (gradients all-reduced at {where})" if where else ""),
         {"knobs.average_gradients": True}, range(world_size),
-        {"ratio": ratio, "world_size": world_size, "ratio_per_step": ratios})]
+        {"ratio": ratio, "world_size": world_size, "ratio_per_step": ratios,
+         **({"where": where} if where else {})},
+        fix=None if where is None else
+        f"divide the gradients all-reduced at {where} by dist.get_world_size() (or pass "
+        f"op=dist.ReduceOp.AVG where the backend has it) before optimizer.step()")]
+
+
+def _user_steps(record: RunRecord) -> list[list]:
+    """Per optimiser step every rank sampled: each rank's GradientEvidence, in rank order."""
+    by_rank = [{g.step: g for g in r.evidence.gradients} for r in record.ranks]
+    common = set.intersection(*(set(steps) for steps in by_rank)) if by_rank else set()
+    return [[steps[n] for steps in by_rank] for n in sorted(common)]
+
+
+def _user_ratio(steps) -> float | None:
+    """As ``_ratio``, on sampled gradients; None where no rank's gradient was changed by a
+    synchronisation (nothing was reduced: independent ranks, or one that skipped it)."""
+    if len({s.applied.digest for s in steps}) != 1:
+        return None
+    if all(s.applied.values == s.local.values for s in steps):
+        return None
+    mean = [sum(column) / len(steps) for column in zip(*(s.local.values for s in steps))]
+    norm = sum(m * m for m in mean)
+    if norm == 0.0:
+        return None
+    return sum(g * m for g, m in zip(steps[0].applied.values, mean)) / norm
+
+
+def _sync_line(record: RunRecord) -> str | None:
+    """The script's line that all-reduces most often on rank 0: the gradient sync."""
+    lines = Counter(c.where for c in record.ranks[0].evidence.calls
+                    if c.op == "all_reduce" and c.where)
+    return lines.most_common(1)[0][0] if lines else None
 
 
 def _ratio(steps) -> float | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from checks import gradient_scale, sample_overlap, sync_frequency, unused_params
 from harness.models import (
-    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, RankEnd, RankRecord, RunRecord,
-    RunSpec,
+    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, GradientEvidence, RankEnd,
+    RankRecord, RunRecord, RunSpec,
     StepEvidence,
 )
 
@@ -123,3 +123,28 @@ def test_a_pass_trains_when_an_optimiser_stepped_during_it():
               batch(1, 2), {"ev": "pass_end", "loader": 0, "epoch": 1, "steps": 3}]
     assert [(b.loader, b.epoch, b.trains) for b in fold_batches(events)] == [
         (0, 0, True), (0, 0, True), (1, 0, False), (0, 1, True)]
+
+
+def grads_record(*per_rank: list[tuple[tuple, tuple]]) -> RunRecord:
+    """``per_rank[rank]`` = [(local, applied), ...] sampled gradients per optimiser step."""
+    ranks = []
+    for rank, steps in enumerate(per_rank):
+        gradients = tuple(GradientEvidence(n, fp(list(local)), fp(list(applied)))
+                          for n, (local, applied) in enumerate(steps, 1))
+        ranks.append(RankRecord(rank, RankEnd(rank, "finished"),
+                                Evidence(rank, gradients=gradients)))
+    return RunRecord(RunSpec(world_size=len(ranks)), tuple(ranks), 0.1)
+
+
+def test_a_users_summed_gradients_are_twice_the_mean_at_two_ranks():
+    # local (1, 3) and (3, 1): mean (2, 2); both ranks applied the sum (4, 4)
+    found = gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (4, 4))]))
+    assert found[0].measured["ratio"] == 2.0
+    assert gradient_scale.check(grads_record([((1, 3), (2, 2))], [((3, 1), (2, 2))])) == []
+
+
+def test_ranks_that_never_synchronise_are_not_judged():
+    """Independent models (nothing reduced) and ranks that applied different gradients."""
+    same = [((1, 1), (1, 1))]
+    assert gradient_scale.check(grads_record(same, same)) == []
+    assert gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (5, 5))])) == []

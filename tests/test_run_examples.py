@@ -110,32 +110,36 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
 
 
-@pytest.mark.parametrize("example, kind, measured", [
-    ("epoch_not_set.py", "repeated-epoch-order",
+@pytest.mark.parametrize("example, ranks, kind, marker, measured", [
+    ("epoch_not_set.py", 2, "repeated-epoch-order", "# LOOP",
      {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
       "sampler": "DistributedSampler"}),
-    ("no_distributed_sampler.py", "duplicate-samples",
+    ("no_distributed_sampler.py", 2, "duplicate-samples", "# LOOP",
      {"max_overlap_share": 1.0, "overlap_share_per_epoch": {"0": 1.0, "1": 1.0},
       "sampler": "RandomSampler"}),
+    ("summed_gradients.py", 3, "gradient-not-averaged", "dist.all_reduce(p.grad)",
+     {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
 ])
-def test_silent_data_bugs_are_named_with_their_numbers_and_the_loop(distdoctor, tmp_path,
-                                                                    example, kind, measured):
+def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_path, example,
+                                                               ranks, kind, marker, measured):
     """Nothing crashes and the loss goes down; the report still names the bug, with the
-    line of the loop over the loader. 64 samples, batches of 8, 2 ranks: 4 steps an epoch
-    on each rank, every sample on both ranks when nothing deals them out."""
-    done, report = run_example(distdoctor, tmp_path, example, 2)
+    line to change. The loaders: 64 samples, batches of 8, 2 ranks: 4 steps an epoch on
+    each rank, every sample on both ranks when nothing deals them out. The gradients: an
+    all-reduce with SUM on 3 ranks applies 3x the mean of the local gradients."""
+    done, report = run_example(distdoctor, tmp_path, example, ranks)
     assert done.returncode == 1, done.stdout + done.stderr
     assert [c["kind"] for c in report["findings"]] == [kind]
     cause = report["cause"]
-    assert (cause["kind"], cause["ranks"]) == (kind, [0, 1])
-    assert cause["where"] == line_of(example, "# LOOP")
+    assert (cause["kind"], cause["ranks"]) == (kind, list(range(ranks)))
+    assert cause["where"] == line_of(example, marker)
     assert {k: cause["measured"][k] for k in measured} == measured
-    assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
-    assert f"look at: {line_of(example, '# LOOP')}" in done.stdout
+    assert [r["state"] for r in report["ranks"]] == ["finished"] * ranks
+    assert f"look at: {line_of(example, marker)}" in done.stdout
 
 
-def test_a_healthy_sampler_with_set_epoch_and_a_shared_eval_loader_is_ok(distdoctor, tmp_path):
-    done, report = run_example(distdoctor, tmp_path, "sampler_ok.py", 2)
+@pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py"])
+def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
+    done, report = run_example(distdoctor, tmp_path, example, 2)
     assert done.returncode == 0 and report["findings"] == [], done.stdout
 
 

@@ -89,6 +89,7 @@ def _install(fd: int):
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
     tracer.record_ddp_parameters()
     tracer.record_batches()
+    tracer.record_gradients()
     return tracer
 
 

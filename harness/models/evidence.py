@@ -57,6 +57,18 @@ class BatchEvidence:
 
 
 @dataclass(frozen=True)
+class GradientEvidence:
+    """A user's script's gradients at one optimiser step, sampled: as backward left them
+    (``local``, before any hand-written synchronisation) and as the optimiser applied them.
+    The same positions of every plain (unsharded) parameter the optimiser steps, so two
+    ranks' samples compare value for value."""
+
+    step: int  # 1-based count of this rank's optimiser steps
+    local: Fingerprint
+    applied: Fingerprint
+
+
+@dataclass(frozen=True)
 class BackwardEvidence:
     """Which parameters got a gradient, recorded before the step's first gradient sync.
 
@@ -194,3 +206,4 @@ class Evidence:
     ddp_group: tuple[int, ...] = ()  # the ranks that DDP averages gradients over
     memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
+    gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence
-from harness.trace.tracer import fold, fold_batches
+from harness.trace.tracer import fold, fold_batches, fold_gradients
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
@@ -18,6 +18,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields: dict = {name: [] for name in _SERIES.values()}
     fields["calls"] = list(fold(trace))
     fields["batches"] = list(fold_batches(trace))
+    fields["gradients"] = list(fold_gradients(trace))
     ddp = [event for event in trace if event.get("ev") == "ddp"]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

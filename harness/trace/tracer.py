@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from harness.models import BatchEvidence, Call
+from harness.models import BatchEvidence, Call, Fingerprint, GradientEvidence
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -138,6 +139,59 @@ class Tracer:
                 tracer.write(ev="pass_end", loader=number, epoch=epoch, steps=steps[0])
 
         BatchSampler.__iter__ = batches
+
+    def record_gradients(self, per_param: int = 4) -> None:
+        """At every optimiser step, sample each plain parameter's gradient twice, at the
+        same ``per_param`` positions: as backward accumulated it (a post-accumulate hook,
+        before any hand-written all-reduce) and as the optimiser is about to apply it.
+        Enough to tell an averaged gradient (the mean of the ranks' local ones) from a
+        summed one, at a few tensor ops per parameter and step. Sharded parameters
+        (DTensor, as FSDP2 makes them) are left out: their gradients are shards by design."""
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
+
+        tracer = self
+        local: dict[int, torch.Tensor] = {}  # id(param) -> its latest accumulated sample
+        hooked: set[int] = set()
+        counts: dict[int, int] = {}  # id(optimizer) -> steps taken
+
+        def positions(p: torch.Tensor) -> torch.Tensor:
+            return torch.linspace(0, p.numel() - 1, min(per_param, p.numel())).round().long()
+
+        def accumulated(p: torch.Tensor) -> None:
+            if p.grad is not None:
+                local[id(p)] = p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
+
+        def plain(optimizer: Any) -> list[torch.Tensor]:
+            return [p for group in optimizer.param_groups for p in group["params"]
+                    if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
+
+        def before_step(optimizer: Any, *_: Any) -> None:
+            params = plain(optimizer)
+            for p in params:
+                if id(p) not in hooked:
+                    hooked.add(id(p))
+                    p.register_post_accumulate_grad_hook(accumulated)
+            steps = counts[id(optimizer)] = counts.get(id(optimizer), 0) + 1
+            seen = [p for p in params if p.grad is not None and id(p) in local]
+            if not seen:
+                return  # the first step, before the hooks existed, or no gradients
+            mine = torch.cat([local[id(p)] for p in seen])
+            applied = torch.cat([p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
+                                 for p in seen])
+            tracer.write(ev="grads", step=steps, local=mine.tolist(),
+                         applied=applied.tolist(), numel=sum(p.numel() for p in seen))
+
+        register_optimizer_step_pre_hook(before_step)
+        original = Optimizer.__init__
+
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            for p in plain(optimizer):  # hooked from construction: step 1 is seen too
+                if id(p) not in hooked:
+                    hooked.add(id(p))
+                    p.register_post_accumulate_grad_hook(accumulated)
+
+        Optimizer.__init__ = init
 
     def write(self, **event: Any) -> None:
         self._put(json.dumps(event, separators=(",", ":")))
@@ -307,6 +361,17 @@ def user_line() -> str:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
+    """Each sampled optimiser step's local and applied gradients."""
+    def print_of(values: list[float], numel: int) -> Fingerprint:
+        return Fingerprint(numel, repr(values), math.sqrt(sum(v * v for v in values)),
+                           tuple(values))
+
+    return tuple(GradientEvidence(e["step"], print_of(e["local"], e["numel"]),
+                                  print_of(e["applied"], e["numel"]))
+                 for e in events if e.get("ev") == "grads")
 
 
 def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
