@@ -154,8 +154,14 @@ class Tracer:
         hooked: set[int] = set()
         counts: dict[int, int] = {}  # id(optimizer) -> steps taken
 
+        where: dict[int, torch.Tensor] = {}  # id(param) -> its sampled positions
+
         def positions(p: torch.Tensor) -> torch.Tensor:
-            return torch.linspace(0, p.numel() - 1, min(per_param, p.numel())).round().long()
+            found = where.get(id(p))
+            if found is None:
+                found = where[id(p)] = torch.linspace(
+                    0, p.numel() - 1, min(per_param, p.numel())).round().long()
+            return found
 
         def accumulated(p: torch.Tensor) -> None:
             if p.grad is not None:
