@@ -63,7 +63,7 @@ class GradientEvidence:
     The same positions of every plain (unsharded) parameter the optimiser steps, so two
     ranks' samples compare value for value."""
 
-    step: int  # 1-based count of this rank's optimiser steps
+    step: int  # 1-based count of the optimiser steps this rank took (any optimiser)
     local: Fingerprint
     applied: Fingerprint
 

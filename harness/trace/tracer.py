@@ -152,7 +152,7 @@ class Tracer:
         tracer = self
         local: dict[int, torch.Tensor] = {}  # id(param) -> its latest accumulated sample
         hooked: set[int] = set()
-        counts: dict[int, int] = {}  # id(optimizer) -> steps taken
+        counts = [0]  # optimiser steps taken, by any optimiser
 
         where: dict[int, torch.Tensor] = {}  # id(param) -> its sampled positions
 
@@ -164,24 +164,36 @@ class Tracer:
             return found
 
         def accumulated(p: torch.Tensor) -> None:
-            if p.grad is not None:
-                local[id(p)] = p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
+            try:
+                if p.grad is not None and p.grad.layout == torch.strided:
+                    local[id(p)] = p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
+            except Exception:  # evidence is best effort: never break the user's backward
+                local.pop(id(p), None)
 
         def plain(optimizer: Any) -> list[torch.Tensor]:
             return [p for group in optimizer.param_groups for p in group["params"]
                     if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
 
-        def before_step(optimizer: Any, *_: Any) -> None:
+        def before_step(optimizer: Any, *args: Any) -> None:
+            try:
+                sample_step(optimizer)
+            except Exception:  # evidence is best effort: never break the user's step
+                pass
+
+        def sample_step(optimizer: Any) -> None:
             params = plain(optimizer)
             for p in params:
                 if id(p) not in hooked:
                     hooked.add(id(p))
                     p.register_post_accumulate_grad_hook(accumulated)
-            steps = counts[id(optimizer)] = counts.get(id(optimizer), 0) + 1
-            seen = [p for p in params if p.grad is not None and id(p) in local]
+            counts[0] += 1  # every optimiser's steps, in the order taken (the same on
+            steps = counts[0]  # every rank of an SPMD script)
+            seen = [p for p in params if p.grad is not None and id(p) in local
+                    and p.grad.layout == torch.strided]
             if not seen:
                 return  # the first step, before the hooks existed, or no gradients
-            mine = torch.cat([local[id(p)] for p in seen])
+            mine = torch.cat([local.pop(id(p)) for p in seen])  # a parameter backward
+            # leaves alone next step keeps no stale sample
             applied = torch.cat([p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
                                  for p in seen])
             tracer.write(ev="grads", step=steps, local=mine.tolist(),
@@ -192,10 +204,13 @@ class Tracer:
 
         def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             original(optimizer, *args, **kwargs)
-            for p in plain(optimizer):  # hooked from construction: step 1 is seen too
-                if id(p) not in hooked:
-                    hooked.add(id(p))
-                    p.register_post_accumulate_grad_hook(accumulated)
+            try:
+                for p in plain(optimizer):  # hooked from construction: step 1 is seen too
+                    if id(p) not in hooked:
+                        hooked.add(id(p))
+                        p.register_post_accumulate_grad_hook(accumulated)
+            except Exception:
+                pass
 
         Optimizer.__init__ = init
 
