@@ -47,6 +47,14 @@ def steps_on_every_rank(record: RunRecord) -> list[list]:
     return [[steps[n] for steps in by_rank] for n in sorted(common)]
 
 
+def gradient_steps_on_every_rank(record: RunRecord) -> list[list]:
+    """Per optimiser step every rank sampled in a user's script: each rank's
+    GradientEvidence, in rank order."""
+    by_rank = [{g.step: g for g in r.evidence.gradients} for r in record.ranks]
+    common = set.intersection(*(set(steps) for steps in by_rank)) if by_rank else set()
+    return [[steps[n] for steps in by_rank] for n in sorted(common)]
+
+
 def rank_list(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from checks import finding, steps_on_every_rank
+from checks import finding, gradient_steps_on_every_rank, steps_on_every_rank
 from harness.models import Finding, RunRecord
 
 NAME = "gradient_scale"
@@ -28,7 +28,7 @@ def check(record: RunRecord) -> list[Finding]:
     ratios = [r for r in map(_ratio, steps_on_every_rank(record)) if r is not None]
     where = None
     if not ratios:  # a user's script: the tracer's sampled gradients
-        ratios = [r for r in map(_user_ratio, _user_steps(record)) if r is not None]
+        ratios = [r for r in map(_user_ratio, gradient_steps_on_every_rank(record)) if r is not None]
         where = _sync_line(record)
     if not ratios:
         return []
@@ -49,13 +49,6 @@ def check(record: RunRecord) -> list[Finding]:
         fix=None if where is None else
         f"divide the gradients all-reduced at {where} by dist.get_world_size() (or pass "
         f"op=dist.ReduceOp.AVG where the backend has it) before optimizer.step()")]
-
-
-def _user_steps(record: RunRecord) -> list[list]:
-    """Per optimiser step every rank sampled: each rank's GradientEvidence, in rank order."""
-    by_rank = [{g.step: g for g in r.evidence.gradients} for r in record.ranks]
-    common = set.intersection(*(set(steps) for steps in by_rank)) if by_rank else set()
-    return [[steps[n] for steps in by_rank] for n in sorted(common)]
 
 
 def _user_ratio(steps) -> float | None:

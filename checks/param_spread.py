@@ -8,7 +8,7 @@ own: another finding says why).
 
 from __future__ import annotations
 
-from checks import finding, rank_list
+from checks import finding, gradient_steps_on_every_rank, rank_list
 from harness.models import Finding, RunRecord
 from harness.models.distance import param_history, spreads
 
@@ -20,6 +20,8 @@ def check(record: RunRecord) -> list[Finding]:
     if len(record.ranks) < 2:
         return []
     per_step = spreads(record)
+    if not per_step:
+        return _user_replicas(record)
     first = next((i for i, value in enumerate(per_step) if value > TOLERANCE), None)
     if first is None:
         return []
@@ -46,3 +48,51 @@ def check(record: RunRecord) -> list[Finding]:
         fix="see the other findings for why the gradient synchronisation failed",
         fix_changes={}, ranks=tuple(differ), measured=measured,
         headline=f"spread {per_step[first]:.3g} from step {first}")]
+
+
+def _user_replicas(record: RunRecord) -> list[Finding]:
+    """A user's script: at each optimiser step where every rank applied the same gradient
+    (so they are replicas: DDP, or a hand-written all-reduce over the group), the sampled
+    parameters, taken just before the step, must agree. Ranks that applied different
+    gradients (pipeline stages, tensor-parallel shards, independent models) are not
+    replicas and are never compared."""
+    trail, first, differ, where = [], None, [], ""
+    for steps in gradient_steps_on_every_rank(record):
+        if len({s.applied.digest for s in steps}) != 1 or any(s.params is None for s in steps):
+            continue
+        if len({len(s.params.values) for s in steps}) != 1:
+            continue
+        spread = max(max(column) - min(column) for column in zip(*(s.params.values
+                                                                   for s in steps)))
+        trail.append(spread)
+        if first is None and spread > TOLERANCE:
+            first, where = steps[0].step, steps[0].where
+            differ = [r.rank for r, s in zip(record.ranks, steps)
+                      if s.params.values != steps[0].params.values]
+    if first is None:
+        return []
+    measured = {"first_divergent_step": first, "spread": max(trail),
+                "spread_per_step": trail, "ranks_differing_from_rank_0": differ,
+                "tolerance": TOLERANCE, "where": where}
+    if first == 1:
+        return [finding(
+            "divergent-init", NAME, f"spread {trail[0]:.3g} before step 1",
+            f"the replicas' parameters differ before their first optimiser step (at "
+            f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though every rank "
+            f"applies the same gradient; {rank_list(differ)} "
+            f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
+            {"knobs.broadcast_params_at_start": True}, differ, measured,
+            fix="broadcast rank 0's parameters once the model is built (for p in "
+                "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
+                "in DistributedDataParallel, which does; or seed every rank alike")]
+    return [Finding(
+        check=NAME, fault="divergent-updates",
+        symptom=f"the replicas started identical but differ from optimiser step {first} (at "
+                f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though every rank "
+                f"applies the same gradient; {rank_list(differ)} "
+                f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
+        cause=f"the ranks updated the same parameters differently before step {first}",
+        fix="make every rank apply the same update: the same optimiser and learning rate "
+            "on every rank, and no rank skipping or adding a step",
+        fix_changes={}, ranks=tuple(differ), measured=measured,
+        headline=f"spread {max(trail):.3g} from step {first}")]

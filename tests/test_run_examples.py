@@ -110,27 +110,31 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
 
 
-@pytest.mark.parametrize("example, ranks, kind, marker, measured", [
-    ("epoch_not_set.py", 2, "repeated-epoch-order", "# LOOP",
+@pytest.mark.parametrize("example, ranks, kind, culprits, marker, measured", [
+    ("epoch_not_set.py", 2, "repeated-epoch-order", [0, 1], "# LOOP",
      {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
       "sampler": "DistributedSampler"}),
-    ("no_distributed_sampler.py", 2, "duplicate-samples", "# LOOP",
+    ("no_distributed_sampler.py", 2, "duplicate-samples", [0, 1], "# LOOP",
      {"max_overlap_share": 1.0, "overlap_share_per_epoch": {"0": 1.0, "1": 1.0},
       "sampler": "RandomSampler"}),
-    ("summed_gradients.py", 3, "gradient-not-averaged", "dist.all_reduce(p.grad)",
+    ("summed_gradients.py", 3, "gradient-not-averaged", [0, 1, 2], "dist.all_reduce(p.grad)",
      {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
+    ("own_seed_no_broadcast.py", 3, "divergent-parameters", [1, 2], "# STEP",
+     {"first_divergent_step": 1, "ranks_differing_from_rank_0": [1, 2]}),
 ])
 def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_path, example,
-                                                               ranks, kind, marker, measured):
+                                                               ranks, kind, culprits, marker,
+                                                               measured):
     """Nothing crashes and the loss goes down; the report still names the bug, with the
     line to change. The loaders: 64 samples, batches of 8, 2 ranks: 4 steps an epoch on
     each rank, every sample on both ranks when nothing deals them out. The gradients: an
-    all-reduce with SUM on 3 ranks applies 3x the mean of the local gradients."""
+    all-reduce with SUM on 3 ranks applies 3x the mean of the local gradients. The seeds:
+    ranks 1 and 2 built other weights than rank 0, seen before the first step."""
     done, report = run_example(distdoctor, tmp_path, example, ranks)
     assert done.returncode == 1, done.stdout + done.stderr
     assert [c["kind"] for c in report["findings"]] == [kind]
     cause = report["cause"]
-    assert (cause["kind"], cause["ranks"]) == (kind, list(range(ranks)))
+    assert (cause["kind"], cause["ranks"]) == (kind, culprits)
     assert cause["where"] == line_of(example, marker)
     assert {k: cause["measured"][k] for k in measured} == measured
     assert [r["state"] for r in report["ranks"]] == ["finished"] * ranks

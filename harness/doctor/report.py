@@ -4,7 +4,8 @@ The findings of the checks are folded into causes of the kinds a user meets. A r
 hung or crashed has one of p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed,
 unused-parameters or hang-unknown: a mismatch outranks the crash it caused, and a rank's
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
-that never crash follow, in the order they spoil training: gradient-not-averaged (every
+that never crash follow, in the order they spoil training: divergent-parameters (the
+replicas are different models), gradient-not-averaged (every
 step is N times too large), duplicate-samples (the ranks train on the same data), then
 repeated-epoch-order (each epoch replays the last). Every
 cause found is listed in ``findings``; ``cause`` is the first. Written as JSON, the report
@@ -24,7 +25,8 @@ from harness.models.record import is_peer_echo, user_frame
 
 RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
-                    "unused-parameters", "hang-unknown", "gradient-not-averaged",
+                    "unused-parameters", "hang-unknown", "divergent-parameters",
+                    "gradient-not-averaged",
                     "duplicate-samples", "repeated-epoch-order"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
@@ -85,6 +87,8 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> Scr
 
 # (the finding's fault, a key its measurements carry) -> the cause a user is told, in order
 SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
+    ("divergent-init", "first_divergent_step", "divergent-parameters"),
+    ("divergent-updates", "first_divergent_step", "divergent-parameters"),
     ("sum-without-mean", "ratio", "gradient-not-averaged"),
     ("shared-shuffle-seed", "max_overlap_share", "duplicate-samples"),
     ("shared-shuffle-seed", "replayed_epochs", "repeated-epoch-order"))

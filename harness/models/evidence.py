@@ -66,6 +66,8 @@ class GradientEvidence:
     step: int  # 1-based count of the optimiser steps this rank took (any optimiser)
     local: Fingerprint
     applied: Fingerprint
+    params: Fingerprint | None = None  # the same positions of the parameters, before the step
+    where: str = ""  # the script's line that called optimizer.step()
 
 
 @dataclass(frozen=True)

@@ -196,8 +196,11 @@ class Tracer:
             # leaves alone next step keeps no stale sample
             applied = torch.cat([p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
                                  for p in seen])
+            values = torch.cat([p.detach().reshape(-1)[positions(p)].to(torch.float64)
+                                for p in seen])
             tracer.write(ev="grads", step=steps, local=mine.tolist(),
-                         applied=applied.tolist(), numel=sum(p.numel() for p in seen))
+                         applied=applied.tolist(), params=values.tolist(),
+                         numel=sum(p.numel() for p in seen), where=user_line())
 
         register_optimizer_step_pre_hook(before_step)
         original = Optimizer.__init__
@@ -390,9 +393,10 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
         return Fingerprint(numel, repr(values), math.sqrt(sum(v * v for v in values)),
                            tuple(values))
 
-    return tuple(GradientEvidence(e["step"], print_of(e["local"], e["numel"]),
-                                  print_of(e["applied"], e["numel"]))
-                 for e in events if e.get("ev") == "grads")
+    return tuple(GradientEvidence(
+        e["step"], print_of(e["local"], e["numel"]), print_of(e["applied"], e["numel"]),
+        print_of(e["params"], e["numel"]) if "params" in e else None, e.get("where", ""))
+        for e in events if e.get("ev") == "grads")
 
 
 def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
