@@ -14,6 +14,8 @@ NAME = "sync_frequency"
 
 
 def check(record: RunRecord) -> list[Finding]:
+    if not any(r.evidence.steps for r in record.ranks):
+        return _user_ddp(record)
     excess = [(r.rank, s) for r in record.ranks for s in r.evidence.steps
               if s.allreduce_bytes > s.gradient_bytes]
     if not excess:
@@ -32,3 +34,38 @@ def check(record: RunRecord) -> list[Finding]:
         {"allreduces_per_step": calls, "bytes_per_step": sent,
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
          "steps_affected": len({s.step for _, s in excess})})]
+
+
+def _user_ddp(record: RunRecord) -> list[Finding]:
+    """A user's script: the DDP forwards between two optimiser steps are one step's
+    micro-batches, and only the last needs its backward to sync (the others belong in
+    ``no_sync()``). Steps of a single forward are not judged: nothing to accumulate."""
+    excess, where = [], ""
+    for rank in record.ranks:
+        per_step: dict[int, list] = {}
+        for forward in rank.evidence.ddp_forwards:
+            per_step.setdefault(forward.steps_before, []).append(forward)
+        for step, forwards in per_step.items():
+            syncs = sum(f.sync for f in forwards)
+            if len(forwards) > 1 and syncs > 1:
+                excess.append((rank.rank, step, len(forwards), syncs, forwards[0].gradient_bytes))
+                where = where or forwards[0].where
+    if not excess:
+        return []
+    micro = max(e[2] for e in excess)
+    syncs = max(e[3] for e in excess)
+    minimum = excess[0][4]
+    sent = syncs * minimum
+    wasted = (sent - minimum) / sent
+    ranks = sorted({e[0] for e in excess})
+    return [finding(
+        "allreduce-every-microbatch", NAME, f"{syncs} grad syncs/step, {wasted:.0%} wasted",
+        f"{syncs} of {micro} DDP forwards per optimiser step synchronise gradients (at "
+        f"{where}), moving {sent} bytes where one sync of {minimum} bytes would do: "
+        f"{wasted:.0%} of the gradient traffic is wasted",
+        {"knobs.no_sync_accumulation": True}, ranks,
+        {"syncs_per_step": syncs, "micro_batches_per_step": micro, "bytes_per_step": sent,
+         "minimum_bytes_per_step": minimum, "wasted_share": wasted,
+         "steps_affected": len({e[1] for e in excess}), "where": where},
+        fix=f"run every micro-batch but the last inside `with model.no_sync():` (the "
+            f"forward at {where} and its backward), so only the last backward all-reduces")]

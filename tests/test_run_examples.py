@@ -121,6 +121,10 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
      {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters", [1, 2], "# STEP",
      {"first_divergent_step": 1, "ranks_differing_from_rank_0": [1, 2]}),
+    # 161 float32 parameters: 644 bytes a sync, 4 syncs where 1 would do
+    ("accumulate_without_no_sync.py", 2, "sync-every-microbatch", [0, 1], "# FORWARD",
+     {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,
+      "bytes_per_step": 2576, "wasted_share": 0.75}),
 ])
 def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_path, example,
                                                                ranks, kind, culprits, marker,
@@ -141,7 +145,8 @@ def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_p
     assert f"look at: {line_of(example, marker)}" in done.stdout
 
 
-@pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py"])
+@pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py",
+                                     "accumulate_with_no_sync.py"])
 def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
     done, report = run_example(distdoctor, tmp_path, example, 2)
     assert done.returncode == 0 and report["findings"] == [], done.stdout

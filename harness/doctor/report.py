@@ -7,7 +7,8 @@ own exception outranks the "Connection reset by peer" its peers raised after it.
 that never crash follow, in the order they spoil training: divergent-parameters (the
 replicas are different models), gradient-not-averaged (every
 step is N times too large), duplicate-samples (the ranks train on the same data), then
-repeated-epoch-order (each epoch replays the last). Every
+repeated-epoch-order (each epoch replays the last), and last sync-every-microbatch (it
+costs time, not correctness). Every
 cause found is listed in ``findings``; ``cause`` is the first. Written as JSON, the report
 has the schema ``distdoctor.run.v2`` (v1 had ``cause`` alone, without ``where``).
 """
@@ -26,7 +27,7 @@ from harness.models.record import is_peer_echo, user_frame
 RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "hang-unknown", "divergent-parameters",
-                    "gradient-not-averaged",
+                    "gradient-not-averaged", "sync-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
@@ -91,7 +92,8 @@ SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
     ("divergent-updates", "first_divergent_step", "divergent-parameters"),
     ("sum-without-mean", "ratio", "gradient-not-averaged"),
     ("shared-shuffle-seed", "max_overlap_share", "duplicate-samples"),
-    ("shared-shuffle-seed", "replayed_epochs", "repeated-epoch-order"))
+    ("shared-shuffle-seed", "replayed_epochs", "repeated-epoch-order"),
+    ("allreduce-every-microbatch", "syncs_per_step", "sync-every-microbatch"))
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:

@@ -11,8 +11,8 @@ JSON codec (``jsoncodec``).
 It imports nothing of the project, torch included, and every other package imports it.
 """
 
-from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, Evidence,
-                                     Fingerprint, GradientEvidence, MemoryEvidence,
+from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
+                                     Evidence, Fingerprint, GradientEvidence, MemoryEvidence,
                                      PipeStepEvidence, StageCost, StageEvent, StepEvidence)
 from harness.models.record import (SCHEMA_VERSION, Frame, RankEnd, RankRecord, RankStatus,
                                    RunRecord, ThreadStack)
@@ -23,7 +23,8 @@ from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
                                     load_report)
 
 __all__ = [
-    "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "Evidence",
+    "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
+    "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "Knobs", "MemoryEvidence", "OptimizerName", "Outcome", "P2POrder",
     "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord", "RankStatus",
     "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",

@@ -71,6 +71,18 @@ class GradientEvidence:
 
 
 @dataclass(frozen=True)
+class DDPForward:
+    """One forward of a DistributedDataParallel model in a user's script: whether its
+    backward will all-reduce the gradients (off inside ``no_sync()``), and how many
+    optimiser steps had run (the forwards between two steps are one step's micro-batches)."""
+
+    steps_before: int
+    sync: bool
+    gradient_bytes: int  # bytes of the gradients one sync moves
+    where: str
+
+
+@dataclass(frozen=True)
 class BackwardEvidence:
     """Which parameters got a gradient, recorded before the step's first gradient sync.
 
@@ -209,3 +221,4 @@ class Evidence:
     memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
+    ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards

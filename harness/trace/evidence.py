@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence
-from harness.trace.tracer import fold, fold_batches, fold_gradients
+from harness.trace.tracer import fold, fold_batches, fold_ddp_forwards, fold_gradients
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
@@ -19,6 +19,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["calls"] = list(fold(trace))
     fields["batches"] = list(fold_batches(trace))
     fields["gradients"] = list(fold_gradients(trace))
+    fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
     ddp = [event for event in trace if event.get("ev") == "ddp"]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from harness.models import BatchEvidence, Call, Fingerprint, GradientEvidence
+from harness.models import BatchEvidence, Call, DDPForward, Fingerprint, GradientEvidence
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -55,6 +55,8 @@ class Tracer:
         self._local = threading.local()
         self._originals: dict[str, Callable] = {}
         self.last_event = time.monotonic()
+        self.optimizer_steps = 0  # counted once record_batches or record_ddp_parameters ran
+        self._counting = False
 
     def install(self) -> "Tracer":
         for name in OPS:
@@ -87,6 +89,7 @@ class Tracer:
 
         original = DistributedDataParallel.__init__
         tracer = self
+        self.count_optimizer_steps()
 
         def init(ddp, module, *args: Any, **kwargs: Any) -> None:
             original(ddp, module, *args, **kwargs)
@@ -101,6 +104,37 @@ class Tracer:
                          where=user_line())
 
         DistributedDataParallel.__init__ = init
+        forward = DistributedDataParallel.forward
+
+        def traced_forward(ddp, *args: Any, **kwargs: Any) -> Any:
+            if not (torch.is_grad_enabled() and ddp.training):
+                return forward(ddp, *args, **kwargs)  # evaluation: no backward to sync
+            try:
+                size = getattr(ddp, "_distdoctor_bytes", None)
+                if size is None:
+                    size = ddp._distdoctor_bytes = sum(
+                        p.numel() * p.element_size() for p in ddp.module.parameters()
+                        if p.requires_grad)
+                tracer.write(ev="ddp_forward", steps=tracer.optimizer_steps,
+                             sync=bool(ddp.require_backward_grad_sync), bytes=size,
+                             where=user_line())
+            except Exception:
+                pass  # evidence is best effort: never break the user's forward
+            return forward(ddp, *args, **kwargs)
+
+        DistributedDataParallel.forward = traced_forward
+
+    def count_optimizer_steps(self) -> None:
+        """Keep ``optimizer_steps``: every optimiser's steps, by a global post-step hook."""
+        if self._counting:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def counted(*_: Any) -> None:
+            self.optimizer_steps += 1
+
+        register_optimizer_step_post_hook(counted)
+        self._counting = True
 
     def record_batches(self) -> None:
         """Make every batch sampler (what a DataLoader draws its index batches from) write
@@ -108,17 +142,11 @@ class Tracer:
         and epoch, the script's line that iterates the loader, and how many optimiser
         steps had run: enough to tell duplicated shards and replayed epochs, and training
         loaders (an optimiser steps during their pass) from evaluation ones."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
         from torch.utils.data.sampler import BatchSampler
 
         tracer = self
-        steps = [0]
+        self.count_optimizer_steps()
         loaders: dict[int, tuple[Any, int, list[int]]] = {}  # id -> (sampler, number, passes)
-
-        def counted(*_: Any) -> None:
-            steps[0] += 1
-
-        register_optimizer_step_post_hook(counted)
         original = BatchSampler.__iter__
 
         def batches(sampler: Any) -> Any:
@@ -133,10 +161,11 @@ class Tracer:
                 for ids in original(sampler):
                     where = where or user_line()
                     tracer.write(ev="batch", **head, ids=[int(i) for i in ids],
-                                 steps=steps[0], where=where)
+                                 steps=tracer.optimizer_steps, where=where)
                     yield ids
             finally:
-                tracer.write(ev="pass_end", loader=number, epoch=epoch, steps=steps[0])
+                tracer.write(ev="pass_end", loader=number, epoch=epoch,
+                             steps=tracer.optimizer_steps)
 
         BatchSampler.__iter__ = batches
 
@@ -385,6 +414,11 @@ def user_line() -> str:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
+    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
+                 for e in events if e.get("ev") == "ddp_forward")
 
 
 def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
