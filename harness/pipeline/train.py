@@ -75,10 +75,13 @@ def _train_pipeline(ctx: RankContext, spec: RunSpec) -> None:
     layers = build_layers(spec.pipe, spec.seed)
     micro = spec.micro_batches
     costs = layer_costs(layers, spec.pipe, spec.batch_size // micro)
+    ctx.progress()  # set-up is work too: a slow one on a busy machine is not a hang
     owner = stage_layout(spec.strategy, ctx.world_size)
     if len(layers) < len(owner):
         raise ValueError(f"{len(layers)} layers cannot fill {len(owner)} stages")
-    bounds = split_layers(spec, costs, owner, _agreed_times(layers, spec, micro))
+    times = _agreed_times(layers, spec, micro)
+    ctx.progress()
+    bounds = split_layers(spec, costs, owner, times)
     mine = [k for k, rank in enumerate(owner) if rank == ctx.rank]
     modules = {k: nn.Sequential(*layers[bounds[k][0]:bounds[k][1]]) for k in mine}
     ctx.emit(("holds", "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))
