@@ -123,4 +123,9 @@ def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, w
     found = [f for f in assessment.decided if f.check == "stage_balance"]
     assert len(found) == 1, [f.headline for f in assessment.findings]
     low, _ = found[0].measured["max_over_mean_time_interval"]
-    assert low > stage_balance.TOLERANCE and found[0].ranks == (world_size - 1,)
+    # cut by parameters, the last half of the stages hold only attention blocks (12 MLP,
+    # then 12 attention): any of them is the slowest, by the noise between equals
+    attention_only = {r.rank for r in record.ranks
+                      if all(set(s.kinds) == {"a"} for s in r.evidence.stages)}
+    assert attention_only == set(range(world_size // 2, world_size))
+    assert low > stage_balance.TOLERANCE and set(found[0].ranks) <= attention_only
