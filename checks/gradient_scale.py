@@ -58,11 +58,7 @@ def _user_ratio(steps) -> float | None:
         return None
     if all(s.applied.values == s.local.values for s in steps):
         return None
-    mean = [sum(column) / len(steps) for column in zip(*(s.local.values for s in steps))]
-    norm = sum(m * m for m in mean)
-    if norm == 0.0:
-        return None
-    return sum(g * m for g, m in zip(steps[0].applied.values, mean)) / norm
+    return _projection(steps[0].applied, [s.local for s in steps])
 
 
 def _sync_line(record: RunRecord) -> str | None:
@@ -78,8 +74,14 @@ def _ratio(steps) -> float | None:
         return None
     if len({s.grad_synced.digest for s in steps}) != 1:
         return None
-    mean = [sum(column) / len(steps) for column in zip(*(s.grad_local.values for s in steps))]
+    return _projection(steps[0].grad_synced, [s.grad_local for s in steps])
+
+
+def _projection(applied, locals_) -> float | None:
+    """The applied gradient projected on the mean of the ranks' local ones, over its norm
+    (None when that mean is zero)."""
+    mean = [sum(column) / len(locals_) for column in zip(*(g.values for g in locals_))]
     norm = sum(m * m for m in mean)
     if norm == 0.0:
         return None
-    return sum(g * m for g, m in zip(steps[0].grad_synced.values, mean)) / norm
+    return sum(g * m for g, m in zip(applied.values, mean)) / norm
