@@ -181,7 +181,6 @@ class Tracer:
         tracer = self
         local: dict[int, torch.Tensor] = {}  # id(param) -> its latest accumulated sample
         hooked: set[int] = set()
-        counts = [0]  # optimiser steps taken, by any optimiser
 
         where: dict[int, torch.Tensor] = {}  # id(param) -> its sampled positions
 
@@ -215,8 +214,9 @@ class Tracer:
                 if id(p) not in hooked:
                     hooked.add(id(p))
                     p.register_post_accumulate_grad_hook(accumulated)
-            counts[0] += 1  # every optimiser's steps, in the order taken (the same on
-            steps = counts[0]  # every rank of an SPMD script)
+            # every optimiser's steps, in the order taken (the same on every rank of an
+            # SPMD script); the post-step counter has not yet seen this one
+            steps = tracer.optimizer_steps + 1
             seen = [p for p in params if p.grad is not None and id(p) in local
                     and p.grad.layout == torch.strided]
             if not seen:
@@ -231,6 +231,7 @@ class Tracer:
                          applied=applied.tolist(), params=values.tolist(),
                          numel=sum(p.numel() for p in seen), where=user_line())
 
+        self.count_optimizer_steps()
         register_optimizer_step_pre_hook(before_step)
         original = Optimizer.__init__
 
