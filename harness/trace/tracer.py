@@ -34,7 +34,9 @@ OPS: dict[str, tuple[str | None, str | None]] = {
     "batch_isend_irecv": (None, None),
     "all_reduce": (None, None), "broadcast": ("src", None), "reduce": ("dst", None),
     "all_gather": (None, None), "all_gather_into_tensor": (None, None),
+    "all_gather_single": (None, None),  # torch 2.13's name for all_gather_into_tensor
     "reduce_scatter": (None, None), "reduce_scatter_tensor": (None, None),
+    "reduce_scatter_single": (None, None),
     "all_to_all": (None, None), "all_to_all_single": (None, None),
     "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
     "monitored_barrier": (None, None),

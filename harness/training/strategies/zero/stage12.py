@@ -22,7 +22,7 @@ from harness.models import RunSpec
 from harness.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
                                      broadcast_from_rank0, optimizer_state, storage_bytes)
 from harness.training.strategies.zero.bucket import buckets_of
-from harness.training.strategies.zero.layout import layers_of
+from harness.training.strategies.zero.layout import gather_views, layers_of
 from harness.training.workload import make_optimizer
 
 
@@ -124,11 +124,9 @@ class ShardedOptimizer(ManualSync):
         return [p.detach() for p in self.module.parameters()]
 
     def full_grads(self) -> list[torch.Tensor]:
-        grads = []
-        for (layer, _), reduced in zip(self.layers, self.reduced):
-            shard = reduced if reduced is not None else torch.zeros(layer.shard_numel)
-            grads.extend(layer.views(layer.gather(shard)))
-        return grads
+        shards = [reduced if reduced is not None else torch.zeros(layer.shard_numel)
+                  for (layer, _), reduced in zip(self.layers, self.reduced)]
+        return gather_views([layer for layer, _ in self.layers], shards)
 
     def held(self) -> HeldBytes:
         grads = self.flat_grads + self.reduced + [p.grad for p in self.module.parameters()]

@@ -26,7 +26,7 @@ from harness.models import RunSpec
 from harness.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
                                      broadcast_from_rank0, nbytes, optimizer_state,
                                      storage_bytes)
-from harness.training.strategies.zero.layout import Layer, layers_of
+from harness.training.strategies.zero.layout import Layer, gather_views, layers_of
 from harness.training.workload import make_optimizer
 
 
@@ -157,14 +157,12 @@ class Zero3(ManualSync):
         self.optimizer.step()
 
     def full_params(self) -> list[torch.Tensor]:
-        return [view for s in self.sharded for view in s.layer.views(s.layer.gather(s.shard))]
+        return gather_views([s.layer for s in self.sharded], [s.shard for s in self.sharded])
 
     def full_grads(self) -> list[torch.Tensor]:
-        grads = []
-        for s in self.sharded:
-            shard = s.shard.grad if s.shard.grad is not None else torch.zeros_like(s.shard)
-            grads.extend(s.layer.views(s.layer.gather(shard)))
-        return grads
+        shards = [s.shard.grad if s.shard.grad is not None else torch.zeros_like(s.shard)
+                  for s in self.sharded]
+        return gather_views([s.layer for s in self.sharded], shards)
 
     def held(self) -> HeldBytes:
         shards = [s.shard for s in self.sharded]
