@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from checks import gradient_scale, sample_overlap, sync_frequency, unused_params
+from checks import gradient_scale, non_finite, sample_overlap, sync_frequency, unused_params
 from harness.models import (
-    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, GradientEvidence, RankEnd,
+    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, GradientEvidence,
+    NonFiniteEvidence, RankEnd,
     RankRecord, RunRecord, RunSpec,
     StepEvidence,
 )
@@ -148,3 +149,45 @@ def test_ranks_that_never_synchronise_are_not_judged():
     same = [((1, 1), (1, 1))]
     assert gradient_scale.check(grads_record(same, same)) == []
     assert gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (5, 5))])) == []
+
+
+def nan_step(n, loss=None, local=(), applied=()):
+    return NonFiniteEvidence(n, loss, "train.py:9", tuple(local), tuple(applied), "train.py:10")
+
+
+def user_record(*per_rank):
+    ranks = tuple(RankRecord(rank, RankEnd(rank, "finished"), Evidence(rank, nonfinite=tuple(e)))
+                  for rank, e in enumerate(per_rank))
+    return RunRecord(RunSpec(world_size=len(ranks)), ranks, 0.1)
+
+
+def test_a_nan_is_traced_to_the_rank_whose_own_loss_went_first():
+    # rank 2 went NaN at step 4 by itself; at step 5 the all-reduce gave it to ranks 0, 1
+    found = non_finite.check(user_record(
+        [nan_step(5, applied=["w"])], [nan_step(5, applied=["w"]), nan_step(6, loss=float("nan"))],
+        [nan_step(4, loss=float("inf"), local=["w", "b"], applied=["w", "b"])]))
+    assert [f.ranks for f in found] == [(2,)]
+    assert {k: found[0].measured[k] for k in ("first_step", "origin_ranks", "loss_ranks",
+                                             "received_ranks", "params", "where")} == {
+        "first_step": 4, "origin_ranks": [2], "loss_ranks": [2], "received_ranks": [],
+        "params": ["b", "w"], "where": "train.py:9"}
+
+
+def test_a_nan_no_rank_produced_is_blamed_on_the_synchronisation():
+    found = non_finite.check(user_record([nan_step(2, applied=["w"])], [nan_step(2, applied=["w"])]))
+    assert found[0].measured["origin_ranks"] == [] and found[0].ranks == (0, 1)
+    assert "no rank's own loss or gradient was" in found[0].symptom
+
+
+def test_the_built_in_workload_is_judged_on_its_own_losses_and_gradient_norms():
+    def at(n, loss=0.0, local=0.0, synced=0.0):
+        return StepEvidence(step=n, epoch=0, sample_ids=(), loss=loss, params=fp([0.0]),
+                            grad_local=Fingerprint(1, "l", local, (local,)),
+                            grad_synced=Fingerprint(1, "s", synced, (synced,)),
+                            allreduce_calls=1, allreduce_bytes=4, gradient_bytes=4)
+    nan = float("nan")
+    assert non_finite.check(record([at(1), at(2)], [at(1), at(2)])) == []
+    found = non_finite.check(record([at(1), at(2, synced=nan)], [at(1), at(2, loss=nan, local=nan,
+                                                                           synced=nan)]))
+    assert found[0].measured == {"first_step": 2, "origin_ranks": [1], "received_ranks": [0],
+                                 "losses": {"0": 0.0, "1": found[0].measured["losses"]["1"]}}

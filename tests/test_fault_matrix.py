@@ -186,7 +186,7 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
     assert record.finished
     for detector in checks.detectors():
         assert detector.check(record) == [], detector.__name__
-    assert len(checks.detectors()) == 10
+    assert len(checks.detectors()) == 11
 
 
 CLEAN_SHARDED = {"default": {}, "accumulation": {"micro_batches": 4},

@@ -125,6 +125,10 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     ("accumulate_without_no_sync.py", 2, "sync-every-microbatch", [0, 1], "# FORWARD",
      {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,
       "bytes_per_step": 2576, "wasted_share": 0.75}),
+    # record 21 of 64, unshuffled over 2 ranks: rank 1's 11th sample, its 3rd batch of 4
+    ("nan_in_one_shard.py", 2, "non-finite", [1], "# BACKWARD",
+     {"first_step": 3, "origin_ranks": [1], "loss_ranks": [1], "gradient_ranks": [1],
+      "received_ranks": [0], "params": ["0.bias", "0.weight", "2.bias", "2.weight"]}),
 ])
 def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_path, example,
                                                                ranks, kind, culprits, marker,
@@ -223,7 +227,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
 def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor, tmp_path):
     _torchrun(tmp_path / "crash", "rank_raises.py", 2)
     done = distdoctor("analyze", str(tmp_path / "crash"))
-    assert done.returncode == 1 and "rank-crashed (ranks 1)" in done.stdout
+    assert done.returncode == 1 and "rank-crashed (rank 1)" in done.stdout
 
 
 def test_a_silent_bug_under_a_real_torchrun_is_named_from_its_traces(distdoctor, tmp_path):

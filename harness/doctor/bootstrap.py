@@ -84,12 +84,14 @@ def _run_into_directory(options: argparse.Namespace) -> None:
 
 
 def _install(fd: int):
-    from harness.trace.tracer import Tracer
+    from harness.trace.nonfinite import record_nonfinite
+    from harness.trace.tracer import Tracer, user_line
 
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
     tracer.record_ddp_parameters()
     tracer.record_batches()
     tracer.record_gradients()
+    record_nonfinite(tracer, user_line)
     return tracer
 
 

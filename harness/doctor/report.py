@@ -28,7 +28,7 @@ RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "hang-unknown", "divergent-parameters",
                     "gradient-not-averaged", "sync-every-microbatch",
-                    "duplicate-samples", "repeated-epoch-order"]
+                    "duplicate-samples", "repeated-epoch-order", "non-finite"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
@@ -88,6 +88,7 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> Scr
 
 # (the finding's fault, a key its measurements carry) -> the cause a user is told, in order
 SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
+    ("non-finite", "first_step", "non-finite"),
     ("divergent-init", "first_divergent_step", "divergent-parameters"),
     ("divergent-updates", "first_divergent_step", "divergent-parameters"),
     ("sum-without-mean", "ratio", "gradient-not-averaged"),
@@ -212,6 +213,10 @@ def _call_text(call: ReportCall | None) -> str:
     return f"{call.op}{peer} ({detail}) at {call.where}"
 
 
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
 def render(result: ScriptReport) -> str:
     """The human report: cause, ranks, lines and fix first, then each rank's state."""
     lines = []
@@ -220,11 +225,10 @@ def render(result: ScriptReport) -> str:
                      f"finished ({result.wall_s:.2f} s)")
     else:
         cause = result.cause
-        ranks = ", ".join(map(str, cause.ranks))
-        lines += [f"distdoctor run: FAILED: {cause.kind} (ranks {ranks})",
+        lines += [f"distdoctor run: FAILED: {cause.kind} ({_ranks(cause.ranks)})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
         for other in result.findings[1:]:
-            lines += [f"also: {other.kind} (ranks {', '.join(map(str, other.ranks))})",
+            lines += [f"also: {other.kind} ({_ranks(other.ranks)})",
                       f"  {other.summary}", f"  fix: {other.fix}"]
         places = {r.call.where for r in result.ranks
                   if r.call and r.state not in ("finished", "running")}

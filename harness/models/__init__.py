@@ -13,7 +13,7 @@ It imports nothing of the project, torch included, and every other package impor
 
 from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
                                      Evidence, Fingerprint, GradientEvidence, MemoryEvidence,
-                                     PipeStepEvidence, StageCost, StageEvent, StepEvidence)
+                                     NonFiniteEvidence, PipeStepEvidence, StageCost, StageEvent, StepEvidence)
 from harness.models.record import (SCHEMA_VERSION, Frame, RankEnd, RankRecord, RankStatus,
                                    RunRecord, ThreadStack)
 from harness.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
@@ -25,7 +25,8 @@ from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
 __all__ = [
     "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
     "Evidence",
-    "Fingerprint", "Finding", "Frame", "GradientEvidence", "Knobs", "MemoryEvidence", "OptimizerName", "Outcome", "P2POrder",
+    "Fingerprint", "Finding", "Frame", "GradientEvidence", "Knobs", "MemoryEvidence",
+    "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
     "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord", "RankStatus",
     "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
     "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",

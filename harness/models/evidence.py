@@ -3,7 +3,9 @@ the memory they held. Detectors read these and nothing else."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -68,6 +70,24 @@ class GradientEvidence:
     applied: Fingerprint
     params: Fingerprint | None = None  # the same positions of the parameters, before the step
     where: str = ""  # the script's line that called optimizer.step()
+
+
+@dataclass(frozen=True)
+class NonFiniteEvidence:
+    """An optimiser step of a user's script at which a NaN or Inf showed on this rank: in
+    the loss of its last backward, in gradients its own backward produced (``local``), or
+    in the gradients about to be applied (``applied``: after any synchronisation)."""
+
+    step: int  # 1-based count of the optimiser steps this rank took, this one included
+    loss: float | None  # the last backward's loss, when it was a scalar
+    loss_where: str  # the script's line that called backward()
+    local: tuple[str, ...]  # parameters whose own gradient was non-finite
+    applied: tuple[str, ...]  # parameters whose applied gradient was non-finite
+    where: str  # the script's line that called optimizer.step()
+
+    @property
+    def loss_finite(self) -> bool:
+        return self.loss is None or math.isfinite(self.loss)
 
 
 @dataclass(frozen=True)
@@ -222,3 +242,4 @@ class Evidence:
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
+    nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf

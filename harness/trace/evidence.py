@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.models import Evidence
+from harness.trace.nonfinite import fold_nonfinite
 from harness.trace.tracer import fold, fold_batches, fold_ddp_forwards, fold_gradients
 
 # event kind -> Evidence field, for records that accumulate
@@ -20,6 +21,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["batches"] = list(fold_batches(trace))
     fields["gradients"] = list(fold_gradients(trace))
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
+    fields["nonfinite"] = list(fold_nonfinite(trace))
     ddp = [event for event in trace if event.get("ev") == "ddp"]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

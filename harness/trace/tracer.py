@@ -41,8 +41,9 @@ OPS: dict[str, tuple[str | None, str | None]] = {
     "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
     "monitored_barrier": (None, None),
 }
+# frames that are never the user's line: torch, this package's hooks, the standard library
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
-              + os.sep + "tracer.py", os.path.dirname(os.__file__))
+              + os.sep, os.path.dirname(os.__file__))
 
 
 class Tracer:

@@ -1,0 +1,140 @@
+"""Where a NaN or Inf first appears in a user's training: in a rank's loss, in a gradient
+that rank's own backward produced, or only in the gradient an all-reduce handed back (so
+it came from another rank).
+
+Cheap enough for every step: one max-abs reduction per gradient as backward accumulates
+it (a NaN or Inf anywhere makes it non-finite and, unlike a sum or a norm, it cannot
+overflow on finite values), the same over the gradients the optimiser is about to apply,
+and the loss kept by reference; all are read together, once per optimiser step. Only a
+step with something non-finite writes a line (the first few per rank: from then on every
+value is NaN), and only then are the parameters' names looked up, in the live modules.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import warnings
+from typing import Any, Iterable
+
+import torch
+
+from harness.models import NonFiniteEvidence
+
+REPORTS = 3  # non-finite steps written per rank
+
+
+def record_nonfinite(tracer: Any, user_line) -> None:
+    """Install the hooks on ``tracer`` (a Tracer counting optimiser steps)."""
+    from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
+
+    tracer.count_optimizer_steps()
+    local: dict[int, torch.Tensor] = {}  # id(param) -> max |grad| as backward left it
+    hooked: set[int] = set()
+    loss: list = [None, ""]  # the latest backward's scalar (detached) and its line
+    written = [0]
+
+    def accumulated(p: torch.Tensor) -> None:
+        try:
+            if p.grad is not None and p.grad.layout == torch.strided and p.grad.numel():
+                local[id(p)] = p.grad.detach().abs().amax()
+        except Exception:  # evidence is best effort: never break the user's backward
+            local.pop(id(p), None)
+
+    def hook(params: Iterable[torch.Tensor]) -> None:
+        for p in params:
+            if id(p) not in hooked:
+                hooked.add(id(p))
+                p.register_post_accumulate_grad_hook(accumulated)
+
+    def before_step(optimizer: Any, *args: Any) -> None:
+        try:
+            params = _plain(optimizer)
+            hook(params)
+            if written[0] < REPORTS:
+                _judge_step(params)
+        except Exception:  # evidence is best effort: never break the user's step
+            pass
+
+    def _judge_step(params: list[torch.Tensor]) -> None:
+        graded = [p for p in params if p.grad is not None and p.grad.layout == torch.strided
+                  and p.grad.numel()]
+        values = [p.grad.detach().abs().amax() for p in graded]
+        unseen = torch.zeros(())  # no backward accumulated it here: not this rank's own
+        values += [local.get(id(p), unseen) for p in graded]
+        if loss[0] is not None:
+            values.append(loss[0])
+        local.clear()
+        if not values:
+            return
+        flat = torch.stack([v.reshape(()).to(torch.float64).cpu() for v in values]).tolist()
+        n = len(graded)
+        applied = [p for p, v in zip(graded, flat[:n]) if not math.isfinite(v)]
+        own = [p for p, v in zip(graded, flat[n:2 * n]) if not math.isfinite(v)]
+        loss_value = flat[2 * n] if len(flat) > 2 * n else None
+        if not (applied or own or (loss_value is not None and not math.isfinite(loss_value))):
+            return
+        written[0] += 1
+        names = _names(applied + own)
+        tracer.write(ev="nonfinite", step=tracer.optimizer_steps + 1,
+                     loss=None if loss_value is None else repr(loss_value),
+                     loss_where=loss[1], local=[names[id(p)] for p in own],
+                     applied=[names[id(p)] for p in applied], where=user_line())
+
+    original_backward = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if self.numel() == 1:
+                loss[0], loss[1] = self.detach(), user_line()
+        except Exception:
+            pass
+        return original_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    register_optimizer_step_pre_hook(before_step)
+    original_init = Optimizer.__init__
+
+    def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(optimizer, *args, **kwargs)
+        try:
+            hook(_plain(optimizer))  # from construction: step 1's backward is seen too
+        except Exception:
+            pass
+
+    Optimizer.__init__ = init
+
+
+def _plain(optimizer: Any) -> list[torch.Tensor]:
+    """The optimiser's unsharded parameters (a DTensor's max would be a collective)."""
+    return [p for group in optimizer.param_groups for p in group["params"]
+            if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
+
+
+def _names(params: list[torch.Tensor]) -> dict[int, str]:
+    """Each parameter's name in the outermost module holding it that is not a wrapper
+    (DistributedDataParallel's names all start ``module.``), found by searching the live
+    modules: done only on a step that went non-finite."""
+    wanted = {id(p) for p in params}
+    names: dict[int, str] = {}
+    from torch.nn.parallel import DistributedDataParallel
+
+    with warnings.catch_warnings():  # isinstance on torch's deprecated module attributes
+        warnings.simplefilter("ignore")
+        modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)
+                   and not isinstance(obj, DistributedDataParallel)]
+    for module in modules:
+        for name, p in module.named_parameters():
+            if id(p) in wanted and len(name) > len(names.get(id(p), "")):
+                names[id(p)] = name
+    for p in params:
+        names.setdefault(id(p), f"a {tuple(p.shape)} parameter")
+    return names
+
+
+def fold_nonfinite(events: Iterable[dict]) -> tuple[NonFiniteEvidence, ...]:
+    return tuple(NonFiniteEvidence(
+        step=e["step"], loss=None if e.get("loss") is None else float(e["loss"]),
+        loss_where=e.get("loss_where", ""), local=tuple(e.get("local", ())),
+        applied=tuple(e.get("applied", ())), where=e.get("where", ""))
+        for e in events if e.get("ev") == "nonfinite")
