@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,14 @@ def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_p
     assert f"look at: {line_of(example, marker)}" in done.stdout
 
 
+def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
+    """--light traces calls only: the NaN that the full evidence names goes unseen."""
+    done = distdoctor("run", "--light", "--report", str(tmp_path / "r.json"),
+                      "nan_in_one_shard.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert done.returncode == 0 and report["findings"] == [], done.stdout
+
+
 @pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py",
                                      "accumulate_with_no_sync.py"])
 def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
@@ -222,6 +231,43 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(30)
+
+
+def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
+    """Two torchrun agents on this machine, one rank each (--nnodes 2, a static rendezvous
+    on 127.0.0.1), as two machines would run them: rank 1's NaN is on node 1, and only
+    both directories together show it started there and reached rank 0 by the all-reduce."""
+    with socket.socket() as probe:  # a port free now, for the agents' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agents = []
+    for node in range(2):
+        scratch = tmp_path / f"node{node}-tmp"
+        scratch.mkdir()
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+             str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "-m", "harness.doctor", "--trace-dir",
+             str(tmp_path / f"node{node}"), "nan_in_one_shard.py"],
+            cwd=EXAMPLES, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=dict(os.environ, TMPDIR=str(scratch), GLOO_SOCKET_IFNAME="lo")))
+    try:
+        assert [agent.wait(120) for agent in agents] == [0, 0]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait(30)
+    assert [p.name for p in sorted((tmp_path / "node1").glob("*.jsonl"))] == ["rank-1.jsonl"]
+    report_path = tmp_path / "r.json"
+    done = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node1"),
+                      "--report", str(report_path))
+    cause = json.loads(report_path.read_text())["cause"]
+    assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == ("non-finite", [1])
+    assert (cause["measured"]["origin_ranks"], cause["measured"]["received_ranks"]) == ([1], [0])
+    again = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node0"))
+    assert again.returncode == 2 and "not one job's" in again.stderr
 
 
 def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor, tmp_path):

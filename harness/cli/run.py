@@ -37,6 +37,11 @@ def add_commands(commands) -> None:
                           "before the ranks count as hung (default: %(default)s)")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
                      "(schema distdoctor.run.v2)")
+    run.add_argument("--light", action="store_true",
+                     help="trace only the collective and point-to-point calls (hangs, crashes, "
+                          "mismatches, unused DDP parameters), not the evidence of the silent "
+                          "bugs (gradients, batches, NaN/Inf), which costs a few per cent of "
+                          "a step")
     run.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
                      help="the address the rendezvous store listens on and the ranks connect "
                           "to (default: %(default)s, this machine only). Another address "
@@ -52,8 +57,9 @@ def add_commands(commands) -> None:
         "analyze", help="diagnose traces written under torchrun by python -m harness.doctor",
         description="Read DIR/rank-*.jsonl (and rank-*.stacks) written by 'torchrun ... -m "
                     "harness.doctor --trace-dir DIR SCRIPT' on one or many machines, and "
-                    "diagnose them as 'distdoctor run' would.")
-    analyze.add_argument("directory", metavar="DIR")
+                    "diagnose them as 'distdoctor run' would. Give one DIR per machine when "
+                    "each wrote its own; their ranks are read as one job.")
+    analyze.add_argument("directories", metavar="DIR", nargs="+")
     analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
     analyze.set_defaults(handler=analyze_command)
 
@@ -74,7 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
               f"whoever can reach it", file=sys.stderr, flush=True)
     try:
         result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
-                            host=args.master_addr, port=args.master_port)
+                            host=args.master_addr, port=args.master_port, light=args.light)
     except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     return _diagnose(_record(result.ends, result.traces, result.wall_s, result.started,
@@ -85,10 +91,17 @@ def analyze_command(args: argparse.Namespace) -> int:
     from harness.models import RankEnd
     from harness.launch.stacks import parse_faulthandler
 
-    directory = Path(args.directory)
-    traces = sorted(directory.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-    if not traces:
-        raise UsageError(f"no rank-*.jsonl traces in {args.directory}")
+    traces = []
+    for directory in args.directories:
+        found = list(Path(directory).glob("rank-*.jsonl"))
+        if not found:
+            raise UsageError(f"no rank-*.jsonl traces in {directory}")
+        traces += found
+    traces.sort(key=lambda p: int(p.stem.split("-")[1]))
+    for before, after in zip(traces, traces[1:]):
+        if before.name == after.name:
+            raise UsageError(f"{before} and {after} are both {before.stem}: these "
+                             f"directories are not one job's")
     ends, events = [], []
     for path in traces:
         rank = int(path.stem.split("-")[1])
@@ -105,7 +118,7 @@ def analyze_command(args: argparse.Namespace) -> int:
             ends.append(RankEnd(rank, "finished"))
         events.append(tuple(lines))
     return _diagnose(_record(tuple(ends), tuple(events), 0.0, 0.0, 0.0),
-                     str(directory), args.report)
+                     " ".join(args.directories), args.report)
 
 
 def _record(ends, traces, wall_s: float, started: float, deadline: float):

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deadline", type=float, default=60.0,
                         help="with --trace-dir: seconds without a call before this rank "
                              "writes its stacks (default: %(default)s)")
+    parser.add_argument("--light", action="store_true",
+                        help="trace calls only (hangs, crashes, mismatches), not the evidence "
+                             "of the silent bugs (gradients, batches, non-finite values)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
@@ -56,7 +59,7 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         stacks.arm_faulthandler(faulthandler_fd)
         stacks.serve_stacks(ctrl)
         faulthandler.enable(sys.stderr, all_threads=True)
-        _install(trace_fd)
+        _install(trace_fd, options.light)
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
         error = _run_script(options.script, options.args)
@@ -76,19 +79,21 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     stack_file = open(os.path.join(options.trace_dir, f"rank-{rank}.stacks"), "w")
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    tracer = _install(trace)
+    tracer = _install(trace, options.light)
     _watch_for_stalls(tracer, options.deadline, stack_file)
     error = _run_script(options.script, options.args)
     tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
     _exit(1 if error else 0)
 
 
-def _install(fd: int):
+def _install(fd: int, light: bool = False):
     from harness.trace.nonfinite import record_nonfinite
     from harness.trace.tracer import Tracer, user_line
 
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
     tracer.record_ddp_parameters()
+    if light:
+        return tracer
     tracer.record_batches()
     tracer.record_gradients()
     record_nonfinite(tracer, user_line)

@@ -74,14 +74,15 @@ def rank_environment(rank: int, world_size: int, port: int,
 
 def run_script(script: str, args: list[str], world_size: int, deadline: float,
                error_grace: float = 1.0, echo: bool = True, host: str = LOOPBACK,
-               port: int = 0) -> JobResult:
+               port: int = 0, light: bool = False) -> JobResult:
     """Run the script on ``world_size`` ranks until every rank ended or was stopped; the
-    store listens on ``host:port`` alone (default: loopback, a port the OS picks)."""
+    store listens on ``host:port`` alone (default: loopback, a port the OS picks).
+    ``light``: trace calls only, not the evidence of the silent bugs."""
     store = master_store(world_size, STORE_TIMEOUT, host, port)
     handles: list[RankHandle] = []
     try:
         for rank in range(world_size):
-            handles.append(_start(rank, world_size, store.port, script, args, host))
+            handles.append(_start(rank, world_size, store.port, script, args, host, light))
         _wait_until_ready(handles)
         watch = JobWatch(handles, deadline, error_grace, _echo if echo else None)
         return watch.run(b"go")
@@ -96,7 +97,7 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
 
 
 def _start(rank: int, world_size: int, port: int, script: str, args: list[str],
-           host: str) -> RankHandle:
+           host: str, light: bool) -> RankHandle:
     conn_parent, conn_child = mp.Pipe()
     ctrl_parent, ctrl_child = mp.Pipe()
     pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
@@ -107,7 +108,7 @@ def _start(rank: int, world_size: int, port: int, script: str, args: list[str],
     try:
         popen = subprocess.Popen(
             [sys.executable, "-m", "harness.doctor", "--fds", ",".join(map(str, fds)),
-             script, *args],
+             *(["--light"] if light else []), script, *args],
             env=rank_environment(rank, world_size, port, host), pass_fds=fds, stderr=err_write,
             start_new_session=True)
     finally:
