@@ -11,6 +11,7 @@ are skipped too.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 
@@ -79,7 +80,10 @@ def _ratio(steps) -> float | None:
 
 def _projection(applied, locals_) -> float | None:
     """The applied gradient projected on the mean of the ranks' local ones, over its norm
-    (None when that mean is zero)."""
+    (None when that mean is zero, or a value is NaN or Inf: such a step says nothing about
+    the scale, and ``non_finite`` reports it)."""
+    if not all(math.isfinite(v) for g in (applied, *locals_) for v in g.values):
+        return None
     mean = [sum(column) / len(locals_) for column in zip(*(g.values for g in locals_))]
     norm = sum(m * m for m in mean)
     if norm == 0.0:

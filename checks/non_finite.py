@@ -2,10 +2,11 @@
 
 A non-finite value spreads: one rank's NaN gradient, all-reduced, is every rank's NaN
 gradient and then every rank's NaN parameters. So what matters is where it was first:
-the earliest optimiser step at which any rank saw one, and at that step the ranks whose
-own loss or own gradient (before synchronisation) was non-finite. Ranks that only
-received it through the all-reduce are named as such. Steps an optimiser skipped (as
-GradScaler skips steps whose gradients overflowed, on purpose) are never seen.
+the earliest optimiser step at which any rank's loss or own gradient (before
+synchronisation) was non-finite, and the ranks it was on then. The ranks it reached
+later (a step later, through the all-reduce) are named with the step they first showed
+it. Steps an optimiser skipped (as GradScaler skips steps whose gradients overflowed, on
+purpose) are never seen.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ def check(record: RunRecord) -> list[Finding]:
     seen = [(r.rank, e) for r in record.ranks for e in r.evidence.nonfinite]
     if not seen:
         return []
-    first = min(e.step for _, e in seen)
-    at_first = [(rank, e) for rank, e in seen if e.step == first]
-    by_loss = sorted(rank for rank, e in at_first if not e.loss_finite)
-    by_grad = sorted(rank for rank, e in at_first if e.local)
-    origin = sorted(set(by_loss) | set(by_grad))
-    received = sorted(rank for rank, e in at_first if e.applied and rank not in origin)
-    params = sorted({name for _, e in at_first for name in (e.local or e.applied)})
+    firsts: dict[int, int] = {}
+    for rank, e in seen:
+        firsts[rank] = min(firsts.get(rank, e.step), e.step)
+    first = min(firsts.values())
+    at_first = sorted((rank, e) for rank, e in seen if e.step == first)
+    origin = sorted({rank for rank, _ in at_first})
+    by_loss = sorted({rank for rank, e in at_first if not e.loss_finite})
+    by_grad = sorted({rank for rank, e in at_first if e.local})
+    reached = {rank: step for rank, step in sorted(firsts.items()) if step > first}
+    params = sorted({name for _, e in at_first for name in e.local})
     loss_where = next((e.loss_where for rank, e in at_first if rank in by_loss), "")
     where = loss_where or at_first[0][1].where
     what = []
@@ -44,33 +48,29 @@ def check(record: RunRecord) -> list[Finding]:
         what.append(f"the loss was {losses} on {rank_list(by_loss)} (backward at "
                     f"{loss_where})")
     if by_grad:
-        what.append(f"the gradients of {_names(at_first, 'local')} were non-finite on "
+        what.append(f"the gradients of {_shown(params)} were non-finite on "
                     f"{rank_list(by_grad)} before any synchronisation")
-    if not origin:
-        what.append(f"no rank's own loss or gradient was, but the gradients about to be "
-                    f"applied on {rank_list(received)} were ({_names(at_first, 'applied')}): "
-                    f"the synchronisation or a gradient hook made them so")
-    if received:
-        what.append(f"{rank_list(received)} only received it through the all-reduce")
-    culprits = origin or received
+    if reached:
+        what.append("it reached " + ", ".join(f"rank {rank} at step {step}"
+                                             for rank, step in reached.items())
+                    + " through the synchronisation")
     measured = {"first_step": first, "origin_ranks": origin, "loss_ranks": by_loss,
-                "gradient_ranks": by_grad, "received_ranks": received, "params": params,
+                "gradient_ranks": by_grad, "reached": {str(r): s for r, s in reached.items()},
+                "params": params,
                 "losses": {str(rank): e.loss for rank, e in at_first if e.loss is not None},
                 "where": where, "step_where": at_first[0][1].where}
     return [Finding(
         check=NAME, fault="non-finite",
         symptom=f"a NaN or Inf first appeared at optimiser step {first} on "
-                f"{rank_list(culprits)}: " + "; ".join(what),
-        cause=f"{rank_list(culprits)} produced a non-finite value at step {first}, and "
+                f"{rank_list(origin)}: " + "; ".join(what),
+        cause=f"{rank_list(origin)} produced a non-finite value at step {first}, and "
               f"synchronisation spreads it to every rank",
-        fix=FIX, fix_changes={}, ranks=tuple(culprits), measured=measured,
-        headline=f"NaN/Inf from step {first} on {rank_list(culprits)}")]
+        fix=FIX, fix_changes={}, ranks=tuple(origin), measured=measured,
+        headline=f"NaN/Inf from step {first} on {rank_list(origin)}")]
 
 
-def _names(at_first: list, field: str) -> str:
-    names = sorted({name for _, e in at_first for name in getattr(e, field)})
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return shown
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _built_in(record: RunRecord) -> list[Finding]:

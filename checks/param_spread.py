@@ -8,6 +8,8 @@ own: another finding says why).
 
 from __future__ import annotations
 
+import math
+
 from checks import finding, gradient_steps_on_every_rank, rank_list
 from harness.models import Finding, RunRecord
 from harness.models.distance import param_history, spreads
@@ -62,6 +64,8 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
             continue
         if len({len(s.params.values) for s in steps}) != 1:
             continue
+        if not all(math.isfinite(v) for s in steps for v in s.params.values):
+            continue  # NaN or Inf: ``non_finite`` reports it, a spread means nothing
         spread = max(max(column) - min(column) for column in zip(*(s.params.values
                                                                    for s in steps)))
         trail.append(spread)

@@ -151,8 +151,8 @@ def test_ranks_that_never_synchronise_are_not_judged():
     assert gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (5, 5))])) == []
 
 
-def nan_step(n, loss=None, local=(), applied=()):
-    return NonFiniteEvidence(n, loss, "train.py:9", tuple(local), tuple(applied), "train.py:10")
+def nan_step(n, loss=None, local=()):
+    return NonFiniteEvidence(n, loss, "train.py:9", tuple(local), "train.py:10")
 
 
 def user_record(*per_rank):
@@ -162,21 +162,24 @@ def user_record(*per_rank):
 
 
 def test_a_nan_is_traced_to_the_rank_whose_own_loss_went_first():
-    # rank 2 went NaN at step 4 by itself; at step 5 the all-reduce gave it to ranks 0, 1
+    # rank 2 went Inf at step 4 by itself; the all-reduce took it to rank 1 at step 5 and
+    # to rank 0 at step 6; rank 3 never showed it
     found = non_finite.check(user_record(
-        [nan_step(5, applied=["w"])], [nan_step(5, applied=["w"]), nan_step(6, loss=float("nan"))],
-        [nan_step(4, loss=float("inf"), local=["w", "b"], applied=["w", "b"])]))
+        [nan_step(6, loss=float("nan"))], [nan_step(5, local=["w"]), nan_step(6, local=["w"])],
+        [nan_step(4, loss=float("inf"), local=["w", "b"])], []))
     assert [f.ranks for f in found] == [(2,)]
     assert {k: found[0].measured[k] for k in ("first_step", "origin_ranks", "loss_ranks",
-                                             "received_ranks", "params", "where")} == {
-        "first_step": 4, "origin_ranks": [2], "loss_ranks": [2], "received_ranks": [],
-        "params": ["b", "w"], "where": "train.py:9"}
+                                             "gradient_ranks", "reached", "params",
+                                             "where")} == {
+        "first_step": 4, "origin_ranks": [2], "loss_ranks": [2], "gradient_ranks": [2],
+        "reached": {"0": 6, "1": 5}, "params": ["b", "w"], "where": "train.py:9"}
+    assert "it reached rank 0 at step 6, rank 1 at step 5" in found[0].symptom
 
 
-def test_a_nan_no_rank_produced_is_blamed_on_the_synchronisation():
-    found = non_finite.check(user_record([nan_step(2, applied=["w"])], [nan_step(2, applied=["w"])]))
-    assert found[0].measured["origin_ranks"] == [] and found[0].ranks == (0, 1)
-    assert "no rank's own loss or gradient was" in found[0].symptom
+def test_a_gradient_gone_non_finite_under_a_finite_loss_is_named_at_the_step_line():
+    found = non_finite.check(user_record([], [nan_step(2, loss=0.5, local=["w"])]))
+    assert found[0].ranks == (1,) and found[0].measured["where"] == "train.py:10"
+    assert found[0].measured["loss_ranks"] == [] and found[0].measured["reached"] == {}
 
 
 def test_the_built_in_workload_is_judged_on_its_own_losses_and_gradient_norms():

@@ -129,7 +129,7 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     # record 21 of 64, unshuffled over 2 ranks: rank 1's 11th sample, its 3rd batch of 4
     ("nan_in_one_shard.py", 2, "non-finite", [1], "# BACKWARD",
      {"first_step": 3, "origin_ranks": [1], "loss_ranks": [1], "gradient_ranks": [1],
-      "received_ranks": [0], "params": ["0.bias", "0.weight", "2.bias", "2.weight"]}),
+      "reached": {"0": 4}, "params": ["0.bias", "0.weight", "2.bias", "2.weight"]}),
 ])
 def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_path, example,
                                                                ranks, kind, culprits, marker,
@@ -236,7 +236,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
 def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
     """Two torchrun agents on this machine, one rank each (--nnodes 2, a static rendezvous
     on 127.0.0.1), as two machines would run them: rank 1's NaN is on node 1, and only
-    both directories together show it started there and reached rank 0 by the all-reduce."""
+    both directories together show it started there and reached rank 0 a step later."""
     with socket.socket() as probe:  # a port free now, for the agents' rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -265,7 +265,7 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
                       "--report", str(report_path))
     cause = json.loads(report_path.read_text())["cause"]
     assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == ("non-finite", [1])
-    assert (cause["measured"]["origin_ranks"], cause["measured"]["received_ranks"]) == ([1], [0])
+    assert (cause["measured"]["origin_ranks"], cause["measured"]["reached"]) == ([1], {"0": 4})
     again = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node0"))
     assert again.returncode == 2 and "not one job's" in again.stderr
 

@@ -75,14 +75,13 @@ class GradientEvidence:
 @dataclass(frozen=True)
 class NonFiniteEvidence:
     """An optimiser step of a user's script at which a NaN or Inf showed on this rank: in
-    the loss of its last backward, in gradients its own backward produced (``local``), or
-    in the gradients about to be applied (``applied``: after any synchronisation)."""
+    the loss of its last backward, or in gradients its own backward produced (``local``,
+    before any synchronisation)."""
 
     step: int  # 1-based count of the optimiser steps this rank took, this one included
     loss: float | None  # the last backward's loss, when it was a scalar
     loss_where: str  # the script's line that called backward()
     local: tuple[str, ...]  # parameters whose own gradient was non-finite
-    applied: tuple[str, ...]  # parameters whose applied gradient was non-finite
     where: str  # the script's line that called optimizer.step()
 
     @property
