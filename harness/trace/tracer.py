@@ -197,7 +197,7 @@ class Tracer:
         def accumulated(p: torch.Tensor) -> None:
             try:
                 if p.grad is not None and p.grad.layout == torch.strided:
-                    local[id(p)] = p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
+                    local[id(p)] = torch.take(p.grad.detach(), positions(p))  # no copy
             except Exception:  # evidence is best effort: never break the user's backward
                 local.pop(id(p), None)
 
@@ -226,13 +226,11 @@ class Tracer:
                 return  # the first step, before the hooks existed, or no gradients
             mine = torch.cat([local.pop(id(p)) for p in seen])  # a parameter backward
             # leaves alone next step keeps no stale sample
-            applied = torch.cat([p.grad.detach().reshape(-1)[positions(p)].to(torch.float64)
-                                 for p in seen])
-            values = torch.cat([p.detach().reshape(-1)[positions(p)].to(torch.float64)
-                                for p in seen])
-            tracer.write(ev="grads", step=steps, local=mine.tolist(),
-                         applied=applied.tolist(), params=values.tolist(),
-                         numel=sum(p.numel() for p in seen), where=user_line())
+            applied = torch.cat([torch.take(p.grad.detach(), positions(p)) for p in seen])
+            values = torch.cat([torch.take(p.detach(), positions(p)) for p in seen])
+            rows = torch.stack([mine, applied, values]).to(torch.float64).tolist()
+            tracer.write(ev="grads", step=steps, local=rows[0], applied=rows[1],
+                         params=rows[2], numel=sum(p.numel() for p in seen), where=user_line())
 
         self.count_optimizer_steps()
         register_optimizer_step_pre_hook(before_step)
