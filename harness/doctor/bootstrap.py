@@ -87,16 +87,18 @@ def _run_into_directory(options: argparse.Namespace) -> None:
 
 
 def _install(fd: int, light: bool = False):
+    from harness.trace.batches import record_batches
+    from harness.trace.gradients import record_gradients
     from harness.trace.nonfinite import record_nonfinite
-    from harness.trace.tracer import Tracer, user_line
+    from harness.trace.tracer import Tracer
 
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
     tracer.record_ddp_parameters()
     if light:
         return tracer
-    tracer.record_batches()
-    tracer.record_gradients()
-    record_nonfinite(tracer, user_line)
+    record_batches(tracer)
+    record_gradients(tracer)
+    record_nonfinite(tracer)
     return tracer
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from harness.models import Evidence
+from harness.trace.batches import fold_batches
+from harness.trace.gradients import fold_gradients
 from harness.trace.nonfinite import fold_nonfinite
-from harness.trace.tracer import fold, fold_batches, fold_ddp_forwards, fold_gradients
+from harness.trace.tracer import fold, fold_ddp_forwards
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",

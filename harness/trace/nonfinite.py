@@ -25,11 +25,12 @@ from typing import Any, Iterable
 import torch
 
 from harness.models import NonFiniteEvidence
+from harness.trace.tracer import user_line
 
 REPORTS = 3  # non-finite steps written per rank
 
 
-def record_nonfinite(tracer: Any, user_line) -> None:
+def record_nonfinite(tracer: Any) -> None:
     """Install the hooks on ``tracer`` (a Tracer counting optimiser steps)."""
     from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 

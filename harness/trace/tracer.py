@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import sys
 import threading
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from harness.models import BatchEvidence, Call, DDPForward, Fingerprint, GradientEvidence
+from harness.models import Call, DDPForward
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -58,7 +57,7 @@ class Tracer:
         self._local = threading.local()
         self._originals: dict[str, Callable] = {}
         self.last_event = time.monotonic()
-        self.optimizer_steps = 0  # counted once record_batches or record_ddp_parameters ran
+        self.optimizer_steps = 0  # kept once count_optimizer_steps ran
         self._counting = False
 
     def install(self) -> "Tracer":
@@ -138,115 +137,6 @@ class Tracer:
 
         register_optimizer_step_post_hook(counted)
         self._counting = True
-
-    def record_batches(self) -> None:
-        """Make every batch sampler (what a DataLoader draws its index batches from) write
-        down each batch's sample indices, with the pass it belongs to, the sampler's class
-        and epoch, the script's line that iterates the loader, and how many optimiser
-        steps had run: enough to tell duplicated shards and replayed epochs, and training
-        loaders (an optimiser steps during their pass) from evaluation ones."""
-        from torch.utils.data.sampler import BatchSampler
-
-        tracer = self
-        self.count_optimizer_steps()
-        loaders: dict[int, tuple[Any, int, list[int]]] = {}  # id -> (sampler, number, passes)
-        original = BatchSampler.__iter__
-
-        def batches(sampler: Any) -> Any:
-            entry = loaders.setdefault(id(sampler), (sampler, len(loaders), [0]))
-            number, passes = entry[1], entry[2]
-            epoch, passes[0] = passes[0], passes[0] + 1
-            inner = getattr(sampler, "sampler", None)
-            head = dict(loader=number, epoch=epoch, sampler=type(inner).__name__,
-                        sampler_epoch=getattr(inner, "epoch", None))
-            where = None
-            try:
-                for ids in original(sampler):
-                    where = where or user_line()
-                    tracer.write(ev="batch", **head, ids=[int(i) for i in ids],
-                                 steps=tracer.optimizer_steps, where=where)
-                    yield ids
-            finally:
-                tracer.write(ev="pass_end", loader=number, epoch=epoch,
-                             steps=tracer.optimizer_steps)
-
-        BatchSampler.__iter__ = batches
-
-    def record_gradients(self, per_param: int = 4) -> None:
-        """At every optimiser step, sample each plain parameter's gradient twice, at the
-        same ``per_param`` positions: as backward accumulated it (a post-accumulate hook,
-        before any hand-written all-reduce) and as the optimiser is about to apply it.
-        Enough to tell an averaged gradient (the mean of the ranks' local ones) from a
-        summed one, at a few tensor ops per parameter and step. Sharded parameters
-        (DTensor, as FSDP2 makes them) are left out: their gradients are shards by design."""
-        from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
-
-        tracer = self
-        local: dict[int, torch.Tensor] = {}  # id(param) -> its latest accumulated sample
-        hooked: set[int] = set()
-
-        where: dict[int, torch.Tensor] = {}  # id(param) -> its sampled positions
-
-        def positions(p: torch.Tensor) -> torch.Tensor:
-            found = where.get(id(p))
-            if found is None:
-                found = where[id(p)] = torch.linspace(
-                    0, p.numel() - 1, min(per_param, p.numel())).round().long()
-            return found
-
-        def accumulated(p: torch.Tensor) -> None:
-            try:
-                if p.grad is not None and p.grad.layout == torch.strided:
-                    local[id(p)] = torch.take(p.grad.detach(), positions(p))  # no copy
-            except Exception:  # evidence is best effort: never break the user's backward
-                local.pop(id(p), None)
-
-        def plain(optimizer: Any) -> list[torch.Tensor]:
-            return [p for group in optimizer.param_groups for p in group["params"]
-                    if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
-
-        def before_step(optimizer: Any, *args: Any) -> None:
-            try:
-                sample_step(optimizer)
-            except Exception:  # evidence is best effort: never break the user's step
-                pass
-
-        def sample_step(optimizer: Any) -> None:
-            params = plain(optimizer)
-            for p in params:
-                if id(p) not in hooked:
-                    hooked.add(id(p))
-                    p.register_post_accumulate_grad_hook(accumulated)
-            # every optimiser's steps, in the order taken (the same on every rank of an
-            # SPMD script); the post-step counter has not yet seen this one
-            steps = tracer.optimizer_steps + 1
-            seen = [p for p in params if p.grad is not None and id(p) in local
-                    and p.grad.layout == torch.strided]
-            if not seen:
-                return  # the first step, before the hooks existed, or no gradients
-            mine = torch.cat([local.pop(id(p)) for p in seen])  # a parameter backward
-            # leaves alone next step keeps no stale sample
-            applied = torch.cat([torch.take(p.grad.detach(), positions(p)) for p in seen])
-            values = torch.cat([torch.take(p.detach(), positions(p)) for p in seen])
-            rows = torch.stack([mine, applied, values]).to(torch.float64).tolist()
-            tracer.write(ev="grads", step=steps, local=rows[0], applied=rows[1],
-                         params=rows[2], numel=sum(p.numel() for p in seen), where=user_line())
-
-        self.count_optimizer_steps()
-        register_optimizer_step_pre_hook(before_step)
-        original = Optimizer.__init__
-
-        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-            original(optimizer, *args, **kwargs)
-            try:
-                for p in plain(optimizer):  # hooked from construction: step 1 is seen too
-                    if id(p) not in hooked:
-                        hooked.add(id(p))
-                        p.register_post_accumulate_grad_hook(accumulated)
-            except Exception:
-                pass
-
-        Optimizer.__init__ = init
 
     def write(self, **event: Any) -> None:
         self._put(json.dumps(event, separators=(",", ":")))
@@ -421,39 +311,6 @@ def user_line() -> str:
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
     return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
                  for e in events if e.get("ev") == "ddp_forward")
-
-
-def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
-    """Each sampled optimiser step's local and applied gradients."""
-    def print_of(values: list[float], numel: int) -> Fingerprint:
-        return Fingerprint(numel, repr(values), math.sqrt(sum(v * v for v in values)),
-                           tuple(values))
-
-    return tuple(GradientEvidence(
-        e["step"], print_of(e["local"], e["numel"]), print_of(e["applied"], e["numel"]),
-        print_of(e["params"], e["numel"]) if "params" in e else None, e.get("where", ""))
-        for e in events if e.get("ev") == "grads")
-
-
-def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
-    """Each loader batch the rank drew; a pass ``trains`` when an optimiser stepped between
-    its first batch and its end (or the loader's next pass)."""
-    events = list(events)
-    drawn = [e for e in events if e.get("ev") == "batch"]
-    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == "pass_end"}
-    first: dict[tuple[int, int], int] = {}
-    last: dict[tuple[int, int], int] = {}
-    for e in drawn:
-        first.setdefault((e["loader"], e["epoch"]), e["steps"])
-        last[e["loader"], e["epoch"]] = e["steps"]
-    trains = {}
-    for (loader, epoch), began in first.items():
-        later = ends.get((loader, epoch), first.get((loader, epoch + 1), began))
-        trains[loader, epoch] = max(later, last[loader, epoch]) > began
-    return tuple(BatchEvidence(
-        loader=e["loader"], epoch=e["epoch"], sample_ids=tuple(e["ids"]), sampler=e["sampler"],
-        sampler_epoch=e.get("sampler_epoch"), where=e.get("where", ""),
-        trains=trains[e["loader"], e["epoch"]]) for e in drawn)
 
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:

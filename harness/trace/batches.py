@@ -1,0 +1,68 @@
+"""Which samples each rank's loaders hand out, pass by pass: the evidence for ranks that
+read the same samples (no DistributedSampler) and for epochs that replay the one before
+(a DistributedSampler never told the epoch).
+
+Every batch sampler (what a DataLoader draws its index batches from) is patched at the
+class, so a user's loader is seen without any change to the script.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from harness.models import BatchEvidence
+from harness.trace.tracer import user_line
+
+
+def record_batches(tracer: Any) -> None:
+    """Make every batch sampler (what a DataLoader draws its index batches from) write
+    down each batch's sample indices, with the pass it belongs to, the sampler's class
+    and epoch, the script's line that iterates the loader, and how many optimiser
+    steps had run: enough to tell duplicated shards and replayed epochs, and training
+    loaders (an optimiser steps during their pass) from evaluation ones."""
+    from torch.utils.data.sampler import BatchSampler
+
+    tracer.count_optimizer_steps()
+    loaders: dict[int, tuple[Any, int, list[int]]] = {}  # id -> (sampler, number, passes)
+    original = BatchSampler.__iter__
+
+    def batches(sampler: Any) -> Any:
+        entry = loaders.setdefault(id(sampler), (sampler, len(loaders), [0]))
+        number, passes = entry[1], entry[2]
+        epoch, passes[0] = passes[0], passes[0] + 1
+        inner = getattr(sampler, "sampler", None)
+        head = dict(loader=number, epoch=epoch, sampler=type(inner).__name__,
+                    sampler_epoch=getattr(inner, "epoch", None))
+        where = None
+        try:
+            for ids in original(sampler):
+                where = where or user_line()
+                tracer.write(ev="batch", **head, ids=[int(i) for i in ids],
+                             steps=tracer.optimizer_steps, where=where)
+                yield ids
+        finally:
+            tracer.write(ev="pass_end", loader=number, epoch=epoch,
+                         steps=tracer.optimizer_steps)
+
+    BatchSampler.__iter__ = batches
+
+
+def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
+    """Each loader batch the rank drew; a pass ``trains`` when an optimiser stepped between
+    its first batch and its end (or the loader's next pass)."""
+    events = list(events)
+    drawn = [e for e in events if e.get("ev") == "batch"]
+    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == "pass_end"}
+    first: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    for e in drawn:
+        first.setdefault((e["loader"], e["epoch"]), e["steps"])
+        last[e["loader"], e["epoch"]] = e["steps"]
+    trains = {}
+    for (loader, epoch), began in first.items():
+        later = ends.get((loader, epoch), first.get((loader, epoch + 1), began))
+        trains[loader, epoch] = max(later, last[loader, epoch]) > began
+    return tuple(BatchEvidence(
+        loader=e["loader"], epoch=e["epoch"], sample_ids=tuple(e["ids"]), sampler=e["sampler"],
+        sampler_epoch=e.get("sampler_epoch"), where=e.get("where", ""),
+        trains=trains[e["loader"], e["epoch"]]) for e in drawn)
