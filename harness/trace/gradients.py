@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 from harness.models import Fingerprint, GradientEvidence
-from harness.trace.tracer import user_line
+from harness.trace.tracer import plain_params, user_line
 
 
 def record_gradients(tracer: Any, per_param: int = 4) -> None:
@@ -44,10 +44,6 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
         except Exception:  # evidence is best effort: never break the user's backward
             local.pop(id(p), None)
 
-    def plain(optimizer: Any) -> list[torch.Tensor]:
-        return [p for group in optimizer.param_groups for p in group["params"]
-                if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
-
     def before_step(optimizer: Any, *args: Any) -> None:
         try:
             sample_step(optimizer)
@@ -55,7 +51,7 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
             pass
 
     def sample_step(optimizer: Any) -> None:
-        params = plain(optimizer)
+        params = plain_params(optimizer)
         for p in params:
             if id(p) not in hooked:
                 hooked.add(id(p))
@@ -82,7 +78,7 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
     def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
         original(optimizer, *args, **kwargs)
         try:
-            for p in plain(optimizer):  # hooked from construction: step 1 is seen too
+            for p in plain_params(optimizer):  # hooked from construction: step 1 is seen too
                 if id(p) not in hooked:
                     hooked.add(id(p))
                     p.register_post_accumulate_grad_hook(accumulated)

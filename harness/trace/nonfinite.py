@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import torch
 
 from harness.models import NonFiniteEvidence
-from harness.trace.tracer import user_line
+from harness.trace.tracer import plain_params, user_line
 
 REPORTS = 3  # non-finite steps written per rank
 
@@ -41,6 +41,8 @@ def record_nonfinite(tracer: Any) -> None:
     written = [0]
 
     def accumulated(p: torch.Tensor) -> None:
+        if written[0] >= REPORTS:
+            return  # said all there is to say: the run is NaN from here on
         try:
             if p.grad is not None and p.grad.layout == torch.strided and p.grad.numel():
                 local[id(p)] = _total(p.grad)
@@ -55,7 +57,7 @@ def record_nonfinite(tracer: Any) -> None:
 
     def before_step(optimizer: Any, *args: Any) -> None:
         try:
-            params = _plain(optimizer)
+            params = plain_params(optimizer)
             hook(params)
             if written[0] < REPORTS:
                 _judge_step(params)
@@ -97,7 +99,7 @@ def record_nonfinite(tracer: Any) -> None:
     def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
         original_init(optimizer, *args, **kwargs)
         try:
-            hook(_plain(optimizer))  # from construction: step 1's backward is seen too
+            hook(plain_params(optimizer))  # from construction: step 1's backward is seen too
         except Exception:
             pass
 
@@ -107,12 +109,6 @@ def record_nonfinite(tracer: Any) -> None:
 def _total(grad: torch.Tensor) -> torch.Tensor:
     wide = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
     return grad.detach().sum(dtype=wide)
-
-
-def _plain(optimizer: Any) -> list[torch.Tensor]:
-    """The optimiser's unsharded parameters (a DTensor's max would be a collective)."""
-    return [p for group in optimizer.param_groups for p in group["params"]
-            if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
 
 
 def _names(params: list[torch.Tensor]) -> dict[int, str]:

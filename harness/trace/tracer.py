@@ -297,6 +297,13 @@ def _enter_line(call: dict) -> str:
     return '{"ev":"enter",' + ",".join(fields) + "}"
 
 
+def plain_params(optimizer: Any) -> list[torch.Tensor]:
+    """The parameters an optimiser steps that are plain tensors: the evidence hooks leave
+    sharded ones (DTensor, as FSDP2 makes them) alone, whose every op is a collective."""
+    return [p for group in optimizer.param_groups for p in group["params"]
+            if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
+
+
 def user_line() -> str:
     """file:line of the innermost frame outside torch, the tracer and the stdlib."""
     frame = sys._getframe(1)
