@@ -61,11 +61,19 @@ def distdoctor(capfd, monkeypatch):
     return command
 
 
+_RUNS: dict[tuple[str, int, float], tuple[Done, dict]] = {}
+
+
 def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float = 30.0):
-    report = tmp_path / "report.json"
-    done = distdoctor("run", "--nproc-per-node", str(ranks), "--deadline", str(deadline),
-                      "--report", str(report), example)
-    return done, json.loads(report.read_text())
+    """The command's output and JSON report; each (example, ranks, deadline) is run once per
+    session, however many tests read it (each run starts fresh interpreters: seconds)."""
+    key = (example, ranks, deadline)
+    if key not in _RUNS:
+        report = tmp_path / "report.json"
+        done = distdoctor("run", "--nproc-per-node", str(ranks), "--deadline", str(deadline),
+                          "--report", str(report), example)
+        _RUNS[key] = done, json.loads(report.read_text())
+    return _RUNS[key]
 
 
 def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
@@ -166,7 +174,7 @@ def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
 
 
 def test_the_root_cause_traceback_comes_first_not_the_connection_errors(distdoctor, tmp_path):
-    done, report = run_example(distdoctor, tmp_path, "rank_raises.py", 2)
+    done, report = run_example(distdoctor, tmp_path, "rank_raises.py", 2, deadline=2.0)
     root = next(r for r in report["ranks"] if r["rank"] == 1)
     assert root["state"] == "crashed" and "ValueError: corrupt batch at step 2" in root["error"]
     assert root["error"].splitlines()[1].strip().startswith('File "')  # starts at the script
