@@ -1,13 +1,17 @@
 """``distdoctor run``: start a user's script on N ranks as ``torchrun --standalone`` would.
 
-Each rank is a fresh ``python -m harness.doctor SCRIPT ARGS`` process with the environment
-torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+Each rank runs ``python -m harness.doctor SCRIPT ARGS`` with the environment torchrun gives
+its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, OMP_NUM_THREADS=1). As torchrun's agent does, this process hosts the TCP store
 (on loopback only, unless ``--master-addr`` names another address, and on a port the OS
 picks, so no races) and sets TORCHELASTIC_USE_AGENT_STORE, so the script's
 own ``init_process_group`` connects to it. The ranks are then watched like a pool's job:
 calls as they happen, stderr passed through and kept, stacks of ranks that stop, all killed
 and reaped at the end.
+
+A rank is a fork of this process where that is the same as a fresh interpreter (see
+``forked.py``: seconds sooner per rank), else a fresh ``python -m harness.doctor``, as
+torchrun starts one; ``start_method`` chooses ("auto", "fork", "spawn").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
+from harness.doctor.forked import can_fork, fork_rank
 from harness.launch import procs
 from harness.launch.results import JobResult
 from harness.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
@@ -74,15 +79,24 @@ def rank_environment(rank: int, world_size: int, port: int,
 
 def run_script(script: str, args: list[str], world_size: int, deadline: float,
                error_grace: float = 1.0, echo: bool = True, host: str = LOOPBACK,
-               port: int = 0, light: bool = False) -> JobResult:
+               port: int = 0, light: bool = False, start_method: str = "auto") -> JobResult:
     """Run the script on ``world_size`` ranks until every rank ended or was stopped; the
     store listens on ``host:port`` alone (default: loopback, a port the OS picks).
-    ``light``: trace calls only, not the evidence of the silent bugs."""
+    ``light``: trace calls only, not the evidence of the silent bugs. ``start_method``:
+    "fork" (refused where a fork would not be a fresh rank), "spawn", or "auto" (fork
+    where it is safe)."""
+    if start_method not in ("auto", "fork", "spawn"):
+        raise ValueError(f"start method must be auto, fork or spawn, got {start_method!r}")
     store = master_store(world_size, STORE_TIMEOUT, host, port)
     handles: list[RankHandle] = []
     try:
         for rank in range(world_size):
-            handles.append(_start(rank, world_size, store.port, script, args, host, light))
+            env = rank_environment(rank, world_size, store.port, host)
+            why_not = can_fork(env)
+            if start_method == "fork" and why_not:
+                raise ScriptStartError(f"cannot fork the ranks: {why_not}")
+            fork = start_method != "spawn" and why_not is None
+            handles.append(_start(rank, env, script, args, light, fork, handles))
         _wait_until_ready(handles)
         watch = JobWatch(handles, deadline, error_grace, _echo if echo else None)
         return watch.run(b"go")
@@ -96,8 +110,8 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
         del store
 
 
-def _start(rank: int, world_size: int, port: int, script: str, args: list[str],
-           host: str, light: bool) -> RankHandle:
+def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: bool,
+           fork: bool, earlier: list[RankHandle]) -> RankHandle:
     conn_parent, conn_child = mp.Pipe()
     ctrl_parent, ctrl_child = mp.Pipe()
     pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
@@ -105,18 +119,23 @@ def _start(rank: int, world_size: int, port: int, script: str, args: list[str],
         os.set_blocking(read, False)
     (fh_read, fh_write), (err_read, err_write), (trace_read, trace_write) = pipes
     fds = [conn_child.fileno(), ctrl_child.fileno(), fh_write, trace_write]
+    argv = ["--fds", ",".join(map(str, fds)), *(["--light"] if light else []), script, *args]
     try:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "harness.doctor", "--fds", ",".join(map(str, fds)),
-             *(["--light"] if light else []), script, *args],
-            env=rank_environment(rank, world_size, port, host), pass_fds=fds, stderr=err_write,
-            start_new_session=True)
+        if fork:  # the child closes this rank's parent ends and every earlier rank's
+            theirs = [fd for h in earlier for fd in (h.conn.fileno(), h.ctrl.fileno(),
+                                                    h.faulthandler_fd, h.stderr_fd,
+                                                    h.trace_fd, h.process.sentinel)]
+            process = fork_rank(argv, env, err_write, theirs + [
+                conn_parent.fileno(), ctrl_parent.fileno(), fh_read, err_read, trace_read])
+        else:
+            popen = subprocess.Popen([sys.executable, "-m", "harness.doctor", *argv], env=env,
+                                     pass_fds=fds, stderr=err_write, start_new_session=True)
+            process = PopenProcess(popen, os.pidfd_open(popen.pid))
     finally:
         for end in (conn_child, ctrl_child):
             end.close()
         for fd in (fh_write, err_write, trace_write):
             os.close(fd)
-    process = PopenProcess(popen, os.pidfd_open(popen.pid))
     return RankHandle(rank, process, conn_parent, ctrl_parent, fh_read, err_read, trace_read)
 
 
