@@ -134,8 +134,11 @@ def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id
     assert verdict.outcome == "fixed"
     assert verdict.after.findings == ()
     if fault_id in CLEAN_AFTER_FIX:  # the clean run of its strategy, so not run again below
-        assert report.fixed_record.spec == RunSpec(strategy=strategy, world_size=world_size,
-                                                   deadline=deadline, **CLEAN_AFTER_FIX[fault_id])
+        clean = fault.scenario(RunSpec(strategy=strategy, world_size=world_size,
+                                       deadline=deadline, **CLEAN_AFTER_FIX[fault_id]))
+        fixed = report.fixed_record.spec  # a timing judgement may have measured more steps
+        assert dataclasses.replace(fixed, num_steps=clean.num_steps) == clean
+        assert fixed.num_steps % clean.num_steps == 0
     assert verdict.after.ranks_finished
     assert verdict.after.param_spread is None or verdict.after.param_spread <= 1e-6
     assert verdict.after.reference.max_abs_diff <= 1e-5
@@ -193,10 +196,12 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
 
 
 # The default and accumulation clean runs of every sharded strategy are the fixed runs of
-# sum-without-mean and allreduce-every-microbatch above (the matrix checks their specs are
-# exactly those), judged there by every detector; only what no fix produces is run here.
+# sum-without-mean and allreduce-every-microbatch above, and the clean pipelines of the
+# schedules unbalanced-stages shows on are its fixed runs (the matrix checks their specs
+# are exactly those), judged there by every detector; only what no fix produces is run here.
 CLEAN_SHARDED = {"budget-that-fits": {"knobs": Knobs(memory_budget=24.0)}}
-CLEAN_AFTER_FIX = {"sum-without-mean": {}, "allreduce-every-microbatch": {"micro_batches": 4}}
+CLEAN_AFTER_FIX = {"sum-without-mean": {}, "allreduce-every-microbatch": {"micro_batches": 4},
+                   "unbalanced-stages": {}}
 
 
 @pytest.mark.parametrize("config", list(CLEAN_SHARDED))
@@ -242,10 +247,12 @@ def test_every_data_parallel_fault_says_where_it_applies():
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("strategy", PIPELINE_STRATEGIES)
+@pytest.mark.parametrize("strategy", [s for s in PIPELINE_STRATEGIES
+                                      if s not in faults.get("unbalanced-stages").strategies])
 def test_clean_pipelines_give_no_finding_from_any_detector(pools, strategy, world_size):
     """The unbalanced-stages workload cut by time: heavy enough to be judged, and even once
-    enough steps are measured (the same path every verdict takes)."""
+    enough steps are measured (the same path every verdict takes). On the schedules the
+    fault shows on, this run is its fixed run, judged in the matrix above."""
     spec = faults.get("unbalanced-stages").scenario(RunSpec(strategy=strategy,
                                                             world_size=world_size))
     record, assessment = run_decided(spec, pools(world_size))
