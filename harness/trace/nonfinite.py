@@ -25,53 +25,38 @@ from typing import Any, Iterable
 import torch
 
 from harness.models import NonFiniteEvidence
-from harness.trace.tracer import plain_params, user_line
+from harness.trace.steps import step_hooks
+from harness.trace.tracer import user_line
 
 REPORTS = 3  # non-finite steps written per rank
 
 
 def record_nonfinite(tracer: Any) -> None:
     """Install the hooks on ``tracer`` (a Tracer counting optimiser steps)."""
-    from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
-
-    tracer.count_optimizer_steps()
     local: dict[int, torch.Tensor] = {}  # id(param) -> sum of its grad as backward left it
-    hooked: set[int] = set()
     loss: list = [None, ""]  # the latest backward's scalar (detached) and its line
     written = [0]
 
-    def accumulated(p: torch.Tensor) -> None:
+    def accumulated(p: torch.Tensor, grad: torch.Tensor) -> None:
         if written[0] >= REPORTS:
             return  # said all there is to say: the run is NaN from here on
-        try:
-            if p.grad is not None and p.grad.layout == torch.strided and p.grad.numel():
-                local[id(p)] = _total(p.grad)
-        except Exception:  # evidence is best effort: never break the user's backward
-            local.pop(id(p), None)
+        local.pop(id(p), None)  # a sum that fails is no stale sum
+        if grad.numel():
+            local[id(p)] = _total(grad)
 
-    def hook(params: Iterable[torch.Tensor]) -> None:
-        for p in params:
-            if id(p) not in hooked:
-                hooked.add(id(p))
-                p.register_post_accumulate_grad_hook(accumulated)
-
-    def before_step(optimizer: Any, *args: Any) -> None:
-        try:
-            params = plain_params(optimizer)
-            hook(params)
-            if written[0] < REPORTS:
-                _judge_step(params)
-        except Exception:  # evidence is best effort: never break the user's step
-            pass
-
-    def _judge_step(params: list[torch.Tensor]) -> None:
+    def before_step(params: list[torch.Tensor]) -> None:
+        if written[0] >= REPORTS:
+            return
         own = [p for p in params if id(p) in local]
         values = [local.pop(id(p)) for p in own]  # another optimiser's stay for its step
         if loss[0] is not None:
             values.append(loss[0])
         if not values:
             return
-        flat = torch.stack([v.reshape(()).to(torch.float64).cpu() for v in values]).tolist()
+        try:  # one op for all: the sums and the loss are scalars, of a dtype or two
+            flat = torch.stack(values).tolist()
+        except (RuntimeError, TypeError):  # on devices of their own
+            flat = [float(v) for v in values]
         bad = [p for p, v in zip(own, flat) if not math.isfinite(v)]
         loss_value = flat[len(own)] if len(flat) > len(own) else None
         if not (bad or (loss_value is not None and not math.isfinite(loss_value))):
@@ -87,23 +72,15 @@ def record_nonfinite(tracer: Any) -> None:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
             if self.numel() == 1:
-                loss[0], loss[1] = self.detach(), user_line()
+                loss[0], loss[1] = self.detach().reshape(()), user_line()
         except Exception:
             pass
         return original_backward(self, *args, **kwargs)
 
     torch.Tensor.backward = backward
-    register_optimizer_step_pre_hook(before_step)
-    original_init = Optimizer.__init__
-
-    def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(optimizer, *args, **kwargs)
-        try:
-            hook(plain_params(optimizer))  # from construction: step 1's backward is seen too
-        except Exception:
-            pass
-
-    Optimizer.__init__ = init
+    hooks = step_hooks(tracer)
+    hooks.accumulated.append(accumulated)
+    hooks.before_step.append(before_step)
 
 
 def _total(grad: torch.Tensor) -> torch.Tensor:
