@@ -21,7 +21,7 @@ seen = {
     "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
     "threads": torch.get_num_threads(),
     "torch_draw": torch.rand(4).tolist(), "random_draw": random.random(),
-    "main": __name__, "argv": sys.argv[1:],
+    "main": __name__, "argv": sys.argv[1:], "cwd_on_path": os.getcwd() in sys.path,
 }
 with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as out:
     json.dump(seen, out)

@@ -325,8 +325,9 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
 def test_a_forked_rank_starts_as_fresh_as_a_spawned_one(distdoctor, tmp_path, method):
     """Forked from a test process that has run torch ops, seeded its generators and
     replaced its streams, each rank still sees what a fresh interpreter gives it: its own
-    environment, fresh streams on fds 0-2, Python's signal dispositions, one thread, and
-    random generators of its own (the same draws on every rank would hide a missing seed)."""
+    environment, its working directory importable, fresh streams on fds 0-2, Python's
+    signal dispositions, one thread, and random generators of its own (the same draws on
+    every rank would hide a missing seed)."""
     import random
 
     import torch
@@ -344,6 +345,7 @@ def test_a_forked_rank_starts_as_fresh_as_a_spawned_one(distdoctor, tmp_path, me
         assert (s["stdin_fd"], s["stdout_fd"], s["stderr_fd"]) == (0, 1, 2)
         assert s["sigint_raises"] and s["sigterm_default"] and s["threads"] == 1
         assert (s["main"], s["argv"]) == ("__main__", [str(tmp_path), "extra"])
+        assert s["cwd_on_path"]  # as python -m harness.doctor has it
     torch.manual_seed(0)
     random.seed(0)
     torch_draws = {repr(s["torch_draw"]) for s in seen} | {repr(torch.rand(4).tolist())}

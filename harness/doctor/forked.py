@@ -6,7 +6,8 @@ rank measured here, so 5 s before a 4-rank job on 2 cores makes its first call);
 the launcher, which has imported them already, takes milliseconds. What a fresh
 interpreter would have differently is made fresh in the child, before the script starts:
 
-* the environment is the rank's (torchrun's variables), in ``os.environ`` and the C one;
+* the environment is the rank's (torchrun's variables), in ``os.environ`` and the C one,
+  and the working directory is on ``sys.path`` as ``python -m`` puts it;
 * stdin, stdout and stderr are new streams on fds 0, 1 and 2 (a test runner's capture
   objects are left behind), buffered as Python buffers them, PYTHONUNBUFFERED honoured;
 * every signal has Python's default disposition and no wakeup fd;
@@ -110,6 +111,8 @@ def fork_rank(argv: list[str], env: dict[str, str], stderr_fd: int,
 def _make_fresh(env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
+    if os.getcwd() not in sys.path:  # ``python -m harness.doctor`` puts it first
+        sys.path.insert(0, os.getcwd())
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
