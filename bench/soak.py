@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                     keep.mkdir(exist_ok=True)
                     path = keep / f"{job.name.split()[0]}-{index}.log"
                     path.write_text(output)
-                    note = f"  FAILED, output in {path.relative_to(ROOT)}"
+                    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                    note = f"  FAILED, output in {shown}"
                 print(f"  {job.name} [{index}/{job.runs}] {seconds:.1f} s{note}", flush=True)
     finally:
         stop(load)

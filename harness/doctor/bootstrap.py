@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import os
 import runpy
 import signal
@@ -102,20 +103,32 @@ def _install(fd: int, light: bool = False):
     return tracer
 
 
+# What the script left (its globals, or the exception and so its frames), kept alive to
+# the end: the rank leaves by os._exit, and freeing them first runs destructors (DDP's,
+# the process group's) that can block forever in a peer's teardown, as a rank forked
+# from a process that has trained before was seen to (1 run in ~8)
+_KEPT: list = []
+
+
 def _run_script(script: str, args: list[str]) -> str | None:
-    """Run ``script`` as __main__; its traceback if it raised, else None."""
+    """Run ``script`` as __main__; its traceback if it raised, else None. Nothing the script
+    made is freed afterwards (see ``_KEPT``), and no garbage collection runs."""
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit:
-        pass  # leaving on purpose is not a crash: a peer still waiting is the problem
+        _KEPT.append(runpy.run_path(script, run_name="__main__"))
+    except SystemExit as exc:
+        _KEPT.append(exc)  # leaving on purpose is not a crash: a peer still waiting is the
+        # problem
     except BaseException as exc:
+        _KEPT.append(exc)
         tb = exc.__traceback__
         while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
                                   or tb.tb_frame.f_code.co_filename.startswith("<frozen")):
             tb = tb.tb_next  # start the traceback at the script
         return "".join(traceback.format_exception(type(exc), exc, tb))
+    finally:
+        gc.disable()
     return None
 
 
