@@ -54,7 +54,10 @@ def check(record: RunRecord) -> list[Finding]:
 
 def _user_ratio(steps) -> float | None:
     """As ``_ratio``, on sampled gradients; None where no rank's gradient was changed by a
-    synchronisation (nothing was reduced: independent ranks, or one that skipped it)."""
+    synchronisation (nothing was reduced: independent ranks, or one that skipped it), or
+    on a step whose gradients were not sampled."""
+    if any(s.local is None or s.applied is None for s in steps):
+        return None
     if len({s.applied.digest for s in steps}) != 1:
         return None
     if all(s.applied.values == s.local.values for s in steps):

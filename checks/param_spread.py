@@ -57,10 +57,19 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
     (so they are replicas: DDP, or a hand-written all-reduce over the group), the sampled
     parameters, taken just before the step, must agree. Ranks that applied different
     gradients (pipeline stages, tensor-parallel shards, independent models) are not
-    replicas and are never compared."""
+    replicas and are never compared; between the steps whose gradients were sampled,
+    ranks are what they were at the last sampled one."""
     trail, first, differ, where = [], None, [], ""
-    for steps in gradient_steps_on_every_rank(record):
-        if len({s.applied.digest for s in steps}) != 1 or any(s.params is None for s in steps):
+    every = gradient_steps_on_every_rank(record)
+    sampled = [steps for steps in every if all(s.applied is not None for s in steps)]
+    replicas = _same_gradient(sampled[0]) if sampled else False
+    for steps in every:
+        if all(s.applied is not None for s in steps):
+            replicas = _same_gradient(steps)
+        elif any(s.applied is not None for s in steps):
+            continue  # ranks that sampled different steps: not one SPMD loop
+        # between sampled steps, the ranks are what they were at the last one
+        if not replicas or any(s.params is None for s in steps):
             continue
         if len({len(s.params.values) for s in steps}) != 1:
             continue
@@ -100,3 +109,7 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
             "on every rank, and no rank skipping or adding a step",
         fix_changes={}, ranks=tuple(differ), measured=measured,
         headline=f"spread {max(trail):.3g} from step {first}")]
+
+
+def _same_gradient(steps) -> bool:
+    return len({s.applied.digest for s in steps}) == 1

@@ -130,6 +130,10 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
      {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters", [1, 2], "# STEP",
      {"first_divergent_step": 1, "ranks_differing_from_rank_0": [1, 2]}),
+    # rank 0 halves its learning rate after step 9: the update of step 10 differs, and the
+    # parameters before step 11 (one whose gradients are not sampled) with it
+    ("scheduler_on_rank_0.py", 2, "divergent-parameters", [1], "# STEP",
+     {"first_divergent_step": 11, "ranks_differing_from_rank_0": [1]}),
     # 161 float32 parameters: 644 bytes a sync, 4 syncs where 1 would do
     ("accumulate_without_no_sync.py", 2, "sync-every-microbatch", [0, 1], "# FORWARD",
      {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,

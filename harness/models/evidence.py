@@ -63,11 +63,12 @@ class GradientEvidence:
     """A user's script's gradients at one optimiser step, sampled: as backward left them
     (``local``, before any hand-written synchronisation) and as the optimiser applied them.
     The same positions of every plain (unsharded) parameter the optimiser steps, so two
-    ranks' samples compare value for value."""
+    ranks' samples compare value for value. Steps whose gradients were not sampled have
+    ``local`` and ``applied`` None and the parameters alone."""
 
     step: int  # 1-based count of the optimiser steps this rank took (any optimiser)
-    local: Fingerprint
-    applied: Fingerprint
+    local: Fingerprint | None
+    applied: Fingerprint | None
     params: Fingerprint | None = None  # the same positions of the parameters, before the step
     where: str = ""  # the script's line that called optimizer.step()
 

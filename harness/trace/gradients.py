@@ -1,22 +1,72 @@
-"""The gradients of a user's script, sampled at every optimiser step: the evidence for a
+"""The gradients of a user's script, sampled at optimiser steps: the evidence for a
 gradient summed and never averaged, and for replicas whose parameters part.
 
 Hooks only, no change to the script: the shared optimiser hooks of ``steps.py`` (one
 post-accumulate-grad hook per parameter an optimiser holds, one global pre-step hook).
+A sample is a few values at fixed positions, read through a numpy view of the tensor
+where it lives on the CPU in a numpy dtype (a third of a ``torch.take``'s cost), else
+taken by torch; the parameters' own views are made once.
+
+What it costs is Python work per parameter, and it is spent where it tells something:
+the parameters are sampled before every step (a replica that parts is seen at the step
+it parts), the gradients, local and applied, at every step up to ``DENSE`` and every
+``STRIDE``-th after (a sum that is never divided sums at every step alike).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import weakref
 from array import array
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
 from harness.models import Fingerprint, GradientEvidence
 from harness.trace.steps import step_hooks
 from harness.trace.tracer import user_line
+
+DENSE = 8  # the first optimiser steps, whose gradients are all sampled
+STRIDE = 4  # after them, every STRIDE-th step's
+_VIEWED = (torch.float32, torch.float64, torch.float16)  # dtypes numpy reads as they are
+
+
+class _Positions:
+    """Where a parameter is sampled, with a numpy view of the parameter itself (kept only
+    while the parameter lives, and remade when its storage moves)."""
+
+    def __init__(self, p: torch.Tensor, per_param: int) -> None:
+        flat = torch.linspace(0, p.numel() - 1, min(per_param, p.numel())).round().long()
+        self.flat = flat
+        self.index = np.unravel_index(flat.numpy(), tuple(p.shape)) if p.dim() else ()
+        self.param = weakref.ref(p)
+        self._view: np.ndarray | None = None
+        self._address = -1
+
+    def of(self, t: torch.Tensor) -> np.ndarray:
+        """The sampled values of ``t`` (the parameter's shape), as a new array."""
+        if viewable(t):
+            return t.detach().numpy()[self.index]
+        return torch.take(t.detach(), self.flat).to(torch.float64).cpu().numpy()
+
+    def of_param(self, p: torch.Tensor) -> np.ndarray:
+        if self._address != p.data_ptr() or self._view is None:
+            self._view = p.detach().numpy() if viewable(p) else None
+            self._address = p.data_ptr()
+            if self._view is None:
+                return self.of(p)
+        return self._view[self.index]
+
+
+def sampled(step: int) -> bool:
+    """Whether optimiser step ``step`` (1-based) samples its gradients."""
+    return step <= DENSE or step % STRIDE == 0
+
+
+def viewable(t: torch.Tensor) -> bool:
+    return t.is_cpu and t.dtype in _VIEWED and t.is_contiguous() and not t.is_conj()
 
 
 def record_gradients(tracer: Any, per_param: int = 4) -> None:
@@ -26,52 +76,82 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
     gradient (the mean of the ranks' local ones) from a summed one, at a few tensor ops
     per parameter and step. Sharded parameters (DTensor, as FSDP2 makes them) are left
     out: their gradients are shards by design."""
-    local: dict[int, torch.Tensor] = {}  # id(param) -> its latest accumulated sample
-    where: dict[int, torch.Tensor] = {}  # id(param) -> its sampled positions
+    # id(param) -> (its latest accumulated sample, the grad it came from, its view)
+    local: dict[int, tuple[np.ndarray, torch.Tensor, np.ndarray | None]] = {}
+    where: dict[int, _Positions] = {}  # id(param) -> its sampled positions
 
-    def positions(p: torch.Tensor) -> torch.Tensor:
+    def positions(p: torch.Tensor) -> _Positions:
         found = where.get(id(p))
-        if found is None:
-            found = where[id(p)] = torch.linspace(
-                0, p.numel() - 1, min(per_param, p.numel())).round().long()
+        if found is None or found.param() is not p:  # an id reused by a new parameter
+            found = where[id(p)] = _Positions(p, per_param)
         return found
 
-    def accumulated(p: torch.Tensor, grad: torch.Tensor) -> None:
+    def accumulated(p: torch.Tensor, grad: torch.Tensor) -> None:  # on sampled steps only
         local.pop(id(p), None)  # a sample that fails is no stale sample
-        local[id(p)] = torch.take(grad.detach(), positions(p))  # no copy
+        at = positions(p)
+        if viewable(grad):
+            view = grad.detach().numpy()
+            local[id(p)] = (view[at.index], grad, view)  # the view sees a sync in place
+        else:
+            local[id(p)] = (at.of(grad), grad, None)
+
+    def applied(p: torch.Tensor, at: _Positions, grad: torch.Tensor,
+                seen: torch.Tensor, view: np.ndarray | None) -> np.ndarray:
+        if view is not None and grad is seen and grad.data_ptr() == view.ctypes.data:
+            return view[at.index]
+        return at.of(grad)
 
     def before_step(params: list[torch.Tensor]) -> None:
         # every optimiser's steps, in the order taken (the same on every rank of an
         # SPMD script); the post-step counter has not yet seen this one
         steps = tracer.optimizer_steps + 1
-        seen = [p for p in params if id(p) in local and p.grad is not None
-                and p.grad.layout == torch.strided]
-        if not seen:
+        if not sampled(steps):
+            local.clear()  # nothing sampled is waiting for this step
+            held = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
+            if held:  # formatted by hand, and the step's line left to the last sampled one's
+                rows = np.concatenate([positions(p).of_param(p) for p in held]).astype("<f8")
+                tracer.put(f'{{"ev":"params","step":{steps},"rows":"{rows.tobytes().hex()}",'
+                           f'"numel":{sum(p.numel() for p in held)}}}')
+            return
+        mine, now, values, numel = [], [], [], 0
+        for p in params:
+            entry = local.pop(id(p), None)  # a parameter backward leaves alone next step
+            grad = p.grad  # keeps no stale sample
+            if entry is None or grad is None or grad.layout != torch.strided:
+                continue
+            at = where[id(p)]
+            mine.append(entry[0])
+            now.append(applied(p, at, grad, entry[1], entry[2]))
+            values.append(at.of_param(p))
+            numel += p.numel()
+        if not mine:
             return  # the first step, before the hooks existed, or no gradients
-        mine = torch.cat([local.pop(id(p)) for p in seen])  # a parameter backward
-        # leaves alone next step keeps no stale sample
-        applied = torch.cat([torch.take(p.grad.detach(), positions(p)) for p in seen])
-        values = torch.cat([torch.take(p.detach(), positions(p)) for p in seen])
         # as float64 bytes in hex: exact, and 30x cheaper to write than JSON's float reprs
-        rows = torch.stack([mine, applied, values]).to(torch.float64).cpu().numpy()
-        tracer.write(ev="grads", step=steps, rows=rows.astype("<f8").tobytes().hex(),
-                     numel=sum(p.numel() for p in seen), where=user_line())
+        rows = np.concatenate(mine + now + values).astype("<f8")
+        tracer.write(ev="grads", step=steps, rows=rows.tobytes().hex(), numel=numel,
+                     where=user_line())
 
     hooks = step_hooks(tracer)
+    hooks.sampled = sampled
     hooks.accumulated.append(accumulated)
     hooks.before_step.append(before_step)
-
-
 def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
-    """Each sampled optimiser step's local and applied gradients."""
+    """Each sampled optimiser step's local and applied gradients and parameters; between
+    the steps whose gradients were sampled, the parameters alone."""
     def print_of(values: list[float], numel: int) -> Fingerprint:
         return Fingerprint(numel, repr(values), math.sqrt(sum(v * v for v in values)),
                            tuple(values))
 
-    found = []
+    found, line = [], ""
     for e in events:
+        if e.get("ev") == "params":
+            found.append(GradientEvidence(e["step"], None, None,
+                                          print_of(_rows(e["rows"], 1)[0], e["numel"]),
+                                          e.get("where", line)))
+            continue
         if e.get("ev") != "grads":
             continue
+        line = e.get("where", "")
         if "rows" in e:
             local, applied, params = _rows(e["rows"])
         else:  # written before the rows were packed
@@ -82,10 +162,11 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
     return tuple(found)
 
 
-def _rows(text: str) -> list[list[float]]:
-    """The three sample rows (local, applied, params) from their little-endian float64 hex."""
+def _rows(text: str, count: int = 3) -> list[list[float]]:
+    """``count`` sample rows (local, applied, params; or params alone) from their
+    little-endian float64 hex."""
     values = array("d", bytes.fromhex(text))
     if sys.byteorder == "big":
         values.byteswap()
-    width = len(values) // 3
-    return [values[i * width:(i + 1) * width].tolist() for i in range(3)]
+    width = len(values) // count
+    return [values[i * width:(i + 1) * width].tolist() for i in range(count)]
