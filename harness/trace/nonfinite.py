@@ -3,8 +3,8 @@ whose loss, or whose own gradient (as its backward produced it, before any
 synchronisation), went non-finite first. The ranks it then reached through the
 all-reduce show it a step later, in their own loss.
 
-Cheap enough for every step: one sum per gradient as backward accumulates it, and the
-loss kept by reference; both are read together, once per optimiser step. A NaN or Inf
+Cheap enough for every step: one sum per gradient as backward accumulates it (taken by
+the shared hook of ``steps.py``), and the loss kept by reference; both are read together, once per optimiser step. A NaN or Inf
 anywhere makes the sum non-finite; a finite gradient would have to add up past 3e38 to
 overflow it (the sum is taken in at least float32, so half-precision gradients do not
 overflow at 65504). A max of absolute values cannot overflow at all but costs five times
@@ -33,19 +33,16 @@ REPORTS = 3  # non-finite steps written per rank
 
 def record_nonfinite(tracer: Any) -> None:
     """Install the hooks on ``tracer`` (a Tracer counting optimiser steps)."""
-    local: dict[int, torch.Tensor] = {}  # id(param) -> sum of its grad as backward left it
     loss: list = [None, ""]  # the latest backward's scalar (detached) and its line
     written = [0]
-
-    def accumulated(p: torch.Tensor, grad: torch.Tensor) -> None:
-        if written[0] >= REPORTS:
-            return  # said all there is to say: the run is NaN from here on
-        local.pop(id(p), None)  # a sum that fails is no stale sum
-        if grad.numel():
-            local[id(p)] = _total(grad)
+    hooks = step_hooks(tracer)
+    hooks.summing = True  # id(param) -> sum of its grad as backward left it, in hooks.sums
+    local = hooks.sums
 
     def before_step(params: list[torch.Tensor]) -> None:
         if written[0] >= REPORTS:
+            hooks.summing = False  # said all there is to say: the run is NaN from here on
+            local.clear()
             return
         own = [p for p in params if id(p) in local]
         values = [local.pop(id(p)) for p in own]  # another optimiser's stay for its step
@@ -78,14 +75,9 @@ def record_nonfinite(tracer: Any) -> None:
         return original_backward(self, *args, **kwargs)
 
     torch.Tensor.backward = backward
-    hooks = step_hooks(tracer)
-    hooks.accumulated.append(accumulated)
     hooks.before_step.append(before_step)
 
 
-def _total(grad: torch.Tensor) -> torch.Tensor:
-    wide = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
-    return grad.detach().sum(dtype=wide)
 
 
 def _names(params: list[torch.Tensor]) -> dict[int, str]:
