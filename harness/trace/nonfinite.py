@@ -3,16 +3,26 @@ whose loss, or whose own gradient (as its backward produced it, before any
 synchronisation), went non-finite first. The ranks it then reached through the
 all-reduce show it a step later, in their own loss.
 
-Cheap enough for every step: one sum per gradient as backward accumulates it (taken by
-the shared hook of ``steps.py``), and the loss kept by reference; both are read together, once per optimiser step. A NaN or Inf
-anywhere makes the sum non-finite; a finite gradient would have to add up past 3e38 to
-overflow it (the sum is taken in at least float32, so half-precision gradients do not
-overflow at 65504). A max of absolute values cannot overflow at all but costs five times
-as much (measured: 112 against 21 us per 262k floats), and a second pass over the
-gradients about to be applied would double the cost to say what the next step's loss
-says anyway. Only a step with something non-finite writes a line (the first few per
-rank: from then on every value is NaN), and only then are the parameters' names looked
-up, in the live modules.
+Cheap enough for every step: each gradient's sum as backward accumulates it (taken by
+the shared hook of ``steps.py`` into preallocated slots, ``sums.py``) and the loss of
+the latest backward, both read once per optimiser step; only when something there is
+not finite are the parameters looked at one by one. A NaN or Inf anywhere makes the sum
+non-finite; a finite gradient would have to add up past 3e38 to overflow it (the sum is
+taken in at least float32, so half-precision gradients do not overflow at 65504). A max
+of absolute values cannot overflow at all but costs five times as much (measured: 112
+against 21 us per 262k floats), and a second pass over the gradients about to be
+applied would double the cost to say what the next step's loss says anyway.
+
+What is summed when (``steps.SMALL``): gradients of up to 16384 elements at every step,
+larger ones on the steps the gradient recorder samples. The gap this leaves: a NaN born
+in backward in a large weight's gradient alone, on an unsampled step, with the layer's
+bias and the loss finite, is seen a step late, in the loss of every rank the
+all-reduce took it to, so its origin is not told apart. A NaN in the data or the
+activations reaches the biases' gradients too, and is seen at its step and rank.
+
+Only a step with something non-finite writes a line (the first few per rank: from then
+on every value is NaN), and only then are the parameters' names looked up, in the live
+modules.
 """
 
 from __future__ import annotations
@@ -36,27 +46,24 @@ def record_nonfinite(tracer: Any) -> None:
     loss: list = [None, ""]  # the latest backward's scalar (detached) and its line
     written = [0]
     hooks = step_hooks(tracer)
-    hooks.summing = True  # id(param) -> sum of its grad as backward left it, in hooks.sums
-    local = hooks.sums
+    hooks.summing = True  # each gradient's sum as backward left it, in hooks.sums
+    sums = hooks.sums
 
     def before_step(params: list[torch.Tensor]) -> None:
         if written[0] >= REPORTS:
             hooks.summing = False  # said all there is to say: the run is NaN from here on
-            local.clear()
+            sums.clear()
             return
-        own = [p for p in params if id(p) in local]
-        values = [local.pop(id(p)) for p in own]  # another optimiser's stay for its step
-        if loss[0] is not None:
-            values.append(loss[0])
-        if not values:
+        kept, loss[0] = loss[0], None  # read once, by the step it led to
+        loss_value = None if kept is None else kept.item()
+        loss_bad = loss_value is not None and not math.isfinite(loss_value)
+        if not loss_bad and sums.all_finite():
+            sums.clear()
             return
-        try:  # one op for all: the sums and the loss are scalars, of a dtype or two
-            flat = torch.stack(values).tolist()
-        except (RuntimeError, TypeError):  # on devices of their own
-            flat = [float(v) for v in values]
-        bad = [p for p, v in zip(own, flat) if not math.isfinite(v)]
-        loss_value = flat[len(own)] if len(flat) > len(own) else None
-        if not (bad or (loss_value is not None and not math.isfinite(loss_value))):
+        # something is non-finite: which of this optimiser's gradients (another
+        # optimiser's stay in their slots for its own step)
+        bad = [p for p, value in sums.take(params) if not math.isfinite(value)]
+        if not (bad or loss_bad):
             return
         written[0] += 1
         names = _names(bad)
@@ -76,8 +83,6 @@ def record_nonfinite(tracer: Any) -> None:
 
     torch.Tensor.backward = backward
     hooks.before_step.append(before_step)
-
-
 
 
 def _names(params: list[torch.Tensor]) -> dict[int, str]:

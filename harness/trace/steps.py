@@ -7,28 +7,34 @@ one Python call per backward, not one per recorder, and the optimiser's paramete
 listed once per step. Inside a training step a Python call costs tens of microseconds
 (measured: the backward's kernels leave the interpreter's caches cold), so the hook does
 the one thing needed at every step itself, each gradient's sum for the NaN/Inf check,
-and calls the recorders' callbacks only on the steps they sample.
+and calls the recorders' callbacks only on the steps they sample; whether a step is
+sampled is decided once, by its first gradient.
+
+Which sums are taken when: a gradient of at most ``SMALL`` elements at every step, a
+larger one on the sampled steps only. The small ones are the biases and norms, whose
+gradient is non-finite whenever the layer's output gradient is; summing the large
+weights at every step would be most of the check's cost (a sum reads every element).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
 
+from harness.trace.sums import GradSums
 from harness.trace.tracer import plain_params
 
+SMALL = 1 << 14  # gradients of at most this many elements are summed at every step
 Accumulated = Callable[[torch.Tensor, torch.Tensor], None]  # (param, its strided grad)
-# the dtype each gradient's sum is taken in: its own, or float32 for narrower ones (a
-# half-precision sum would overflow at 65504)
-_WIDE = {torch.float32: torch.float32, torch.float64: torch.float64}
 BeforeStep = Callable[[list[torch.Tensor]], None]  # the optimiser's plain parameters
 
 
 class StepHooks:
     """Callbacks run as each plain parameter's gradient is accumulated (on the steps
-    ``sampled`` names) and before every optimiser step; with ``summing`` on, each
-    gradient's sum is kept in ``sums`` (by id of its parameter) at every step. Evidence is
+    ``sampled`` names) and before every optimiser step; with ``summing`` on, gradients'
+    sums are kept in ``sums`` (see the module's docstring for which). Evidence is
     best effort: a callback that raises is skipped for that call, never the user's
     backward or step."""
 
@@ -37,9 +43,12 @@ class StepHooks:
         self.before_step: list[BeforeStep] = []
         self.sampled: Callable[[int], bool] = lambda step: True
         self.summing = False
-        self.sums: dict[int, torch.Tensor] = {}
+        self.sums = GradSums()
+        # id(param) -> (the parameter, weakly; its hook's handle)
+        self.handles: dict[int, tuple[weakref.ref, Any]] = {}
         self._tracer = tracer
-        self._hooked: set[int] = set()
+        self._decided = -1  # the step whose sampling is decided, and the decision
+        self._sampling = True
         from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
         register_optimizer_step_pre_hook(self._before_step)
@@ -57,19 +66,24 @@ class StepHooks:
 
     def _hook(self, params: list[torch.Tensor]) -> None:
         for p in params:
-            if id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                p.register_post_accumulate_grad_hook(self._accumulated)
+            entry = self.handles.get(id(p))
+            if entry is None or entry[0]() is not p:  # new, or an id a dead one left
+                self.handles[id(p)] = (weakref.ref(p),
+                                       p.register_post_accumulate_grad_hook(self._accumulated))
 
     def _accumulated(self, p: torch.Tensor) -> None:
         grad = p.grad
         if grad is None or grad.layout != torch.strided:
             return
-        if self.summing:
-            self.sums.pop(id(p), None)  # a sum that fails is no stale sum
-            if grad.numel():
-                self.sums[id(p)] = grad.detach().sum(dtype=_WIDE.get(grad.dtype, torch.float32))
-        if not self.accumulated or not self.sampled(self._tracer.optimizer_steps + 1):
+        step = self._tracer.optimizer_steps + 1
+        if step != self._decided:
+            self._decided, self._sampling = step, self.sampled(step)
+        if self.summing and (self._sampling or grad.numel() <= SMALL):
+            try:
+                self.sums.add(p, grad)
+            except Exception:
+                pass
+        if not self._sampling or not self.accumulated:
             return
         for callback in self.accumulated:
             try:

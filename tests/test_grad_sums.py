@@ -1,0 +1,70 @@
+"""The slots the NaN/Inf check sums gradients into: what they hold, and when they forget."""
+
+import gc
+import math
+
+import torch
+
+from harness.trace.sums import CHUNK, GradSums
+
+
+def param(*shape, dtype=torch.float32):
+    return torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))
+
+
+def test_a_sum_is_the_gradients_sum_and_a_nan_anywhere_makes_it_non_finite():
+    sums, a, b = GradSums(), param(4, 3), param(5)
+    grad = torch.arange(12.0).reshape(4, 3)
+    sums.add(a, grad)
+    sums.add(b, torch.tensor([1.0, 2.0, math.inf, 0.0, 0.0]))
+    assert not sums.all_finite()
+    taken = dict((id(p), v) for p, v in sums.take([a, b]))
+    assert taken[id(a)] == float(grad.sum()) == 66.0
+    assert taken[id(b)] == math.inf
+    assert sums.all_finite()  # taken slots are zeroed
+
+
+def test_a_later_sum_replaces_the_earlier_one_and_clear_forgets_all():
+    sums, a = GradSums(), param(2)
+    sums.add(a, torch.tensor([math.nan, 1.0]))
+    sums.add(a, torch.tensor([2.0, 1.0]))  # the accumulated gradient, summed again
+    assert sums.all_finite()
+    sums.add(a, torch.tensor([math.nan, 1.0]))
+    sums.clear()
+    assert sums.all_finite() and sums.take([a]) == [(a, 0.0)]
+
+
+def test_half_precision_is_summed_wide_enough_not_to_overflow():
+    sums, a = GradSums(), param(4, dtype=torch.float16)
+    sums.add(a, torch.full((4,), 60000.0, dtype=torch.float16))  # 240000 > 65504
+    assert sums.all_finite() and sums.take([a]) == [(a, 240000.0)]
+
+
+def test_only_the_given_parameters_are_taken_and_others_keep_their_sums():
+    sums, mine, theirs = GradSums(), param(1), param(1)
+    sums.add(mine, torch.tensor([1.0]))
+    sums.add(theirs, torch.tensor([math.nan]))
+    assert [v for _, v in sums.take([mine])] == [1.0]
+    assert not sums.all_finite()
+    assert math.isnan(sums.take([theirs])[0][1])
+
+
+def test_a_dead_parameters_slot_is_reused_and_its_nan_forgotten():
+    sums, keep = GradSums(), param(1)
+    sums.add(keep, torch.tensor([1.0]))
+    doomed = param(1)
+    sums.add(doomed, torch.tensor([math.nan]))
+    del doomed
+    gc.collect()
+    assert sums.all_finite()
+    for _ in range(3 * CHUNK):  # parameters made and dropped: the buffers do not grow
+        sums.add(param(1), torch.tensor([1.0]))
+    assert sum(len(b) for b in sums._buffers.values()) == 1
+
+
+def test_more_parameters_than_a_buffer_holds_each_keep_their_own_sum():
+    sums = GradSums()
+    params = [param(1) for _ in range(CHUNK + 3)]
+    for i, p in enumerate(params):
+        sums.add(p, torch.tensor([float(i)]))
+    assert [v for _, v in sums.take(params)] == [float(i) for i in range(CHUNK + 3)]
