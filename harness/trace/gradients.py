@@ -8,13 +8,17 @@ where it lives on the CPU in a numpy dtype (a third of a ``torch.take``'s cost),
 taken by torch; the parameters' own views are made once.
 
 What it costs is Python work per parameter, and it is spent where it tells something:
-the parameters are sampled before every step (a replica that parts is seen at the step
-it parts), the gradients, local and applied, at every step up to ``DENSE`` and every
-``STRIDE``-th after (a sum that is never divided sums at every step alike).
+at every step up to ``DENSE`` and every ``STRIDE``-th after, every parameter and its
+gradient, local and applied (a sum that is never divided sums at every step alike);
+between those steps, the ``WATCHED`` largest parameters alone, so a replica that parts
+is seen at the step it parts (an update that differs between ranks moves the big
+weights too; one that touches only a small parameter is seen at the next sampled step,
+at most ``STRIDE - 1`` steps late).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import sys
 import weakref
@@ -29,7 +33,8 @@ from harness.trace.steps import step_hooks
 from harness.trace.tracer import user_line
 
 DENSE = 8  # the first optimiser steps, whose gradients are all sampled
-STRIDE = 4  # after them, every STRIDE-th step's
+STRIDE = 8  # after them, every STRIDE-th step's
+WATCHED = 2  # parameters sampled between those steps: the largest, the same on every rank
 _VIEWED = (torch.float32, torch.float64, torch.float16)  # dtypes numpy reads as they are
 
 
@@ -107,7 +112,9 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
         steps = tracer.optimizer_steps + 1
         if not sampled(steps):
             local.clear()  # nothing sampled is waiting for this step
-            held = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
+            held = heapq.nlargest(WATCHED, (
+                p for p in params if p.grad is not None and p.grad.layout == torch.strided),
+                key=lambda p: p.numel())  # ties in the optimiser's order: alike on every rank
             if held:  # formatted by hand, and the step's line left to the last sampled one's
                 rows = np.concatenate([positions(p).of_param(p) for p in held]).astype("<f8")
                 tracer.put(f'{{"ev":"params","step":{steps},"rows":"{rows.tobytes().hex()}",'
