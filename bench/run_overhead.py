@@ -8,9 +8,9 @@
    happen in C++ and are not traced, and DDP with a comm hook, whose every bucket
    all-reduce is traced.
 3. The evidence of the silent bugs (gradient samples, batches, NaN/Inf checks) on a DDP
-   step of 1.05M parameters, two ways: inside the ranks, alternating blocks of a few steps
-   with the evidence on and off (``evidence_blocks.py``: paired, so the machine's drift
-   cancels; this is the figure to quote), and as whole runs of ``ddp_1m.py`` under
+   step of 1.05M parameters, two ways: inside the ranks, alternating blocks of two
+   gradient-sampling strides with the evidence on and off (``evidence_blocks.py``:
+   paired, so the machine's drift cancels; this is the figure to quote), and as whole runs of ``ddp_1m.py`` under
    ``distdoctor run`` against ``distdoctor run --light`` (calls traced, no evidence),
    alternating, as rank 0's CPU time per step (whole runs drift by +-10% here, so this
    one only shows that nothing outside the step costs more).
@@ -25,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness.trace.gradients import STRIDE  # noqa: E402 (after the path is set)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 5
@@ -137,28 +138,31 @@ def evidence_overhead(ranks: int, steps: int, repeats: int = 9) -> None:
 
 
 def evidence_in_rank(ranks: int, rounds: int, steps: int) -> None:
+    """``steps`` per block: a multiple of the gradient recorder's STRIDE (see
+    ``evidence_blocks.py``)."""
     from bench.evidence_blocks import evidence_blocks
     from harness.launch.pool import RankPool
 
+    assert steps % STRIDE == 0, f"blocks of {steps} steps: not a multiple of {STRIDE}"
     with RankPool(ranks) as pool:
         for null in (True, False):
-            result = pool.run(evidence_blocks, rounds, steps, null, deadline=900)
+            result = pool.run(evidence_blocks, rounds, steps, null, deadline=1800)
             ratios = sorted(result.raise_for_status().values[0])
             quartiles = statistics.quantiles(ratios, n=4)
             what = "off/off (the measurement's bias)" if null else "on/off"
             print(f"evidence on a 1.05M-parameter DDP step, {ranks} ranks, in-rank blocks of "
-                  f"{steps} step{'s' if steps > 1 else ''}: {what} median "
-                  f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-"
-                  f"{quartiles[2]:.3f}) over {rounds} alternating pairs", flush=True)
+                  f"{steps} steps: {what} median {statistics.median(ratios):.3f} (quartiles "
+                  f"{quartiles[0]:.3f}-{quartiles[2]:.3f}, mean {statistics.fmean(ratios):.3f}) "
+                  f"over {rounds} alternating pairs", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["evidence"]:
-        evidence_in_rank(2, 800, 1)
+        evidence_in_rank(2, 200, 2 * STRIDE)
         evidence_overhead(2, 200)
         sys.exit()
     script_overhead(2, 20)
     script_overhead(2, 2000)
     tracer_overhead()
-    evidence_in_rank(2, 800, 1)
+    evidence_in_rank(2, 200, 2 * STRIDE)
     evidence_overhead(2, 200)
