@@ -28,21 +28,21 @@ class GradSums:
     """Slots for one sum per parameter (by identity), kept until ``clear`` or ``take``."""
 
     def __init__(self) -> None:
-        # id(param) -> (the parameter, weakly; its buffer; its slot, a 0-dim view)
-        self._slots: dict[int, tuple[weakref.ref, torch.Tensor, torch.Tensor]] = {}
+        # id(param) -> (the parameter, weakly; its slot, a 0-dim view of a buffer)
+        self._slots: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self._buffers: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         self._used: dict[tuple[torch.dtype, torch.device], int] = {}
         self._free: dict[tuple[torch.dtype, torch.device],
-                        list[tuple[torch.Tensor, torch.Tensor]]] = {}
+                        list[torch.Tensor]] = {}
 
     def add(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Sum ``grad`` (``p``'s gradient) into ``p``'s slot, replacing what was there."""
         wide = _WIDE.get(grad.dtype, torch.float32)
         entry = self._slots.get(id(p))
-        if (entry is None or entry[0]() is not p or entry[2].dtype != wide
-                or entry[2].device != grad.device):
+        if (entry is None or entry[0]() is not p or entry[1].dtype != wide
+                or entry[1].device != grad.device):
             entry = self._slots[id(p)] = self._slot(p, wide, grad.device)
-        torch.sum(grad.detach().reshape(-1), 0, dtype=wide, out=entry[2])
+        torch.sum(grad.detach().reshape(-1), 0, dtype=wide, out=entry[1])
 
     def all_finite(self) -> bool:
         """Whether every slot holds a finite number."""
@@ -56,8 +56,8 @@ class GradSums:
         for p in params:
             entry = self._slots.get(id(p))
             if entry is not None and entry[0]() is p:
-                found.append((p, float(entry[2])))
-                entry[2].zero_()
+                found.append((p, float(entry[1])))
+                entry[1].zero_()
         return found
 
     def clear(self) -> None:
@@ -66,20 +66,19 @@ class GradSums:
                 buffer.zero_()
 
     def _slot(self, p: torch.Tensor, dtype: torch.dtype,
-              device: torch.device) -> tuple[weakref.ref, torch.Tensor, torch.Tensor]:
+              device: torch.device) -> tuple[weakref.ref, torch.Tensor]:
         """A slot for ``p``: one a dead parameter left, or the next free one."""
         key = (dtype, device)
         free = self._free.setdefault(key, [])
         if free:
-            buffer, slot = free.pop()
+            slot = free.pop()
         else:
             buffers = self._buffers.setdefault(key, [])
             used = self._used.get(key, 0)
             if used == len(buffers) * CHUNK:
                 buffers.append(torch.zeros(CHUNK, dtype=dtype, device=device))
             self._used[key] = used + 1
-            buffer = buffers[used // CHUNK]
-            slot = buffer[used % CHUNK]
+            slot = buffers[used // CHUNK][used % CHUNK]
         slot.zero_()
         slots, pid = self._slots, id(p)
 
@@ -87,6 +86,6 @@ class GradSums:
             if slots.get(pid, (None,))[0] is ref:
                 del slots[pid]
             slot.zero_()  # a dead parameter's NaN is nobody's
-            free.append((buffer, slot))
+            free.append(slot)
 
-        return weakref.ref(p, dead), buffer, slot
+        return weakref.ref(p, dead), slot
