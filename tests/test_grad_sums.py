@@ -68,3 +68,54 @@ def test_more_parameters_than_a_buffer_holds_each_keep_their_own_sum():
     for i, p in enumerate(params):
         sums.add(p, torch.tensor([float(i)]))
     assert [v for _, v in sums.take(params)] == [float(i) for i in range(CHUNK + 3)]
+
+
+# Trains one layer in a fresh interpreter (the hooks patch torch globally) with the NaN
+# recorder and the gradient recorder's schedule; at the given steps the layer's output
+# gradient is made NaN, so its weight's and bias's gradients are, and the loss is not.
+_SCHEDULE = r"""
+import json, tempfile
+import torch
+from harness.trace.gradients import record_gradients
+from harness.trace.nonfinite import fold_nonfinite, record_nonfinite
+from harness.trace.steps import SMALL
+from harness.trace.tracer import Tracer
+
+out = tempfile.TemporaryFile()
+tracer = Tracer(out.fileno(), 0)
+record_gradients(tracer)
+record_nonfinite(tracer)
+torch.manual_seed(0)
+layer = torch.nn.Linear(200, 200)  # a weight over SMALL elements, a bias under
+assert layer.weight.numel() > SMALL >= layer.bias.numel()
+optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
+initial = {k: v.clone() for k, v in layer.state_dict().items()}
+for step in range(1, 18):
+    y = layer(torch.randn(4, 200))
+    if step in (11, 16):
+        y.register_hook(lambda g: g * float("nan"))
+    optimizer.zero_grad()
+    y.square().mean().backward()
+    optimizer.step()
+    layer.load_state_dict(initial)  # a NaN step leaves no NaN for the next
+out.seek(0)
+events = [json.loads(line) for line in out.read().decode().splitlines()]
+print(json.dumps([[e.step, sorted(e.local), e.loss] for e in fold_nonfinite(events)]))
+"""
+
+
+def test_small_gradients_are_checked_at_every_step_large_ones_on_sampled_steps():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _SCHEDULE], capture_output=True, text=True,
+                          timeout=60, cwd=root)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    # step 11 is not sampled (after the 8th, every 8th is): the bias alone; step 16 is: both
+    assert [(step, local) for step, local, _ in found] == [(11, ["bias"]),
+                                                          (16, ["bias", "weight"])]
+    assert all(math.isfinite(float(loss)) for _, _, loss in found)  # seen in the gradients
