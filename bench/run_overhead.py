@@ -10,10 +10,10 @@
 3. The evidence of the silent bugs (gradient samples, batches, NaN/Inf checks) on a DDP
    step of 1.05M parameters, two ways: inside the ranks, alternating blocks of two
    gradient-sampling strides with the evidence on and off (``evidence_blocks.py``:
-   paired, so the machine's drift cancels; this is the figure to quote), and as whole runs of ``ddp_1m.py`` under
-   ``distdoctor run`` against ``distdoctor run --light`` (calls traced, no evidence),
-   alternating, as rank 0's CPU time per step (whole runs drift by +-10% here, so this
-   one only shows that nothing outside the step costs more).
+   paired, so the machine's drift cancels; this is the figure to quote), and as whole
+   runs of ``ddp_1m.py`` under ``distdoctor run`` against ``distdoctor run --light``
+   (calls traced, no evidence), alternating, as rank 0's CPU time per step (whole runs
+   drift by +-10% here, so this one only shows that nothing outside the step costs more).
 """
 
 from __future__ import annotations
