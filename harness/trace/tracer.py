@@ -192,15 +192,17 @@ class Tracer:
             ops = bound.get("p2p_op_list") or []
             tensors = [op.tensor for op in ops]
             group = _ranks(ops[0].group if ops else None)
-            peers = [(("send" if op.op.__name__ == "isend" else "recv"), op.peer) for op in ops]
+            peers = [["send" if op.op.__name__ == "isend" else "recv", op.peer] for op in ops]
             peer = None
             key = ("batch", group)
         else:
             tensors = _tensors(bound)
             group = _ranks(bound.get("group"))
             peer = bound.get(peer_arg) if peer_arg else None
-            if peer is None and peer_arg:
-                peer = bound.get("group_" + peer_arg)
+            if peer is None and peer_arg:  # a rank within the group: name it globally
+                local = bound.get("group_" + peer_arg)
+                peer = group[local] if isinstance(local, int) and 0 <= local < len(group) \
+                    else local
             peers = []
             key = (direction, peer, group) if direction else ("collective", group)
         op = bound.get("op")
@@ -209,7 +211,11 @@ class Tracer:
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
             call_id = self._ids
-        return {
+            for each in peers:  # a batch's ops count on their channels, as plain sends do
+                channel = (each[0], each[1], group)
+                each.append(self._seq.get(channel, 0))
+                self._seq[channel] = each[2] + 1
+        call = {
             "id": call_id, "t": time.monotonic(), "op": name, "seq": seq, "group": list(group),
             "peer": peer, "peers": peers, "shapes": [list(t.shape) for t in tensors],
             "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
@@ -218,6 +224,9 @@ class Tracer:
             "async_op": bool(bound.get("async_op")) or name in ("isend", "irecv",
                                                                  "batch_isend_irecv"),
         }
+        if threading.current_thread() is not threading.main_thread():
+            call["main"] = False  # another thread of this rank may still make any call
+        return call
 
 
 class _TracedWork:
@@ -343,7 +352,7 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
                 call["error"] = event.get("error")
     return tuple(Call(
         id=c["id"], rank=c.get("rank", -1), op=c["op"], seq=c["seq"], group=tuple(c["group"]),
-        peer=c.get("peer"), peers=tuple((d, p) for d, p in c.get("peers", [])),
+        peer=c.get("peer"), peers=tuple((e[0], e[1]) for e in c.get("peers", [])),
         shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
         reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
         entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),

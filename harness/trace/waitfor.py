@@ -1,0 +1,222 @@
+"""Who waits for whom, kept live from the trace stream, and when a hang is provable.
+
+A deadline can only guess: a slow step and a deadlock look alike to a timer. Most hangs
+can instead be proven from the calls the tracer records. A rank blocked in a blocking call
+(or waiting on an asynchronous one) waits for the ranks that have not yet entered the
+call that would match it: a send #k to P waits for P's receive #k from this rank, a
+collective #s on a group for every member that has not entered #s. A rank that waits
+for a rank which finished can never go on; nor can one that waits for a rank which is
+itself stuck. The stuck ranks are the greatest set closed under that rule (every member of
+a cycle is in it), plus ranks blocked together in different collectives at the same
+sequence number. Ranks that compute, and calls made off the main thread (another thread
+may still make the call a peer needs), keep a rank out of every proof: those are left to
+the deadline.
+
+Only ``enter``, ``wait``, ``done`` and ``error`` lines are read; everything else in the
+stream is skipped without parsing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+P2P = ("send", "recv", "isend", "irecv")
+SEND = ("send", "isend")
+_CALL_EVENTS = (b'{"ev":"enter"', b'{"ev":"wait"', b'{"ev":"done"', b'{"ev":"error"')
+# ops whose tensors may legitimately differ between ranks (roots hold lists, splits vary)
+_SHAPES_MAY_DIFFER = ("gather", "scatter", "all_to_all", "all_to_all_single", "all_gather",
+                      "reduce_scatter")
+_ALIASES = {"all_gather_single": "all_gather_into_tensor",
+            "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    """A proven hang: its kind ("cycle", "mismatch" or "exited"), the stuck ranks, the open
+    call of each (rank -> call id, to confirm it is still the same later) and a sentence."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    calls: tuple[tuple[int, int], ...]
+    text: str
+
+
+@dataclass
+class _Open:
+    event: dict
+    waiting: bool  # the rank is inside it: a blocking call, or a wait on an async one
+    dones: int = 0
+
+
+@dataclass
+class _Rank:
+    entered: dict[tuple, int] = field(default_factory=dict)  # channel or group -> calls
+    open: dict[int, _Open] = field(default_factory=dict)
+    off_main: bool = False  # it made a call off its main thread: never part of a proof
+    finished: bool = False
+    partial: bytes = b""
+
+
+class WaitFor:
+    """Feed each rank's trace bytes as they arrive; ask :meth:`proof` when ranks are quiet."""
+
+    def __init__(self, ranks):
+        self.ranks = {rank: _Rank() for rank in ranks}
+
+    def feed(self, rank: int, chunk: bytes) -> None:
+        state = self.ranks[rank]
+        lines = (state.partial + chunk).split(b"\n")
+        state.partial = lines.pop()
+        for line in lines:
+            if line.startswith(_CALL_EVENTS):
+                try:
+                    self._event(state, json.loads(line))
+                except ValueError:
+                    pass  # a torn line: the rank was killed mid-write
+
+    def finished(self, rank: int) -> None:
+        """The rank ended normally: it will make no more calls."""
+        self.ranks[rank].finished = True
+
+    def _event(self, state: _Rank, event: dict) -> None:
+        kind = event["ev"]
+        if kind == "enter":
+            if event.get("main") is False:
+                state.off_main = True
+            for key, seq in _channels(event):
+                state.entered[key] = max(state.entered.get(key, 0), seq + 1)
+            state.open[event["id"]] = _Open(event, waiting=not event.get("async_op"))
+            return
+        call = state.open.get(event.get("id"))
+        if call is None:
+            return
+        if kind == "wait":
+            call.waiting = True
+        elif kind == "error" or not call.event.get("async_op"):
+            del state.open[event["id"]]
+        else:  # an async call's works each report their own wait's end
+            call.waiting = False
+            call.dones += 1
+            if call.dones >= max(1, len(call.event.get("peers") or ())):
+                del state.open[event["id"]]
+
+    def blocked(self) -> dict[int, dict]:
+        """rank -> the call it is inside now, for ranks that may take part in a proof."""
+        found = {}
+        for rank, state in self.ranks.items():
+            if state.finished or state.off_main:
+                continue
+            inside = [c.event for c in state.open.values() if c.waiting]
+            if inside:
+                found[rank] = max(inside, key=lambda e: e["id"])
+        return found
+
+    def waits(self, rank: int, call: dict) -> set[int] | None:
+        """The ranks ``call`` waits for; None when that cannot be known (any-source)."""
+        if call["op"] == "batch_isend_irecv":
+            return {peer for direction, peer, seq in call.get("peers", ())
+                    if not self._matched(rank, direction, peer, seq, call["group"])}
+        if call["op"] in P2P:
+            if call.get("peer") is None:
+                return None
+            direction = "send" if call["op"] in SEND else "recv"
+            return ({call["peer"]} if not self._matched(rank, direction, call["peer"],
+                                                        call["seq"], call["group"]) else set())
+        key = ("collective", tuple(call["group"]))
+        return {m for m in call["group"] or self.ranks
+                if m in self.ranks and self.ranks[m].entered.get(key, 0) <= call["seq"]}
+
+    def _matched(self, rank: int, direction: str, peer: int, seq: int, group) -> bool:
+        other = self.ranks.get(peer)
+        if other is None:
+            return False
+        opposite = "recv" if direction == "send" else "send"
+        return other.entered.get((opposite, rank, tuple(group)), 0) > seq
+
+    def proof(self) -> Deadlock | None:
+        blocked = self.blocked()
+        waits = {rank: self.waits(rank, call) for rank, call in blocked.items()}
+        mismatch = self._mismatch(blocked)
+        ended = {rank for rank, state in self.ranks.items() if state.finished}
+        stuck = {r for r, w in waits.items() if w is not None} | ended
+        changed = True
+        while changed:  # drop every rank none of whose awaited ranks is stuck
+            changed = False
+            for rank in sorted(stuck - ended):
+                if rank not in mismatch and not (waits[rank] & stuck):
+                    stuck.discard(rank)
+                    changed = True
+        stuck -= ended
+        if not stuck:
+            return None
+        calls = tuple((r, blocked[r]["id"]) for r in sorted(stuck))
+        cycle = _cycle({r: waits[r] & stuck for r in stuck if r not in mismatch})
+        if cycle:
+            ring = " -> ".join(map(str, cycle + [cycle[0]]))
+            return Deadlock("cycle", tuple(sorted(stuck)), calls,
+                            f"ranks {ring} each wait for the next: "
+                            + "; ".join(f"rank {r} in {_name(blocked[r])}" for r in cycle))
+        if mismatch:
+            ranks = sorted(mismatch & stuck)
+            return Deadlock("mismatch", tuple(sorted(stuck)), calls,
+                            "ranks blocked together in different collectives at the same "
+                            "point: " + "; ".join(f"rank {r} in {_name(blocked[r])}"
+                                                  for r in ranks))
+        gone = sorted({p for r in stuck for p in waits[r] & ended})
+        return Deadlock("exited", tuple(sorted(stuck)), calls,
+                        f"rank{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} finished "
+                        f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
+                                              for r in sorted(stuck)))
+
+    def _mismatch(self, blocked: dict[int, dict]) -> set[int]:
+        """Ranks inside the same collective number of a group with different calls, every
+        member of the group inside it."""
+        at: dict[tuple, dict[int, dict]] = {}
+        for rank, call in blocked.items():
+            if call["op"] not in P2P and call["op"] != "batch_isend_irecv":
+                at.setdefault((tuple(call["group"]), call["seq"]), {})[rank] = call
+        found: set[int] = set()
+        for (group, _), calls in at.items():
+            members = set(group or self.ranks)
+            if members <= set(calls) and len({_signature(c) for c in calls.values()}) > 1:
+                found |= set(calls)
+        return found
+
+
+def _channels(event: dict) -> list[tuple[tuple, int]]:
+    """The channels or group a call counts on, with its number there."""
+    group = tuple(event.get("group") or ())
+    if event["op"] == "batch_isend_irecv":
+        return [((d, p, group), s) for d, p, s in event.get("peers", ())]
+    if event["op"] in P2P:
+        direction = "send" if event["op"] in SEND else "recv"
+        return [((direction, event.get("peer"), group), event["seq"])]
+    return [(("collective", group), event["seq"])]
+
+
+def _signature(call: dict) -> tuple:
+    op = _ALIASES.get(call["op"], call["op"])
+    shapes = None if op in _SHAPES_MAY_DIFFER else json.dumps(call.get("shapes"))
+    return op, call.get("peer"), call.get("dtype"), call.get("reduce_op"), shapes
+
+
+def _name(call: dict) -> str:
+    op, peer = call["op"], call.get("peer")
+    target = (f" to {peer}" if op in SEND else f" from {peer}" if op in P2P else
+              f" rooted at {peer}" if peer is not None else "")
+    return f"{op}{target} #{call['seq']} at {call.get('where') or '?'}"
+
+
+def _cycle(edges: dict[int, set[int]]) -> list[int] | None:
+    for start in sorted(edges):
+        path, node = [start], start
+        while True:
+            following = sorted(edges.get(node, ()))
+            if not following:
+                break
+            node = following[0]
+            if node in path:
+                return path[path.index(node):]
+            path.append(node)
+    return None

@@ -1,0 +1,106 @@
+"""The live wait-for state on hand-written trace lines: what it proves, and what it leaves
+to the deadline (a rank that computes, an any-source receive, a call off the main thread)."""
+
+from __future__ import annotations
+
+import json
+
+from harness.trace.waitfor import WaitFor
+
+GROUP = [0, 1]
+
+
+def enter(call_id, op, seq, peer=None, group=GROUP, async_op=False, **extra):
+    return {"ev": "enter", "id": call_id, "t": 0.0, "op": op, "seq": seq, "group": group,
+            "peer": peer, "peers": extra.pop("peers", []), "shapes": extra.pop("shapes", [[4]]),
+            "dtype": "float32", "reduce_op": extra.pop("reduce_op", None), "where": "s.py:1",
+            "async_op": async_op, **extra}
+
+
+def state(*per_rank, world=2):
+    waits = WaitFor(range(world))
+    for rank, events in enumerate(per_rank):
+        # compact, as the tracer writes; fed in two pieces cut inside a line, as a pipe may
+        # deliver them
+        data = b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
+        waits.feed(rank, data[:7])
+        waits.feed(rank, data[7:])
+    return waits
+
+
+def test_two_ranks_sending_first_are_a_proven_cycle():
+    proof = state([enter(1, "send", 0, peer=1)], [enter(1, "send", 0, peer=0)]).proof()
+    assert (proof.kind, proof.ranks, proof.calls) == ("cycle", (0, 1), ((0, 1), (1, 1)))
+    assert proof.text.startswith("ranks 0 -> 1 -> 0 each wait for the next")
+
+
+def test_a_send_whose_receive_is_posted_is_not_stuck():
+    assert state([enter(1, "send", 0, peer=1)], [enter(1, "recv", 0, peer=0)]).proof() is None
+
+
+def test_a_receive_while_the_peer_computes_is_not_stuck():
+    assert state([enter(1, "recv", 0, peer=1)], []).proof() is None
+
+
+def test_a_send_ring_of_four_and_a_receive_ring_of_three():
+    sends = [[enter(1, "send", 0, peer=(r + 1) % 4, group=[0, 1, 2, 3])] for r in range(4)]
+    assert state(*sends, world=4).proof().ranks == (0, 1, 2, 3)
+    recvs = [[enter(1, "recv", 0, peer=(r + 1) % 3, group=[0, 1, 2])] for r in range(3)]
+    assert state(*recvs, world=3).proof().kind == "cycle"
+
+
+def test_different_collectives_at_one_number_are_a_mismatch():
+    proof = state([enter(1, "all_reduce", 0, reduce_op="SUM")],
+                  [enter(1, "barrier", 0, shapes=[])]).proof()
+    assert (proof.kind, proof.ranks) == ("mismatch", (0, 1))
+    assert "all_reduce #0" in proof.text and "barrier #0" in proof.text
+
+
+def test_gather_shapes_differ_at_the_root_and_that_is_no_mismatch():
+    same = dict(peer=0)
+    assert state([enter(1, "gather", 0, shapes=[[4], [4], [4]], **same)],
+                 [enter(1, "gather", 0, shapes=[[4]], **same)]).proof() is None
+
+
+def test_a_collective_waiting_for_a_finished_rank():
+    waits = state([enter(1, "all_reduce", 0)], [])
+    assert waits.proof() is None  # rank 1 may still be computing
+    waits.finished(1)
+    proof = waits.proof()
+    assert (proof.kind, proof.ranks) == ("exited", (0,))
+    assert proof.text.startswith("rank 1 finished while rank 0 waits in all_reduce #0")
+
+
+def test_a_collective_and_a_receive_waiting_on_each_other_are_a_cycle():
+    proof = state([enter(1, "all_reduce", 1), ], [enter(1, "all_reduce", 0),
+                                                 {"ev": "done", "id": 1, "t": 0.0},
+                                                 enter(2, "recv", 0, peer=0)]).proof()
+    assert proof.kind == "cycle" and proof.ranks == (0, 1)
+
+
+def test_an_async_call_blocks_only_once_waited_on():
+    isend = enter(1, "isend", 0, peer=1, async_op=True)
+    waits = state([isend], [enter(1, "isend", 0, peer=0, async_op=True)])
+    assert waits.proof() is None
+    for rank in (0, 1):
+        waits.feed(rank, b'{"ev":"wait","id":1,"t":0.0,"where":"s.py:2"}\n')
+    assert waits.proof().kind == "cycle"
+    waits.feed(0, b'{"ev":"done","id":1,"t":0.0}\n')
+    assert waits.proof() is None
+
+
+def test_a_batch_waits_for_its_unmatched_ops_only():
+    batch = [enter(1, "batch_isend_irecv", 0, async_op=True,
+                   peers=[["send", 1, 0], ["recv", 1, 0]])]
+    waits = state(batch, [enter(1, "recv", 0, peer=0)])
+    waits.feed(0, b'{"ev":"wait","id":1,"t":0.0}\n')
+    # rank 1 receives rank 0's send, and rank 0's receive waits for rank 1, which is
+    # inside a call that will complete: nothing is stuck
+    assert waits.proof() is None
+
+
+def test_unknowable_waits_are_left_to_the_deadline():
+    any_source = state([enter(1, "recv", 0, peer=None)], [enter(1, "recv", 0, peer=0)])
+    assert any_source.proof() is None
+    off_main = state([enter(1, "send", 0, peer=1, main=False)], [enter(1, "send", 0, peer=0)])
+    assert off_main.proof() is None
