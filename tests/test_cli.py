@@ -191,12 +191,12 @@ def test_pipeline_run_checks_the_reference_and_compares_bubbles(capsys):
 
 def test_diagnosing_a_hang_reports_the_time_from_block_to_diagnosis(capsys):
     code = main(["diagnose", "--strategy", "pipe-1f1b", "--fault", "send-before-receive",
-                 "--world-size", "2", "--deadline", "1"])
+                 "--world-size", "2", "--deadline", "300"])
     printed = capsys.readouterr().out
     assert code == 0 and "send cycle 0 -> 1 -> 0" in printed
-    # the hang is declared at the deadline, within a second; the diagnosis is printed after
-    # the fix was verified by a second run, so that time includes the run and is not bounded
-    declared = float(printed.split("the hang was declared ")[1].split(" s")[0])
+    # the send cycle is proven from the calls, whatever the deadline; the diagnosis is
+    # printed after the fix was verified by a second run, so that time includes the run
+    declared = float(printed.split("the hang was proven from the calls ")[1].split(" s")[0])
     seconds = float(printed.split("this diagnosis printed ")[1].split(" s")[0])
-    assert 1.0 <= declared <= 1.0 + 1.0
+    assert declared < 300
     assert seconds >= declared

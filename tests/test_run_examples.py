@@ -192,11 +192,13 @@ def test_ddp_unused_parameters_are_named_not_numbered(distdoctor, tmp_path):
     assert "find_unused_parameters=True" in report["cause"]["fix"]
 
 
-def test_a_hang_is_reported_within_the_deadline_plus_three_seconds(distdoctor, tmp_path):
-    deadline = 2.0
+def test_a_deadlock_is_proven_from_the_calls_long_before_the_deadline(distdoctor, tmp_path):
+    deadline = 300.0
     done, report = run_example(distdoctor, tmp_path, "p2p_cycle.py", 2, deadline=deadline)
+    assert "the hang was proven from the calls" in done.stdout
     printed = float(done.stdout.split("this diagnosis printed ")[1].split(" s")[0])
-    assert deadline <= printed <= deadline + 3.0
+    assert printed < deadline
+    assert report["cause"]["kind"] == "p2p-cycle"
     assert all(r["state"] == "blocked" and "dist.send(" in r["stack"] for r in report["ranks"])
 
 
@@ -321,7 +323,8 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
     loop = {line_of("rank_spins.py", "while not flags"), line_of("rank_spins.py", "time.sleep")}
     assert function == "wait_until_ready" and where in loop, spinning["running"]
     assert "in no collective or send/receive: running wait_until_ready" in done.stdout
-    declared = float(done.stdout.split("the hang was declared ")[1].split(" s")[0])
+    # a rank spinning in Python proves nothing: the timer decides
+    declared = float(done.stdout.split("the hang was declared at the deadline ")[1].split(" s")[0])
     assert 2.0 <= declared <= 2.0 + 1.0
 
 

@@ -63,8 +63,12 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
         return None
     blocked = max(entered)
     declared = record.started + max(r.end.at or 0.0 for r in hung)
+    from harness.launch.watch import PROVEN
+
+    how = ("proven from the calls" if any((r.end.error or "").startswith(PROVEN) for r in hung)
+           else "declared at the deadline")
     return (f"hang: the last rank blocked {blocked - record.started:.2f} s into the run; the "
-            f"hang was declared {declared - blocked:.2f} s later (deadline "
+            f"hang was {how} {declared - blocked:.2f} s later (deadline "
             f"{record.spec.deadline:g} s) and this diagnosis printed {printed_at - blocked:.2f} s "
             f"after the ranks blocked (gloo's own timeout: 30 minutes)")
 

@@ -22,6 +22,10 @@ from typing import Any, Callable
 from harness.launch import procs, stacks
 from harness.models import RankEnd
 from harness.launch.results import JobResult
+from harness.trace.waitfor import WaitFor
+
+CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ranks, this long
+PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
@@ -58,6 +62,9 @@ class JobWatch:
         self.stderr = {h.rank: _Tail() for h in ranks}
         self.trace = {h.rank: _Lines() for h in ranks}
         self.echo_stderr = echo_stderr
+        self.waitfor = WaitFor([h.rank for h in ranks])
+        self.seen = {h.rank: 0 for h in ranks}  # trace bytes read from each rank
+        self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
         for h in ranks:
@@ -73,7 +80,11 @@ class JobWatch:
             running = [h for h in self.ranks if h.rank not in self.ends]
             if not running:
                 break
+            if self._proven(running):
+                break
             timeout = self._time_left(running)
+            if self.suspect is not None:
+                timeout = min(timeout, max(0.0, self.suspect[1] + CONFIRM_S - procs.now()))
             now = procs.now()
             awake = [fd for fd in self.streams if self.resting.get(fd, 0.0) <= now]
             wake = min((t for t in self.resting.values() if t > now), default=now + timeout)
@@ -84,8 +95,8 @@ class JobWatch:
                 if timeout > pause:
                     continue  # a trace pipe's rest is over: watch it again
                 self._read_streams(list(self.streams))  # calls entered since the last look
-                if self._time_left(running) > 0:
-                    continue  # they were progress after all
+                if self._time_left(running) > 0 or self.suspect is not None:
+                    continue  # they were progress after all, or a proof is being confirmed
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
             self._read_streams(set(ready) & set(self.streams))
@@ -103,6 +114,29 @@ class JobWatch:
             started=self.started,
         )
 
+    def _proven(self, running: list[RankHandle]) -> bool:
+        """Stop the ranks once a hang is proven and has held for CONFIRM_S: its calls still
+        open, and no new line from its ranks (a rank that raised or died is left to the
+        error grace, so its peers can say what they saw of it)."""
+        if self.first_error is not None:
+            return False
+        proof = self.waitfor.proof()
+        seen = proof and tuple(self.seen[r] for r in proof.ranks)
+        if proof is None or self.suspect is None or self.suspect[0].calls != proof.calls \
+                or self.suspect[2] != seen:
+            self.suspect = (proof, procs.now(), seen) if proof else None
+            return False
+        if procs.now() < self.suspect[1] + CONFIRM_S:
+            return False
+        self._read_streams(list(self.streams))  # a last look: a call may have just returned
+        again = self.waitfor.proof()
+        if again is None or again.calls != proof.calls or \
+                tuple(self.seen[r] for r in proof.ranks) != seen:
+            self.suspect = None
+            return False
+        self._stop(running, "hung", f"{PROVEN}: {proof.text}")
+        return True
+
     def _read_streams(self, fds) -> None:
         for fd in fds:
             rank, reader = self.streams[fd]
@@ -111,6 +145,8 @@ class JobWatch:
                 self.resting[fd] = procs.now() + TRACE_REST
             if chunk and reader is self.trace[rank]:
                 self.last_progress[rank] = procs.now()  # a rank entering calls is moving
+                self.waitfor.feed(rank, chunk)
+                self.seen[rank] += len(chunk)
             elif chunk and self.echo_stderr is not None:
                 self.echo_stderr(rank, chunk)
             if not reader.add(chunk):
@@ -153,14 +189,16 @@ class JobWatch:
 
     def _end(self, end: RankEnd) -> None:
         self.ends[end.rank] = end
+        if end.status == "finished":
+            self.waitfor.finished(end.rank)
         if not end.ok and self.first_error is None:
             self.first_error = procs.now()
 
-    def _stop(self, running: list[RankHandle], status: str) -> None:
+    def _stop(self, running: list[RankHandle], status: str, why: str | None = None) -> None:
         """Take the stacks of every rank still running, then kill them."""
         at = procs.now() - self.started
-        why = (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
-               else f"still running {self.error_grace:.1f} s after another rank failed")
+        why = why or (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
+                      else f"still running {self.error_grace:.1f} s after another rank failed")
         answers = stacks.request_stacks(
             [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
         for handle, (threads, raw) in zip(running, answers):
