@@ -32,9 +32,13 @@ def add_commands(commands) -> None:
                     "fix. Exit 0 when the run is clean, 1 when a problem was found.")
     run.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
                      help="ranks to start (default: %(default)s)")
-    run.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
+    run.add_argument("--deadline", type=seconds, default=300.0, metavar="SECONDS",
                      help="seconds without a collective or point-to-point call, on any rank, "
-                          "before the ranks count as hung (default: %(default)s)")
+                          "before the ranks count as hung (default: %(default)s). A deadlock "
+                          "the calls prove (a cycle of sends or receives, different "
+                          "collectives at one point, a wait on a rank that finished) is "
+                          "reported within a fraction of a second, whatever this is; the "
+                          "deadline is for what they cannot prove, like a rank spinning")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
                      "(schema distdoctor.run.v2)")
     run.add_argument("--light", action="store_true",
