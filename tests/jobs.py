@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -134,3 +135,27 @@ def own_listeners(ctx) -> list[tuple[int, str, int]]:
 
     dist.barrier()
     return [(l.pid, l.address, l.port) for l in sockettable.listeners([os.getpid()])]
+
+
+def slow_but_healthy(ctx, seconds: float) -> list[float]:
+    """No deadlock, only waiting: rank 1 computes while rank 0 waits in an all-reduce, then
+    rank 0 computes while rank 1 waits in a receive from it, then a two-stage pipeline whose
+    stages wait on each other's compute."""
+    x = torch.ones(4)
+    if ctx.rank == 1:
+        time.sleep(seconds)  # a straggler inside its step
+    dist.all_reduce(x)
+    if ctx.rank == 0:
+        time.sleep(seconds)
+        dist.send(x, 1)
+    else:
+        dist.recv(x, 0)
+    for _ in range(3):  # stage 0 -> stage 1 -> back, each computing between
+        if ctx.rank == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        else:
+            dist.recv(x, 0)
+            time.sleep(seconds / 4)
+            dist.send(x + 1, 0)
+    return x.tolist()

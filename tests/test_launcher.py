@@ -115,3 +115,12 @@ def test_killing_the_parent_takes_every_rank_within_two_seconds(signum, private_
         parent.wait()
     assert not any(proctable.alive(pid) for pid in pids)
     assert list(tmpdir.iterdir()) == []  # no temporary file survives
+
+
+def test_slow_ranks_waiting_on_each_other_are_never_called_deadlocked(no_new_children):
+    """A straggler in an all-reduce, a receive while the peer computes, pipeline stages
+    waiting on compute: each wait lasts many times the proof's confirmation window, and
+    the job must simply finish."""
+    result = launch(jobs.slow_but_healthy, 2.0, world_size=2, deadline=60)
+    assert [e.status for e in result.ends] == ["finished", "finished"], result.ends
+    assert result.values == ([5.0] * 4, [4.0] * 4)  # 2 after the sum, +1 a round trip
