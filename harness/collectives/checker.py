@@ -25,6 +25,7 @@ from harness.collectives import KINDS  # noqa: F401 (part of this module's inter
 from harness.collectives.jobs import run_user
 from harness.collectives.properties import Case, cases, mismatch, reduced
 from harness.launch.pool import shared_pool
+from harness.launch.watch import PROVEN
 
 TRANSPORT_FILES = (os.path.join("harness", "collectives", "transport.py"),
                    os.path.join("harness", "collectives", "rendezvous.py"))
@@ -175,6 +176,8 @@ def rank_text(end, events) -> str:
     if end.status not in ("hung", "stopped"):
         where = raising_line(end.error) or ""
         return f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else "")
+    if (end.error or "").startswith(PROVEN):  # the watch's proof names every call in it
+        return f"rank {end.rank}: stopped {end.at or 0:.2f} s after the start, {end.error}"
     frame = user_frame(end.stacks)
     place = f"{frame.function} at {frame.file}:{frame.line}" if frame else "no stack"
     in_transport = any(f.file.endswith(TRANSPORT_FILES) for s in end.stacks if s.main

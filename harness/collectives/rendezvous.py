@@ -37,16 +37,21 @@ class RendezvousTransport(QueueTransport):
         self._sent = [0] * world_size  # sends posted to each peer
         self._answered = [0] * world_size  # answers received from each peer
         self._early = [deque() for _ in range(world_size)]  # data that came while waiting
+        self._owed = [[] for _ in range(world_size)]  # (ticket, traced call) of each isend
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
+        call = self._enter("send", dst)
         self._post(tensor, dst)
         self._sent[dst] += 1
         self._await_answer(dst, self._sent[dst])
+        self._mark("done", call)
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
+        call = self._enter("isend", dst)
         self._post(tensor, dst)
         self._sent[dst] += 1
-        return _Answer(self, dst, self._sent[dst])
+        self._owed[dst].append((self._sent[dst], call))
+        return _Answer(self, dst, self._sent[dst], call)
 
     def exchange(self, tensor: torch.Tensor, dst: int, src: int,
                  into: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,6 +61,7 @@ class RendezvousTransport(QueueTransport):
         return into.copy_(incoming) if into is not None else incoming
 
     def recv(self, src: int) -> torch.Tensor:
+        call = self._enter("recv", src)
         end = time.monotonic() + self.timeout
         while not self._early[src]:
             message = self._get(src, end - time.monotonic(),
@@ -65,13 +71,23 @@ class RendezvousTransport(QueueTransport):
             else:
                 self._early[src].append(message)
         self.mesh[self.rank][src].put(ANSWER)
+        self._mark("done", call)
         return self._decode(self._early[src].popleft())
 
     def settle(self) -> None:
         """Wait for every answer still owed: each send must have been received."""
-        for peer, sent in enumerate(self._sent):
-            if sent > self._answered[peer]:
-                self._await_answer(peer, sent)
+        for peer, owed in enumerate(self._owed):
+            for ticket, call in owed:
+                self.wait_for(peer, ticket, call)
+
+    def wait_for(self, dst: int, ticket: int, call: int | None) -> None:
+        """Wait on an isend, as a Work's wait: traced, once, until its answer came."""
+        if (ticket, call) not in self._owed[dst]:
+            return
+        self._mark("wait", call)
+        self._await_answer(dst, ticket)
+        self._mark("done", call)
+        self._owed[dst].remove((ticket, call))
 
     def _await_answer(self, dst: int, ticket: int) -> None:
         end = time.monotonic() + self.timeout
@@ -89,8 +105,9 @@ class RendezvousTransport(QueueTransport):
 
 
 class _Answer:
-    def __init__(self, transport: RendezvousTransport, dst: int, ticket: int):
-        self.transport, self.dst, self.ticket = transport, dst, ticket
+    def __init__(self, transport: RendezvousTransport, dst: int, ticket: int,
+                 call: int | None):
+        self.transport, self.dst, self.ticket, self.call = transport, dst, ticket, call
 
     def wait(self) -> None:
-        self.transport._await_answer(self.dst, self.ticket)
+        self.transport.wait_for(self.dst, self.ticket, self.call)

@@ -114,8 +114,25 @@ class QueueTransport(_Base):
         # then known outside it, even if it is stopped before its own deadline expires
         self.on_wait: Callable[[str, int], None] | None = None
 
+    def _enter(self, op: str, peer: int) -> int | None:
+        """Tell this rank's tracer of a send or receive, so the watch can prove a hang."""
+        from harness.trace.tracer import active
+
+        tracer = active()
+        return tracer.p2p(op, peer, tuple(range(self.world_size))) if tracer else None
+
+    @staticmethod
+    def _mark(kind: str, call_id: int | None) -> None:
+        from harness.trace.tracer import active
+
+        tracer = active()
+        if tracer is not None and call_id is not None:
+            tracer.mark(kind, call_id)
+
     def send(self, tensor: torch.Tensor, dst: int) -> None:
+        call = self._enter("send", dst)
         self._post(tensor, dst)
+        self._mark("done", call)
 
     def _post(self, tensor: torch.Tensor, dst: int) -> None:
         """Put ``tensor`` on the queue to ``dst``; it returns at once."""
@@ -144,8 +161,10 @@ class QueueTransport(_Base):
                 q.join_thread()
 
     def recv(self, src: int) -> torch.Tensor:
-        return self._decode(self._get(src, self.timeout, f"for data from rank {src}, which "
-                                                         f"never sent it"))
+        call = self._enter("recv", src)
+        message = self._get(src, self.timeout, f"for data from rank {src}, which never sent it")
+        self._mark("done", call)
+        return self._decode(message)
 
     def _get(self, src: int, timeout: float, waiting_for: str, what: str = "recv") -> tuple:
         """The next message from ``src``; RecvTimeout, saying what was awaited, if none

@@ -61,6 +61,8 @@ class Tracer:
         self._counting = False
 
     def install(self) -> "Tracer":
+        global _active
+        _active = self
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None or name in self._originals:
@@ -137,6 +139,22 @@ class Tracer:
 
         register_optimizer_step_post_hook(counted)
         self._counting = True
+
+    def p2p(self, op: str, peer: int, group: tuple[int, ...]) -> int:
+        """Record a send or receive a transport of our own makes (not torch.distributed's),
+        numbered on its channel as a traced send or receive is; its id, for mark()."""
+        direction = "send" if op in ("send", "isend") else "recv"
+        with self._lock:
+            self._ids += 1
+            key = (direction, peer, group)
+            seq = self._seq.get(key, 0)
+            self._seq[key] = seq + 1
+            call_id = self._ids
+        self._put(_enter_line({
+            "id": call_id, "t": time.monotonic(), "op": op, "seq": seq, "group": list(group),
+            "peer": peer, "peers": [], "shapes": [], "dtype": "", "reduce_op": None,
+            "where": user_line(_TRANSPORTS), "rank": self.rank, "async_op": op == "isend"}))
+        return call_id
 
     def write(self, **event: Any) -> None:
         self._put(json.dumps(event, separators=(",", ":")))
@@ -229,6 +247,16 @@ class Tracer:
         return call
 
 
+_active: Tracer | None = None
+_TRANSPORTS = tuple(os.path.join("harness", "collectives", name)
+                    for name in ("transport.py", "rendezvous.py"))
+
+
+def active() -> Tracer | None:
+    """The tracer installed in this process, if any."""
+    return _active
+
+
 class _TracedWork:
     """A Work handle that reports when its owner waits on it and when the wait returns."""
 
@@ -317,12 +345,14 @@ def plain_params(optimizer: Any) -> list[torch.Tensor]:
             if type(p) in (torch.nn.Parameter, torch.Tensor) and p.requires_grad]
 
 
-def user_line() -> str:
-    """file:line of the innermost frame outside torch, the tracer and the stdlib."""
+def user_line(skip: tuple[str, ...] = ()) -> str:
+    """file:line of the innermost frame outside torch, the tracer, the stdlib and the
+    files ``skip`` names (a transport of our own, for its calls)."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<"):
+        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<") \
+                and not filename.endswith(skip):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
