@@ -21,6 +21,7 @@ from pathlib import Path
 from checks import finding, rank_list
 from harness.models import Call, Finding, RankRecord, RunRecord
 from harness.models.record import user_frame
+from harness.trace.waitfor import cycle_of
 
 NAME = "hang"
 STOPPED = ("hung", "stopped")
@@ -103,24 +104,6 @@ def _waits_for(call: Call, record: RunRecord) -> set[int]:
 
 def _same_collective(a: Call, b: Call) -> bool:
     return a.op not in P2P and a.group == b.group and a.seq == b.seq
-
-
-def cycle_of(edges: dict[int, set[int]]) -> list[int] | None:
-    """The first cycle found following wait-for edges, as a list of ranks (also used by
-    check-collective on its transport's waits)."""
-    for start in sorted(edges):
-        path, seen = [start], {start}
-        node = start
-        while True:
-            nxt = sorted(edges.get(node, ()))
-            if not nxt:
-                break
-            node = nxt[0]
-            if node in seen:
-                return path[path.index(node):]
-            path.append(node)
-            seen.add(node)
-    return None
 
 
 def _collective_mismatch(blocked: dict[int, Call | None], record: RunRecord) -> Finding | None:

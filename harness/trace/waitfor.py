@@ -151,7 +151,7 @@ class WaitFor:
         if not stuck:
             return None
         calls = tuple((r, blocked[r]["id"]) for r in sorted(stuck))
-        cycle = _cycle({r: waits[r] & stuck for r in stuck if r not in mismatch})
+        cycle = cycle_of({r: waits[r] & stuck for r in stuck if r not in mismatch})
         if cycle:
             ring = " -> ".join(map(str, cycle + [cycle[0]]))
             return Deadlock("cycle", tuple(sorted(stuck)), calls,
@@ -208,7 +208,9 @@ def _name(call: dict) -> str:
     return f"{op}{target} #{call['seq']} at {call.get('where') or '?'}"
 
 
-def _cycle(edges: dict[int, set[int]]) -> list[int] | None:
+def cycle_of(edges: dict[int, set[int]]) -> list[int] | None:
+    """The first cycle found following wait-for edges, as a list of ranks (the hang check
+    and check-collective use it too)."""
     for start in sorted(edges):
         path, node = [start], start
         while True:
