@@ -77,7 +77,7 @@ class RendezvousTransport(QueueTransport):
     def settle(self) -> None:
         """Wait for every answer still owed: each send must have been received."""
         for peer, owed in enumerate(self._owed):
-            for ticket, call in owed:
+            for ticket, call in list(owed):  # wait_for removes each from ``owed``
                 self.wait_for(peer, ticket, call)
 
     def wait_for(self, dst: int, ticket: int, call: int | None) -> None:

@@ -63,7 +63,6 @@ class JobWatch:
         self.trace = {h.rank: _Lines() for h in ranks}
         self.echo_stderr = echo_stderr
         self.waitfor = WaitFor([h.rank for h in ranks])
-        self.seen = {h.rank: 0 for h in ranks}  # trace bytes read from each rank
         self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
@@ -121,7 +120,7 @@ class JobWatch:
         if self.first_error is not None:
             return False
         proof = self.waitfor.proof()
-        seen = proof and tuple(self.seen[r] for r in proof.ranks)
+        seen = proof and self._seen(proof.ranks)
         if proof is None or self.suspect is None or self.suspect[0].calls != proof.calls \
                 or self.suspect[2] != seen:
             self.suspect = (proof, procs.now(), seen) if proof else None
@@ -131,11 +130,15 @@ class JobWatch:
         self._read_streams(list(self.streams))  # a last look: a call may have just returned
         again = self.waitfor.proof()
         if again is None or again.calls != proof.calls or \
-                tuple(self.seen[r] for r in proof.ranks) != seen:
+                self._seen(proof.ranks) != seen:
             self.suspect = None
             return False
         self._stop(running, "hung", f"{PROVEN}: {proof.text}")
         return True
+
+    def _seen(self, ranks) -> tuple[int, ...]:
+        """Trace bytes read so far from each of ``ranks``: equal means no new line."""
+        return tuple(len(self.trace[r].data) for r in ranks)
 
     def _read_streams(self, fds) -> None:
         for fd in fds:
@@ -146,7 +149,6 @@ class JobWatch:
             if chunk and reader is self.trace[rank]:
                 self.last_progress[rank] = procs.now()  # a rank entering calls is moving
                 self.waitfor.feed(rank, chunk)
-                self.seen[rank] += len(chunk)
             elif chunk and self.echo_stderr is not None:
                 self.echo_stderr(rank, chunk)
             if not reader.add(chunk):
