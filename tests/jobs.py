@@ -159,3 +159,22 @@ def slow_but_healthy(ctx, seconds: float) -> list[float]:
             time.sleep(seconds / 4)
             dist.send(x + 1, 0)
     return x.tolist()
+
+
+def cycle_unsettled_then_a_peer_raises(ctx) -> None:
+    """Ranks 0 and 1 wait for each other in receives (a cycle), but a thread of rank 1
+    writes a trace line every 20 ms, so the proof never holds still long enough to be
+    confirmed; then rank 2, which talks to neither, raises. The error grace must decide."""
+    from harness.trace.tracer import active
+
+    if ctx.rank == 2:
+        time.sleep(0.5)
+        raise ValueError("rank 2 gave up")
+    if ctx.rank == 1:
+        def tick() -> None:
+            while True:
+                active().write(ev="tick")
+                time.sleep(0.02)
+
+        threading.Thread(target=tick, daemon=True).start()
+    dist.recv(torch.zeros(1), 1 - ctx.rank)

@@ -48,6 +48,17 @@ def test_raising_rank_is_reported_with_its_traceback_and_stops_the_rest(no_new_c
     assert result.wall_s < 2.0 + root.at
 
 
+@pytest.mark.timeout(30)
+def test_a_rank_failing_while_a_proof_is_unconfirmed_leaves_the_error_grace_to_decide(
+        no_new_children):
+    """A proof still being confirmed when a rank raises is dropped: the waiting ranks are
+    stopped after the grace (before, the watch woke at once forever, a CI hang)."""
+    result = launch(jobs.cycle_unsettled_then_a_peer_raises, world_size=3, deadline=60,
+                    error_grace=0.5)
+    assert [e.status for e in result.ends] == ["stopped", "stopped", "raised"], result.ends
+    assert result.wall_s < 10
+
+
 def test_rank_that_cannot_be_interrupted_is_stopped_after_the_grace(no_new_children):
     result = launch(jobs.raise_while_peer_waits, world_size=2, deadline=60, error_grace=0.5)
     assert result.root_cause.rank == 0

@@ -195,6 +195,8 @@ class JobWatch:
             self.waitfor.finished(end.rank)
         if not end.ok and self.first_error is None:
             self.first_error = procs.now()
+            self.suspect = None  # the error grace decides now: a half-confirmed proof
+            # left here would keep the loop waking at once, forever
 
     def _stop(self, running: list[RankHandle], status: str, why: str | None = None) -> None:
         """Take the stacks of every rank still running, then kill them."""
