@@ -10,7 +10,7 @@ from harness.trace.waitfor import WaitFor
 GROUP = [0, 1]
 
 
-def enter(call_id, op, seq, peer=None, group=GROUP, async_op=False, **extra):
+def enter(call_id, op=None, seq=0, peer=None, group=GROUP, async_op=False, **extra):
     return {"ev": "enter", "id": call_id, "t": 0.0, "op": op, "seq": seq, "group": group,
             "peer": peer, "peers": extra.pop("peers", []), "shapes": extra.pop("shapes", [[4]]),
             "dtype": "float32", "reduce_op": extra.pop("reduce_op", None), "where": "s.py:1",
@@ -54,6 +54,25 @@ def test_different_collectives_at_one_number_are_a_mismatch():
                   [enter(1, "barrier", 0, shapes=[])]).proof()
     assert (proof.kind, proof.ranks) == ("mismatch", (0, 1))
     assert "all_reduce #0" in proof.text and "barrier #0" in proof.text
+
+
+def test_calls_that_gloo_still_pairs_are_no_mismatch():
+    """Measured on gloo: these complete (one side, or both, silently or with a crash), so
+    blocking in them together for a while is no proof of a hang."""
+    pairs = [(dict(op="all_reduce", reduce_op="SUM"), dict(op="all_reduce", reduce_op="MAX")),
+             (dict(op="all_reduce", shapes=[[4]]), dict(op="all_reduce", shapes=[[2, 2]])),
+             (dict(op="all_reduce", shapes=[[4]]), dict(op="all_reduce", shapes=[[5]])),
+             (dict(op="all_reduce"), dict(op="reduce_scatter_tensor")),
+             (dict(op="all_reduce"), dict(op="reduce_scatter")),
+             (dict(op="all_gather"), dict(op="all_gather_into_tensor")),
+             (dict(op="all_to_all"), dict(op="all_to_all_single"))]
+    for first, second in pairs:
+        assert state([enter(1, seq=0, **first)], [enter(1, seq=0, **second)]).proof() is None
+
+
+def test_rooted_calls_with_different_roots_are_a_mismatch():
+    proof = state([enter(1, "broadcast", 0, peer=0)], [enter(1, "broadcast", 0, peer=1)]).proof()
+    assert proof.kind == "mismatch" and "rooted at 0" in proof.text and "rooted at 1" in proof.text
 
 
 def test_gather_shapes_differ_at_the_root_and_that_is_no_mismatch():

@@ -24,6 +24,9 @@ from harness.models import RankEnd
 from harness.launch.results import JobResult
 from harness.trace.waitfor import WaitFor
 
+# DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
+# rule it out); read when each watch starts
+PROOF_SWITCH = "DISTDOCTOR_PROOF"
 CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ranks, this long
 PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
 
@@ -63,6 +66,7 @@ class JobWatch:
         self.trace = {h.rank: _Lines() for h in ranks}
         self.echo_stderr = echo_stderr
         self.waitfor = WaitFor([h.rank for h in ranks])
+        self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
         self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
@@ -117,7 +121,7 @@ class JobWatch:
         """Stop the ranks once a hang is proven and has held for CONFIRM_S: its calls still
         open, and no new line from its ranks (a rank that raised or died is left to the
         error grace, so its peers can say what they saw of it)."""
-        if self.first_error is not None:
+        if self.first_error is not None or not self.prove:
             return False
         proof = self.waitfor.proof()
         seen = proof and self._seen(proof.ranks)
