@@ -32,8 +32,8 @@ def _collectives(record: RunRecord) -> list[Finding]:
     for rank in record.ranks:
         for call in rank.evidence.calls:
             if call.op not in P2P:
-                slots.setdefault((call.group, call.seq), {})[rank.rank] = call
-    for (group, seq), calls in sorted(slots.items(), key=lambda item: item[0][1]):
+                slots.setdefault((call.group, call.pg, call.seq), {})[rank.rank] = call
+    for (group, _, seq), calls in sorted(slots.items(), key=lambda item: item[0][2]):
         if len({_signature(c) for c in calls.values()}) > 1:
             return [_finding(f"collective #{seq} on group {list(group)}", calls)]
     return []

@@ -77,7 +77,8 @@ def describe(call: Call) -> str:
     target = (f" to {call.peer}" if call.op in ("send", "isend") else
               f" from {call.peer}" if call.op in ("recv", "irecv") else
               f" rooted at {call.peer}" if call.peer is not None else "")
-    detail = ", ".join(filter(None, [f"#{call.seq}", " ".join(map(str, call.shapes)),
+    number = f"#{call.seq}" + (f" on process group {call.pg}" if call.pg else "")
+    detail = ", ".join(filter(None, [number, " ".join(map(str, call.shapes)),
                                      call.dtype, call.reduce_op or ""]))
     where = call.wait_where if call.async_op and call.wait_where else call.where
     return f"{call.op}{target} ({detail}) at {_short(where)}"
@@ -103,7 +104,7 @@ def _waits_for(call: Call, record: RunRecord) -> set[int]:
 
 
 def _same_collective(a: Call, b: Call) -> bool:
-    return a.op not in P2P and a.group == b.group and a.seq == b.seq
+    return a.op not in P2P and (a.group, a.pg, a.seq) == (b.group, b.pg, b.seq)
 
 
 def _collective_mismatch(blocked: dict[int, Call | None], record: RunRecord) -> Finding | None:
@@ -135,7 +136,8 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                           for r in absent)
         return _uncatalogued(
             "missing-from-collective", f"{rank_list(absent)} missing from {call.op} #{call.seq}",
-            f"{rank_list(inside)} wait in {describe(call)} for {rank_list(absent)}, which "
+            f"{rank_list(inside)} wait{'s' * (len(inside) == 1)} in {describe(call)} for "
+            f"{rank_list(absent)}, which "
             f"never joined it ({where})",
             "a collective that not every rank of the group calls (a rank-dependent branch, "
             "a loop that ends early on some ranks, or a rank that left)",

@@ -178,3 +178,10 @@ def cycle_unsettled_then_a_peer_raises(ctx) -> None:
 
         threading.Thread(target=tick, daemon=True).start()
     dist.recv(torch.zeros(1), 1 - ctx.rank)
+
+
+def same_ranks_other_group(ctx) -> None:
+    """A group of every rank, made anew: rank 0 all-reduces on it, the others on the
+    default group, which has the same ranks and is another channel."""
+    group = dist.new_group(list(range(ctx.world_size)))
+    dist.all_reduce(torch.ones(2), group=group if ctx.rank == 0 else None)  # OTHER-GROUP-LINE

@@ -94,3 +94,18 @@ def test_a_shape_mismatch_is_the_root_cause_not_the_connection_reset(pools, shap
 
 def test_matching_calls_give_no_mismatch(pools):
     assert collective_mismatch.check(as_record(pools(3).run(jobs.many_calls, deadline=10), 3)) == []
+
+
+def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
+    """Rank 0 all-reduces on a new group of both ranks, rank 1 on the default group: the
+    calls share ranks and a number but can never pair; the watch proves it at once."""
+    from harness.launch.watch import PROVEN
+
+    result = pools(2).run(jobs.same_ranks_other_group, deadline=60)
+    assert [e.status for e in result.ends] == ["hung", "hung"]
+    assert result.ends[0].error.startswith(PROVEN + ": ranks 0 -> 1 -> 0")
+    calls = [fold(trace)[-1] for trace in result.traces]
+    assert [c.pg is not None for c in calls] == [True, False]
+    (found,) = hang.check(as_record(result, 2))
+    assert found.fault == "missing-from-collective"
+    assert f"{Path(JOBS).name}:{jobs.line_of('OTHER-GROUP-LINE')}" in found.symptom

@@ -70,6 +70,15 @@ def test_calls_that_gloo_still_pairs_are_no_mismatch():
         assert state([enter(1, seq=0, **first)], [enter(1, seq=0, **second)]).proof() is None
 
 
+def test_two_groups_of_the_same_ranks_are_apart():
+    """rank 0 all-reduces on a new group of ranks [0, 1], rank 1 on the default group: the
+    same ranks, but neither call can pair with the other."""
+    proof = state([enter(1, "all_reduce", 0, pg="1")], [enter(1, "all_reduce", 0)]).proof()
+    assert proof.kind == "cycle" and proof.ranks == (0, 1)
+    assert state([enter(1, "all_reduce", 0, pg="1")],
+                 [enter(1, "all_reduce", 0, pg="1")]).proof() is None
+
+
 def test_rooted_calls_with_different_roots_are_a_mismatch():
     proof = state([enter(1, "broadcast", 0, peer=0)], [enter(1, "broadcast", 0, peer=1)]).proof()
     assert proof.kind == "mismatch" and "rooted at 0" in proof.text and "rooted at 1" in proof.text

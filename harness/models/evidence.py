@@ -183,6 +183,7 @@ class Call:
     wait_where: str = ""
     completed: float | None = None
     error: str | None = None
+    pg: str | None = None  # the group's name, unless the default group: same ranks, apart
 
     @property
     def blocking(self) -> bool:

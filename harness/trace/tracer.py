@@ -146,7 +146,7 @@ class Tracer:
         direction = "send" if op in ("send", "isend") else "recv"
         with self._lock:
             self._ids += 1
-            key = (direction, peer, group)
+            key = (direction, peer, group, None)
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
             call_id = self._ids
@@ -209,20 +209,20 @@ class Tracer:
         if name == "batch_isend_irecv":
             ops = bound.get("p2p_op_list") or []
             tensors = [op.tensor for op in ops]
-            group = _ranks(ops[0].group if ops else None)
+            group, pg = _group(ops[0].group if ops else None)
             peers = [["send" if op.op.__name__ == "isend" else "recv", op.peer] for op in ops]
             peer = None
-            key = ("batch", group)
+            key = ("batch", group, pg)
         else:
             tensors = _tensors(bound)
-            group = _ranks(bound.get("group"))
+            group, pg = _group(bound.get("group"))
             peer = bound.get(peer_arg) if peer_arg else None
             if peer is None and peer_arg:  # a rank within the group: name it globally
                 local = bound.get("group_" + peer_arg)
                 peer = group[local] if isinstance(local, int) and 0 <= local < len(group) \
                     else local
             peers = []
-            key = (direction, peer, group) if direction else ("collective", group)
+            key = (direction, peer, group, pg) if direction else ("collective", group, pg)
         op = bound.get("op")
         with self._lock:
             self._ids += 1
@@ -230,7 +230,7 @@ class Tracer:
             self._seq[key] = seq + 1
             call_id = self._ids
             for each in peers:  # a batch's ops count on their channels, as plain sends do
-                channel = (each[0], each[1], group)
+                channel = (each[0], each[1], group, pg)
                 each.append(self._seq.get(channel, 0))
                 self._seq[channel] = each[2] + 1
         call = {
@@ -242,6 +242,8 @@ class Tracer:
             "async_op": bool(bound.get("async_op")) or name in ("isend", "irecv",
                                                                  "batch_isend_irecv"),
         }
+        if pg is not None:
+            call["pg"] = pg  # another group of the same ranks counts its calls apart
         if threading.current_thread() is not threading.main_thread():
             call["main"] = False  # another thread of this rank may still make any call
         return call
@@ -297,18 +299,22 @@ def _op_name(op: Any) -> str | None:
     return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
 
 
-_GROUP_RANKS: dict[int, tuple[int, ...]] = {}
+_GROUPS: dict[int, tuple[tuple[int, ...], str | None]] = {}
 
 
-def _ranks(group: Any) -> tuple[int, ...]:
+def _group(group: Any) -> tuple[tuple[int, ...], str | None]:
+    """The group's global ranks, and its name unless it is the default group: two groups
+    of the same ranks are different channels, and their calls never pair."""
     try:
-        group = group or c10d._get_default_group()
+        default = c10d._get_default_group()
+        group = group or default
         key = id(group)
-        if key not in _GROUP_RANKS:
-            _GROUP_RANKS[key] = tuple(dist.get_process_group_ranks(group))
-        return _GROUP_RANKS[key]
+        if key not in _GROUPS:
+            name = None if group is default else str(c10d._get_process_group_name(group))
+            _GROUPS[key] = (tuple(dist.get_process_group_ranks(group)), name)
+        return _GROUPS[key]
     except Exception:
-        return ()
+        return (), None
 
 
 _quote = json.encoder.encode_basestring  # C-accelerated JSON string quoting
@@ -386,5 +392,5 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
         shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
         reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
         entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
-        completed=c.get("completed"), error=c.get("error"))
+        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"))
         for c in calls.values())

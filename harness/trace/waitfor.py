@@ -116,25 +116,26 @@ class WaitFor:
 
     def waits(self, rank: int, call: dict) -> set[int] | None:
         """The ranks ``call`` waits for; None when that cannot be known (any-source)."""
+        group = _group(call)
         if call["op"] == "batch_isend_irecv":
             return {peer for direction, peer, seq in call.get("peers", ())
-                    if not self._matched(rank, direction, peer, seq, call["group"])}
+                    if not self._matched(rank, direction, peer, seq, group)}
         if call["op"] in P2P:
             if call.get("peer") is None:
                 return None
             direction = "send" if call["op"] in SEND else "recv"
             return ({call["peer"]} if not self._matched(rank, direction, call["peer"],
-                                                        call["seq"], call["group"]) else set())
-        key = ("collective", tuple(call["group"]))
+                                                        call["seq"], group) else set())
+        key = ("collective", group)
         return {m for m in call["group"] or self.ranks
                 if m in self.ranks and self.ranks[m].entered.get(key, 0) <= call["seq"]}
 
-    def _matched(self, rank: int, direction: str, peer: int, seq: int, group) -> bool:
+    def _matched(self, rank: int, direction: str, peer: int, seq: int, group: tuple) -> bool:
         other = self.ranks.get(peer)
         if other is None:
             return False
         opposite = "recv" if direction == "send" else "send"
-        return other.entered.get((opposite, rank, tuple(group)), 0) > seq
+        return other.entered.get((opposite, rank, group), 0) > seq
 
     def proof(self) -> Deadlock | None:
         blocked = self.blocked()
@@ -177,10 +178,10 @@ class WaitFor:
         at: dict[tuple, dict[int, dict]] = {}
         for rank, call in blocked.items():
             if call["op"] not in P2P and call["op"] != "batch_isend_irecv":
-                at.setdefault((tuple(call["group"]), call["seq"]), {})[rank] = call
+                at.setdefault((_group(call), call["seq"]), {})[rank] = call
         found: set[int] = set()
-        for (group, _), calls in at.items():
-            members = set(group or self.ranks)
+        for ((members, _), _), calls in at.items():
+            members = set(members or self.ranks)
             if members <= set(calls) and len({_signature(c) for c in calls.values()}) > 1:
                 found |= set(calls)
         return found
@@ -188,13 +189,18 @@ class WaitFor:
 
 def _channels(event: dict) -> list[tuple[tuple, int]]:
     """The channels or group a call counts on, with its number there."""
-    group = tuple(event.get("group") or ())
+    group = _group(event)
     if event["op"] == "batch_isend_irecv":
         return [((d, p, group), s) for d, p, s in event.get("peers", ())]
     if event["op"] in P2P:
         direction = "send" if event["op"] in SEND else "recv"
         return [((direction, event.get("peer"), group), event["seq"])]
     return [(("collective", group), event["seq"])]
+
+
+def _group(call: dict) -> tuple:
+    """A call's group: its ranks, and its name unless it is the default group."""
+    return tuple(call.get("group") or ()), call.get("pg")
 
 
 def _signature(call: dict) -> tuple:
