@@ -153,11 +153,14 @@ def _whereabouts(rank: RankRecord, call: Call | None) -> str:
 
 
 def _from_stack(rank: RankRecord) -> str:
-    """Where a rank in no traced call was: the innermost frame of the user's own code."""
+    """Where a rank in no traced call was: the innermost frame of the user's own code, and
+    the collective it was in if torch made it itself (DDP's, from C++)."""
     frame = user_frame(rank.end.stacks)
+    place = f"{frame.function} at {_short(frame.file)}:{frame.line}" if frame else ""
+    if rank.end.collective:
+        return rank.end.collective + (f", from {place}" if place else "")
     if frame is not None:
-        return (f"in no collective or send/receive: running {frame.function} at "
-                f"{_short(frame.file)}:{frame.line}")
+        return f"in no collective or send/receive: running {place}"
     return "in no traced call, and no stack of the user's code"
 
 

@@ -132,3 +132,59 @@ def test_unknowable_waits_are_left_to_the_deadline():
     assert any_source.proof() is None
     off_main = state([enter(1, "send", 0, peer=1, main=False)], [enter(1, "send", 0, peer=0)])
     assert off_main.proof() is None
+
+
+def view(enqueued, completed, ops, pg=None):
+    """A Flight Recorder view of one group, as flight.in_flight gives it."""
+    return {pg: {"enqueued": enqueued, "completed": completed, "ops": ops}}
+
+
+def test_a_collective_the_tracer_never_saw_proves_a_mismatch():
+    """DDP's bucket-rebuild broadcast is made from C++: rank 1 looks to the tracer as if
+    it computed, but the Flight Recorder shows a broadcast where rank 0 has its all-reduce."""
+    waits = state([enter(1, "all_reduce", 0)], [])
+    assert waits.proof() is None and waits.needs_flight()
+    waits.flight(0, view(5, 4, {5: "all_reduce"}))
+    waits.flight(1, view(5, 4, {5: "broadcast"}))
+    assert not waits.needs_flight()
+    proof = waits.proof()
+    assert (proof.kind, proof.ranks) == ("mismatch", (0,))
+    assert "collective #5 of its group" in proof.text and "rank 1 has broadcast" in proof.text
+
+
+def test_a_member_that_enqueued_the_collective_untraced_is_not_awaited():
+    """Traced counts alone see a cycle (rank 1 never entered a traced collective); the
+    Flight Recorder shows rank 1 enqueued the matching all-reduce (DDP's, from C++)."""
+    calls = ([enter(1, "all_reduce", 0)], [enter(1, "recv", 0, peer=0)])
+    assert state(*calls).proof().kind == "cycle"
+    waits = state(*calls)
+    waits.flight(0, view(3, 2, {3: "all_reduce"}))
+    waits.flight(1, view(3, 2, {3: "all_reduce"}))
+    assert waits.proof() is None
+
+
+def test_a_view_taken_before_the_rank_moved_on_is_not_used():
+    waits = state([enter(1, "all_reduce", 0)], [])
+    waits.flight(0, view(5, 4, {5: "all_reduce"}))
+    waits.flight(1, view(5, 4, {5: "broadcast"}))
+    waits.feed(0, b'{"ev":"done","id":1,"t":0.0}\n' + json.dumps(
+        enter(2, "all_reduce", 1), separators=(",", ":")).encode() + b"\n")
+    assert waits.needs_flight() and waits.proof() is None
+
+
+def test_traced_numbers_that_the_flight_recorder_places_apart_are_no_mismatch():
+    """A list reduce_scatter is two of gloo's all-reduces: rank 0, past it, waits in a
+    barrier at traced #1 while rank 1 is still in its second all-reduce, traced #1 too."""
+    calls = ([enter(1, "barrier", 1)], [enter(1, "all_reduce", 1)])
+    assert state(*calls).proof().kind == "mismatch"
+    waits = state(*calls)
+    waits.flight(0, view(3, 2, {3: "barrier"}))
+    waits.flight(1, view(2, 1, {2: "all_reduce"}))
+    assert waits.proof() is None
+
+
+def test_a_call_the_flight_recorder_does_not_hold_falls_back_to_traced_numbers():
+    waits = state([enter(1, "monitored_barrier", 0)], [enter(1, "all_reduce", 0)])
+    waits.flight(0, view(2, 2, {}))
+    waits.flight(1, view(3, 2, {3: "all_reduce"}))
+    assert waits.proof().kind == "mismatch"

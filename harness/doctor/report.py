@@ -51,6 +51,7 @@ class ReportRank:
     error: str | None
     stack: str
     running: str | None = None  # "function at file:line", for a rank stopped in no call
+    collective: str | None = None  # the untraced collective it was in, if torch knew one
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,8 @@ def _rank(rank: RankRecord, failed: bool) -> ReportRank:
         state = "exited" if failed else "finished"
     stack = "\n".join(str(s) for s in end.stacks) or (end.raw_stack or "")
     error = end.error if end.status in ("raised", "died") else None
-    return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running)
+    return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running,
+                      end.collective if state == "running" else None)
 
 
 def _call(call: Call) -> ReportCall:
@@ -244,7 +246,9 @@ def render(result: ScriptReport) -> str:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
     for r in result.ranks:
         if r.state == "running":
-            lines.append(f"\nrank {r.rank}: running, in no collective or send/receive: "
+            inside = f"{r.collective}, from" if r.collective else \
+                "in no collective or send/receive:"
+            lines.append(f"\nrank {r.rank}: running, {inside} "
                          f"{r.running or 'no stack'}; last call: {_call_text(r.call)}")
         else:
             lines.append(f"\nrank {r.rank}: {r.state}; "

@@ -62,13 +62,16 @@ def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 
 
 def serve_stacks(conn: Connection) -> threading.Thread:
-    """Answer every request on ``conn`` with this process's stacks, until the parent hangs up."""
+    """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
+    process's stacks, "collectives" with the collectives it has in flight (flight.py).
+    Each answer carries the request's kind, so a late one is told from the next."""
+    from harness.trace.flight import in_flight
 
     def loop() -> None:
         while True:
             try:
-                conn.recv()
-                conn.send(capture_stacks())
+                kind = conn.recv()
+                conn.send((kind, in_flight() if kind == "collectives" else capture_stacks()))
             except (EOFError, OSError):
                 return
 
@@ -90,22 +93,8 @@ def request_stacks(
     ``targets`` holds (stack connection, pid, faulthandler read fd) per rank. A rank whose
     stack thread does not answer within ``timeout`` gets SIGUSR1 and its faulthandler text.
     """
-    answers: dict[int, tuple[tuple[ThreadStack, ...], str | None]] = {}
-    asked = {}
-    for index, (conn, _, _) in enumerate(targets):
-        try:
-            conn.send("stacks")
-            asked[conn] = index
-        except OSError:
-            pass
-    end = time.monotonic() + timeout
-    while asked and (left := end - time.monotonic()) > 0:
-        for conn in wait(list(asked), left):
-            index = asked.pop(conn)
-            try:
-                answers[index] = (conn.recv(), None)
-            except (EOFError, OSError):
-                pass
+    answers = {index: (stacks, None) for index, stacks
+               in ask([conn for conn, _, _ in targets], "stacks", timeout).items()}
     silent = [i for i in range(len(targets)) if i not in answers]
     for index in silent:
         try:
@@ -116,6 +105,30 @@ def request_stacks(
         raw = _read_until_quiet(targets[index][2], first=timeout, quiet=0.05)
         answers[index] = (parse_faulthandler(raw), raw or None)
     return [answers[i] for i in range(len(targets))]
+
+
+def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, object]:
+    """Ask each rank's stack thread, all at once; index -> answer, for those that answered
+    within ``timeout``. An answer to an earlier request of another kind is dropped."""
+    answers: dict[int, object] = {}
+    asked = {}
+    for index, conn in enumerate(conns):
+        try:
+            conn.send(kind)
+            asked[conn] = index
+        except OSError:
+            pass
+    end = time.monotonic() + timeout
+    while asked and (left := end - time.monotonic()) > 0:
+        for conn in wait(list(asked), left):
+            try:
+                answer_kind, answer = conn.recv()
+            except (EOFError, OSError):
+                asked.pop(conn)
+                continue
+            if answer_kind == kind:
+                answers[asked.pop(conn)] = answer
+    return answers
 
 
 def _read_until_quiet(fd: int, first: float, quiet: float) -> str:

@@ -20,14 +20,20 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 from harness.launch import procs, stacks
-from harness.models import RankEnd
+from harness.models import InFlight, RankEnd
 from harness.launch.results import JobResult
-from harness.trace.waitfor import WaitFor
+from harness.trace.waitfor import P2P, WaitFor
 
 # DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
 # rule it out); read when each watch starts
 PROOF_SWITCH = "DISTDOCTOR_PROOF"
 CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ranks, this long
+# torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
+# not yet place: at once while a proof is being confirmed, else after this long with no
+# new line from any rank (a straggler's peers, a rank inside DDP's C++ collectives) ...
+FLIGHT_QUIET = 0.3
+FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
+FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
@@ -68,6 +74,8 @@ class JobWatch:
         self.waitfor = WaitFor([h.rank for h in ranks])
         self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
         self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
+        self.last_line = self.started  # when a trace line was last read, from any rank
+        self.asked = float("-inf")  # when the Flight Recorder was last asked for
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
         for h in ranks:
@@ -83,9 +91,12 @@ class JobWatch:
             running = [h for h in self.ranks if h.rank not in self.ends]
             if not running:
                 break
+            flight_due = self._flight_due()
+            if flight_due <= procs.now():
+                self._ask_flight(running)
             if self._proven(running):
                 break
-            timeout = self._time_left(running)
+            timeout = min(self._time_left(running), max(0.0, flight_due - procs.now()))
             if self.suspect is not None:
                 timeout = min(timeout, max(0.0, self.suspect[1] + CONFIRM_S - procs.now()))
             now = procs.now()
@@ -98,8 +109,9 @@ class JobWatch:
                 if timeout > pause:
                     continue  # a trace pipe's rest is over: watch it again
                 self._read_streams(list(self.streams))  # calls entered since the last look
-                if self._time_left(running) > 0 or self.suspect is not None:
-                    continue  # they were progress after all, or a proof is being confirmed
+                if self._time_left(running) > 0 or self.suspect is not None \
+                        or self._flight_due() <= procs.now():
+                    continue  # progress after all, a proof being confirmed, or a question
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
             self._read_streams(set(ready) & set(self.streams))
@@ -140,6 +152,43 @@ class JobWatch:
         self._stop(running, "hung", f"{PROVEN}: {proof.text}")
         return True
 
+    def _flight_due(self) -> float:
+        """When to ask the Flight Recorder next (inf: no need)."""
+        if not self.prove or self.first_error is not None or not self.waitfor.needs_flight():
+            return float("inf")
+        if self.suspect is not None:
+            return self.asked + FLIGHT_EVERY[0]
+        return max(self.last_line + FLIGHT_QUIET, self.asked + FLIGHT_EVERY[1])
+
+    def _ask_flight(self, running: list[RankHandle]) -> None:
+        """Each running rank's collectives in flight. A view counts only for a rank that
+        made no call event from just before the question to just after the answer, so it
+        belongs to the call the rank is in."""
+        self._read_streams(list(self.streams))
+        before = {h.rank: self.waitfor.ranks[h.rank].events for h in running}
+        answers = stacks.ask([h.ctrl for h in running], "collectives", FLIGHT_TIMEOUT)
+        self._read_streams(list(self.streams))
+        for index, view in answers.items():
+            rank = running[index].rank
+            if view and self.waitfor.ranks[rank].events == before[rank]:
+                self.waitfor.flight(rank, view)
+        self.asked = procs.now()
+
+    def _untraced(self, rank: int, view: dict | None) -> tuple[InFlight, ...]:
+        """The collectives in flight on ``rank`` by the Flight Recorder (flight.in_flight),
+        less the newest one per traced collective still open on its group: the ones torch
+        made itself."""
+        opened: dict[str | None, int] = {}
+        for call in self.waitfor.ranks[rank].open.values():
+            if call.event["op"] not in P2P and call.event["op"] != "batch_isend_irecv":
+                opened[call.event.get("pg")] = opened.get(call.event.get("pg"), 0) + 1
+        found = []
+        for pg, group in (view or {}).items():
+            seqs = sorted(group["ops"])
+            found += [InFlight(pg, seq, group["ops"][seq])
+                      for seq in seqs[:len(seqs) - opened.get(pg, 0)]]
+        return tuple(sorted(found, key=lambda f: (f.pg or "", f.seq)))
+
     def _seen(self, ranks) -> tuple[int, ...]:
         """Trace bytes read so far from each of ``ranks``: equal means no new line."""
         return tuple(len(self.trace[r].data) for r in ranks)
@@ -151,7 +200,7 @@ class JobWatch:
             if reader is self.trace[rank]:
                 self.resting[fd] = procs.now() + TRACE_REST
             if chunk and reader is self.trace[rank]:
-                self.last_progress[rank] = procs.now()  # a rank entering calls is moving
+                self.last_progress[rank] = self.last_line = procs.now()  # it is moving
                 self.waitfor.feed(rank, chunk)
             elif chunk and self.echo_stderr is not None:
                 self.echo_stderr(rank, chunk)
@@ -207,15 +256,18 @@ class JobWatch:
         at = procs.now() - self.started
         why = why or (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
                       else f"still running {self.error_grace:.1f} s after another rank failed")
+        flights = stacks.ask([h.ctrl for h in running], "collectives", FLIGHT_TIMEOUT)
         answers = stacks.request_stacks(
             [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
-        for handle, (threads, raw) in zip(running, answers):
+        for index, (handle, (threads, raw)) in enumerate(zip(running, answers)):
             # it may have ended while we asked (a receive's own deadline can expire at the
             # same moment): what it said of itself, or its exit, beats "hung"
             self._drain(handle)
             if handle.rank not in self.ends:
                 self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
-                                                 stacks=threads, raw_stack=raw)
+                                                 stacks=threads, raw_stack=raw,
+                                                 in_flight=self._untraced(
+                                                     handle.rank, flights.get(index)))
         procs.kill([handle.process for handle in running])
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:

@@ -56,6 +56,17 @@ def user_frame(stacks: tuple[ThreadStack, ...]) -> Frame | None:
 
 
 @dataclass(frozen=True)
+class InFlight:
+    """A collective a stopped rank had enqueued and not completed, and not through a traced
+    call, by torch's Flight Recorder: numbered on its group (``pg``: None for the default group) as the backend
+    pairs them, whoever made it (DDP makes its own from C++, which the tracer never sees)."""
+
+    pg: str | None
+    seq: int
+    op: str
+
+
+@dataclass(frozen=True)
 class RankEnd:
     """How one rank's job ended: its traceback if it raised, its stacks if it was stopped."""
 
@@ -67,10 +78,21 @@ class RankEnd:
     stacks: tuple[ThreadStack, ...] = ()  # every thread, captured before the rank was killed
     raw_stack: str | None = None  # faulthandler text, when the rank could not answer itself
     stderr: str = ""  # the tail of what the rank wrote to stderr during the job
+    in_flight: tuple[InFlight, ...] = ()  # its untraced collectives in flight when stopped
 
     @property
     def ok(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def collective(self) -> str | None:
+        """The last collective it had in flight, by the Flight Recorder, as a phrase."""
+        if not self.in_flight:
+            return None
+        last = self.in_flight[-1]
+        group = f"process group {last.pg}" if last.pg else "the default group"
+        return (f"in {last.op} #{last.seq} of {group} by torch's Flight Recorder (made "
+                f"without torch.distributed's Python functions, as DDP makes its own)")
 
     @property
     def headline(self) -> str:

@@ -12,6 +12,14 @@ sequence number. Ranks that compute, and calls made off the main thread (another
 may still make the call a peer needs), keep a rank out of every proof: those are left to
 the deadline.
 
+The tracer numbers only the calls made through torch.distributed's Python functions; gloo
+pairs every collective of a group, DDP's own from C++ included, and a list reduce_scatter
+is two of its all-reduces. Where torch's Flight Recorder is read (flight.py, asked for by
+the watch), a collective's place is its number there instead, taken while the rank is
+still in the same call: a member waits for it while it has not enqueued that number, and
+a member that put another kind of collective at that number (even one the tracer never
+saw) proves the call can never complete.
+
 Only ``enter``, ``wait``, ``done`` and ``error`` lines are read; everything else in the
 stream is skipped without parsing.
 """
@@ -58,6 +66,9 @@ class _Rank:
     off_main: bool = False  # it made a call off its main thread: never part of a proof
     finished: bool = False
     partial: bytes = b""
+    events: int = 0  # call events read (and the end): a snapshot is current while it stands
+    flight: dict | None = None  # the Flight Recorder's view (flight.in_flight), if read
+    flight_at: int = -1  # ``events`` when it was read
 
 
 class WaitFor:
@@ -80,8 +91,42 @@ class WaitFor:
     def finished(self, rank: int) -> None:
         """The rank ended normally: it will make no more calls."""
         self.ranks[rank].finished = True
+        self.ranks[rank].events += 1
+
+    def flight(self, rank: int, view: dict) -> None:
+        """What the Flight Recorder says of ``rank`` now: read every trace line the rank
+        wrote before it was asked, first, so the view belongs to the call it is in."""
+        state = self.ranks[rank]
+        state.flight, state.flight_at = view, state.events
+
+    def needs_flight(self) -> bool:
+        """Is a rank in a collective that no current Flight Recorder view places?"""
+        return any(call["op"] not in P2P and call["op"] != "batch_isend_irecv"
+                   and self._view(rank) is None for rank, call in self.blocked().items())
+
+    def _view(self, rank: int) -> dict | None:
+        """The rank's Flight Recorder view, while it still holds: taken since the rank's
+        last call event, and the rank is blocked in a call or has ended (a rank that runs
+        may have enqueued more since)."""
+        state = self.ranks[rank]
+        if state.flight is None or state.flight_at != state.events:
+            return None
+        inside = any(c.waiting for c in state.open.values())
+        return state.flight if (inside or state.finished) and not state.off_main else None
+
+    def _place(self, rank: int, call: dict) -> int | None:
+        """The Flight Recorder's number of the blocking collective ``rank`` is in."""
+        view = self._view(rank)
+        if view is None or call.get("async_op") or call["op"] in P2P:
+            return None
+        mine = view.get(call.get("pg"))
+        if not mine or mine["completed"] >= mine["enqueued"]:
+            return None
+        place = mine["enqueued"]
+        return place if mine["ops"].get(place) == _family(call["op"]) else None
 
     def _event(self, state: _Rank, event: dict) -> None:
+        state.events += 1
         kind = event["ev"]
         if kind == "enter":
             if event.get("main") is False:
@@ -126,9 +171,18 @@ class WaitFor:
             direction = "send" if call["op"] in SEND else "recv"
             return ({call["peer"]} if not self._matched(rank, direction, call["peer"],
                                                         call["seq"], group) else set())
-        key = ("collective", group)
-        return {m for m in call["group"] or self.ranks
-                if m in self.ranks and self.ranks[m].entered.get(key, 0) <= call["seq"]}
+        key, place = ("collective", group), self._place(rank, call)
+        found = set()
+        for member in call["group"] or self.ranks:
+            if member == rank or member not in self.ranks:
+                continue
+            view = self._view(member) if place is not None else None
+            if view is not None:  # has it enqueued the collective at that number?
+                if view.get(call.get("pg"), {}).get("enqueued", 0) < place:
+                    found.add(member)
+            elif self.ranks[member].entered.get(key, 0) <= call["seq"]:
+                found.add(member)
+        return found
 
     def _matched(self, rank: int, direction: str, peer: int, seq: int, group: tuple) -> bool:
         other = self.ranks.get(peer)
@@ -161,29 +215,41 @@ class WaitFor:
                             f"ranks {ring} each wait for the next: "
                             + "; ".join(f"rank {r} in {_name(blocked[r])}" for r in cycle))
         if mismatch:
-            ranks = sorted(mismatch & stuck)
+            ranks = sorted(set(mismatch) & stuck)
             return Deadlock("mismatch", tuple(sorted(stuck)), calls,
                             "ranks blocked together in different collectives at the same "
                             "point: " + "; ".join(f"rank {r} in {_name(blocked[r])}"
-                                                  for r in ranks))
+                                                  + mismatch[r] for r in ranks))
         gone = sorted({p for r in stuck for p in waits[r] & ended})
         return Deadlock("exited", tuple(sorted(stuck)), calls,
                         f"rank{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} finished "
                         f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
                                               for r in sorted(stuck)))
 
-    def _mismatch(self, blocked: dict[int, dict]) -> set[int]:
-        """Ranks inside the same collective number of a group in calls that cannot pair (see
-        _FAMILY), every member of the group inside it."""
+    def _mismatch(self, blocked: dict[int, dict]) -> dict[int, str]:
+        """rank -> "" for ranks inside the same traced collective number of a group in calls
+        that cannot pair (see _FAMILY), every member inside it, unless the Flight Recorder
+        places all of them; rank -> what a member put there instead, where the Flight
+        Recorder shows one at its call's number."""
         at: dict[tuple, dict[int, dict]] = {}
+        found: dict[int, str] = {}
         for rank, call in blocked.items():
-            if call["op"] not in P2P and call["op"] != "batch_isend_irecv":
-                at.setdefault((_group(call), call["seq"]), {})[rank] = call
-        found: set[int] = set()
+            if call["op"] in P2P or call["op"] == "batch_isend_irecv":
+                continue
+            at.setdefault((_group(call), call["seq"]), {})[rank] = call
+            place = self._place(rank, call)
+            for member in (call["group"] or self.ranks) if place is not None else ():
+                view = self.ranks[member].flight if member in self.ranks else None
+                theirs = ((view or {}).get(call.get("pg")) or {}).get("ops", {}).get(place)
+                if member != rank and theirs and theirs != _family(call["op"]):
+                    found[rank] = (f" (collective #{place} of its group in torch's Flight "
+                                   f"Recorder, where rank {member} has {theirs})")
         for ((members, _), _), calls in at.items():
             members = set(members or self.ranks)
-            if members <= set(calls) and len({_signature(c) for c in calls.values()}) > 1:
-                found |= set(calls)
+            placed = all(self._place(r, c) is not None for r, c in calls.items())
+            if members <= set(calls) and not placed \
+                    and len({_signature(c) for c in calls.values()}) > 1:
+                found.update((r, found.get(r, "")) for r in calls)
         return found
 
 
@@ -203,9 +269,14 @@ def _group(call: dict) -> tuple:
     return tuple(call.get("group") or ()), call.get("pg")
 
 
+def _family(op: str) -> str:
+    """The op as gloo runs it, and as the Flight Recorder names it."""
+    return _FAMILY.get(op, op)
+
+
 def _signature(call: dict) -> tuple:
     """What must agree for a collective to pair up at all: its algorithm and its root."""
-    return _FAMILY.get(call["op"], call["op"]), call.get("peer")
+    return _family(call["op"]), call.get("peer")
 
 
 def _name(call: dict) -> str:

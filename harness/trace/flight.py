@@ -1,0 +1,46 @@
+"""The collectives a rank has started and not finished, read from torch's Flight Recorder.
+
+The tracer sees only calls made through ``torch.distributed``'s Python functions. DDP's
+bucket all-reduces and its bucket-rebuild broadcast are made from C++, so a rank inside one
+looks to the tracer as if it were computing, and no proof can include it. The Flight
+Recorder (on for gloo and nccl, 2000 entries by default) numbers every collective of a
+process group as the backend pairs them. So a rank's entry #k tells which op it put at the
+k-th place of that group, whoever made the call. Read in a rank's stack thread while the
+main thread is blocked (about a millisecond), only when the parent asks.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def in_flight() -> dict[str | None, dict]:
+    """Per process group (None: the default group, as the tracer names it), the last
+    collective number enqueued and completed, and the op of each one in between:
+    ``{"enqueued": 7, "completed": 6, "ops": {7: "broadcast"}}``. Empty when the recorder
+    is off or unreadable."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        default = c10d._get_default_group().group_name
+    except Exception:
+        return {}
+    names, ops = {}, {}
+    for entry in dump.get("entries", ()):
+        pg = str(entry.get("pg_id"))
+        name = (entry.get("process_group") or [None])[0]
+        names[pg] = None if name == default else name
+        if not entry.get("is_p2p"):
+            op = str(entry.get("profiling_name", "")).partition(":")[2]
+            ops.setdefault(pg, {})[int(entry["collective_seq_id"])] = op
+    found = {}
+    for pg, status in (dump.get("pg_status") or {}).items():
+        if pg not in names:
+            continue
+        enqueued = int(status["last_enqueued_collective"])
+        completed = int(status["last_completed_collective"])
+        found[names[pg]] = {"enqueued": enqueued, "completed": completed,
+                            "ops": {k: v for k, v in ops.get(pg, {}).items() if k > completed}}
+    return found
