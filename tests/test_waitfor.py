@@ -134,6 +134,18 @@ def test_unknowable_waits_are_left_to_the_deadline():
     assert off_main.proof() is None
 
 
+def test_a_rank_that_ever_received_from_any_source_or_used_a_tag_proves_nothing():
+    """Rank 1's receive from any source took rank 0's send #0, but counts per peer cannot
+    know it: rank 0's send #1 would look unmatched while rank 1 was still receiving it."""
+    done = {"ev": "done", "id": 1, "t": 0.0}
+    any_then_send = state([enter(1, "send", 0, peer=1), done, enter(2, "send", 1, peer=1)],
+                          [enter(1, "recv", 0, peer=None), done, enter(2, "send", 0, peer=0)])
+    assert any_then_send.proof() is None
+    tagged = state([enter(1, "send", 0, peer=1, tag=7)], [enter(1, "send", 0, peer=0)])
+    assert tagged.proof() is None
+    assert state([enter(1, "send", 0, peer=1)], [enter(1, "send", 0, peer=0)]).proof()
+
+
 def view(enqueued, completed, ops, pg=None):
     """A Flight Recorder view of one group, as flight.in_flight gives it."""
     return {pg: {"enqueued": enqueued, "completed": completed, "ops": ops}}

@@ -211,6 +211,7 @@ class Tracer:
             tensors = [op.tensor for op in ops]
             group, pg = _group(ops[0].group if ops else None)
             peers = [["send" if op.op.__name__ == "isend" else "recv", op.peer] for op in ops]
+            tag = next((op.tag for op in ops if getattr(op, "tag", 0)), 0)
             peer = None
             key = ("batch", group, pg)
         else:
@@ -222,6 +223,7 @@ class Tracer:
                 peer = group[local] if isinstance(local, int) and 0 <= local < len(group) \
                     else local
             peers = []
+            tag = bound.get("tag") or 0 if direction else 0
             key = (direction, peer, group, pg) if direction else ("collective", group, pg)
         op = bound.get("op")
         with self._lock:
@@ -244,6 +246,8 @@ class Tracer:
         }
         if pg is not None:
             call["pg"] = pg  # another group of the same ranks counts its calls apart
+        if tag:
+            call["tag"] = tag  # matched by tag as well as order: counts alone cannot pair it
         if threading.current_thread() is not threading.main_thread():
             call["main"] = False  # another thread of this rank may still make any call
         return call

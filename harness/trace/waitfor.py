@@ -8,9 +8,10 @@ collective #s on a group for every member that has not entered #s. A rank that w
 for a rank which finished can never go on; nor can one that waits for a rank which is
 itself stuck. The stuck ranks are the greatest set closed under that rule (every member of
 a cycle is in it), plus ranks blocked together in different collectives at the same
-sequence number. Ranks that compute, and calls made off the main thread (another thread
-may still make the call a peer needs), keep a rank out of every proof: those are left to
-the deadline.
+sequence number. Ranks that compute, and ranks whose calls counting cannot pair (a call
+off the main thread, which another thread may follow with the call a peer needs; a send or
+receive with a tag, which gloo matches by tag as well; a receive from any source) are left
+out of every proof, and so to the deadline.
 
 The tracer numbers only the calls made through torch.distributed's Python functions; gloo
 pairs every collective of a group, DDP's own from C++ included, and a list reduce_scatter
@@ -63,7 +64,7 @@ class _Open:
 class _Rank:
     entered: dict[tuple, int] = field(default_factory=dict)  # channel or group -> calls
     open: dict[int, _Open] = field(default_factory=dict)
-    off_main: bool = False  # it made a call off its main thread: never part of a proof
+    unprovable: bool = False  # it made a call counting cannot pair: never part of a proof
     finished: bool = False
     partial: bytes = b""
     events: int = 0  # call events read (and the end): a snapshot is current while it stands
@@ -112,7 +113,7 @@ class WaitFor:
         if state.flight is None or state.flight_at != state.events:
             return None
         inside = any(c.waiting for c in state.open.values())
-        return state.flight if (inside or state.finished) and not state.off_main else None
+        return state.flight if (inside or state.finished) and not state.unprovable else None
 
     def _place(self, rank: int, call: dict) -> int | None:
         """The Flight Recorder's number of the blocking collective ``rank`` is in."""
@@ -129,8 +130,9 @@ class WaitFor:
         state.events += 1
         kind = event["ev"]
         if kind == "enter":
-            if event.get("main") is False:
-                state.off_main = True
+            if event.get("main") is False or event.get("tag") or \
+                    (event["op"] in ("recv", "irecv") and event.get("peer") is None):
+                state.unprovable = True
             for key, seq in _channels(event):
                 state.entered[key] = max(state.entered.get(key, 0), seq + 1)
             state.open[event["id"]] = _Open(event, waiting=not event.get("async_op"))
@@ -152,7 +154,7 @@ class WaitFor:
         """rank -> the call it is inside now, for ranks that may take part in a proof."""
         found = {}
         for rank, state in self.ranks.items():
-            if state.finished or state.off_main:
+            if state.finished or state.unprovable:
                 continue
             inside = [c.event for c in state.open.values() if c.waiting]
             if inside:
