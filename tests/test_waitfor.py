@@ -200,3 +200,19 @@ def test_a_call_the_flight_recorder_does_not_hold_falls_back_to_traced_numbers()
     waits.flight(0, view(2, 2, {}))
     waits.flight(1, view(3, 2, {3: "all_reduce"}))
     assert waits.proof().kind == "mismatch"
+
+
+def test_an_async_collective_waited_on_is_placed_when_its_open_calls_line_up():
+    """ZeroRedundancyOptimizer broadcasts every shard asynchronously and waits on each: rank
+    1 waits on its first broadcast; rank 0 is inside DDP's all-reduce, which only the Flight
+    Recorder sees (its comm hook's future is waited on from C++)."""
+    casts = [enter(i + 1, "broadcast", i, peer=0, async_op=True) for i in range(3)]
+    waits = state([], casts + [{"ev": "wait", "id": 1, "t": 0.0}])
+    waits.flight(0, view(4, 3, {4: "all_reduce"}))
+    waits.flight(1, view(6, 3, {4: "broadcast", 5: "broadcast", 6: "broadcast"}))
+    proof = waits.proof()
+    assert (proof.kind, proof.ranks) == ("mismatch", (1,)) and "rank 0 has all_reduce" in proof.text
+    # one op in flight that no open traced call accounts for: no place, no proof
+    waits.flight(1, view(7, 3, {4: "broadcast", 5: "all_reduce", 6: "broadcast",
+                                7: "broadcast"}))
+    assert waits.proof() is None

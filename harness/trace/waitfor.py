@@ -116,15 +116,22 @@ class WaitFor:
         return state.flight if (inside or state.finished) and not state.unprovable else None
 
     def _place(self, rank: int, call: dict) -> int | None:
-        """The Flight Recorder's number of the blocking collective ``rank`` is in."""
+        """The Flight Recorder's number of the collective ``rank`` waits in: known when the
+        rank's open traced collectives on the group are its collectives in flight there,
+        one for one and op for op (nothing untraced among them, no call gloo splits)."""
         view = self._view(rank)
-        if view is None or call.get("async_op") or call["op"] in P2P:
+        if view is None or call["op"] in P2P or call["op"] == "batch_isend_irecv":
             return None
         mine = view.get(call.get("pg"))
-        if not mine or mine["completed"] >= mine["enqueued"]:
+        if not mine:
             return None
-        place = mine["enqueued"]
-        return place if mine["ops"].get(place) == _family(call["op"]) else None
+        opened = sorted((c.event for c in self.ranks[rank].open.values()
+                         if c.event["op"] not in P2P and c.event["op"] != "batch_isend_irecv"
+                         and c.event.get("pg") == call.get("pg")), key=lambda e: e["id"])
+        flying = [mine["ops"].get(k) for k in range(mine["completed"] + 1, mine["enqueued"] + 1)]
+        if [_family(e["op"]) for e in opened] != flying:
+            return None
+        return mine["completed"] + 1 + [e["id"] for e in opened].index(call["id"])
 
     def _event(self, state: _Rank, event: dict) -> None:
         state.events += 1
@@ -219,8 +226,8 @@ class WaitFor:
         if mismatch:
             ranks = sorted(set(mismatch) & stuck)
             return Deadlock("mismatch", tuple(sorted(stuck)), calls,
-                            "ranks blocked together in different collectives at the same "
-                            "point: " + "; ".join(f"rank {r} in {_name(blocked[r])}"
+                            "collectives that cannot pair at one point of their group: "
+                            + "; ".join(f"rank {r} in {_name(blocked[r])}"
                                                   + mismatch[r] for r in ranks))
         gone = sorted({p for r in stuck for p in waits[r] & ended})
         return Deadlock("exited", tuple(sorted(stuck)), calls,
