@@ -1,11 +1,18 @@
-"""How soon each provable deadlock is named, with ``--deadline 300``, by ``distdoctor run``.
+"""How soon each provable deadlock is named, with a deadline of 300 s, side by side with the
+timer alone.
 
-For each hanging script (written to a temporary directory): the time from the last rank
-entering its blocking call (its tracer's timestamp, on the machine-wide monotonic clock)
-to the job's end (the watch stopping the ranks, or, where gloo fails a call because its peer
-exited, the last rank ending), and to the diagnosis being rendered. Before the wait-for
-proof, each of these waited out the deadline (then deadline + 0.6-1.0 s). Target: at most
-0.5 s to the diagnosis.
+Part 1, ``distdoctor run`` on hanging scripts (written to a temporary directory): the time
+from the last rank entering its blocking call (its tracer's timestamp, on the machine-wide
+monotonic clock) to the job's end (the watch stopping the ranks, or, where gloo fails a call
+because its peer exited, the last rank ending), and to the diagnosis being rendered. Before
+the wait-for proof each of these waited out the deadline (then deadline + 0.6-1.0 s).
+Target: at most 0.5 s to the diagnosis.
+
+Part 2, ``distdoctor check-collective`` judging a ring all-reduce whose ranks all send before
+they receive, on the rendezvous transport (a send returns once received, as on gloo), up to
+40 examples at world sizes 2-4: the whole command's wall time with the proof at the new
+default deadline (300 s), and with the timer alone (DISTDOCTOR_PROOF=0) at the old default
+(2 s) and at 30 s; at 300 s the timer alone would wait at least 300 s (not run).
 
     python bench/hang_time.py [REPEATS]
 """
@@ -18,12 +25,20 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 PROLOGUE = """import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.zeros(4)
+"""
+DDP_LOG = """import torch.nn as nn
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+for step in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    if rank == 0:
+        dist.all_reduce(t)  # DDP's own broadcast, from C++, meets it on rank 1
 """
 SCRIPTS = {  # name -> (ranks, body)
     "send cycle, N=2": (2, "dist.send(t, (rank + 1) % world)\n"),
@@ -32,8 +47,10 @@ SCRIPTS = {  # name -> (ranks, body)
     "mismatched collectives": (2, "dist.all_reduce(t) if rank == 0 else dist.broadcast(t, 0)\n"),
     "collective, a rank exited": (2, "if rank == 0:\n    dist.all_reduce(t)\n"),
     "receive from an exited rank": (2, "if rank == 0:\n    dist.recv(t, 1)\n"),
+    "rank 0's collective vs DDP's": (2, DDP_LOG),
 }
 DEADLINE = 300.0
+RING = "collective_impls:ring_allreduce_send_first"
 
 
 def measure(path: str, ranks: int) -> tuple[float, float, str]:
@@ -44,15 +61,29 @@ def measure(path: str, ranks: int) -> tuple[float, float, str]:
 
     result = run_script(path, [], ranks, DEADLINE, echo=False, light=True)
     record = _record(result.ends, result.traces, result.wall_s, result.started, DEADLINE)
-    render(report(record, checks.run_all(record), path))
+    cause = report(record, checks.run_all(record), path)
+    render(cause)
     rendered = time.monotonic()
     # a call that never returned: still blocked, or ended by an error (a peer that exits
     # closes its sockets, and gloo then fails the waiting rank's call at once)
     blocked = max(c.entered for r in record.ranks for c in r.evidence.calls
                   if c.completed is None)
     stopped = result.started + max(e.at or 0.0 for e in result.ends)
-    cause = report(record, checks.run_all(record), path).cause
-    return stopped - blocked, rendered - blocked, cause.kind if cause else "ok"
+    return stopped - blocked, rendered - blocked, cause.cause.kind if cause.cause else "ok"
+
+
+def judge_ring(deadline: float, proof: bool) -> tuple[float, str]:
+    """check-collective's wall time on the send-first ring, rendezvous transport."""
+    from harness.collectives.checker import check
+    from harness.launch.watch import PROOF_SWITCH
+
+    os.environ[PROOF_SWITCH] = "1" if proof else "0"
+    try:
+        start = time.monotonic()
+        failure, _ = check(RING, "allreduce", "sum", (2, 4), 40, deadline, ("rendezvous",))
+        return time.monotonic() - start, failure.what if failure else "passed"
+    finally:
+        os.environ.pop(PROOF_SWITCH)
 
 
 def main() -> None:
@@ -69,6 +100,13 @@ def main() -> None:
             stopped = statistics.median(r[0] for r in runs)
             diagnosed = statistics.median(r[1] for r in runs)
             print(f"{name:<30} {stopped:>8.2f} {diagnosed:>10.2f}  {runs[-1][2]}", flush=True)
+    print(f"\ncheck-collective {RING} --kind allreduce --transport rendezvous "
+          f"--world-sizes 2-4 --examples 40: wall seconds, one run each")
+    for label, deadline, proof in (("proof, --deadline 300", 300.0, True),
+                                   ("timer alone, --deadline 2", 2.0, False),
+                                   ("timer alone, --deadline 30", 30.0, False)):
+        seconds, verdict = judge_ring(deadline, proof)
+        print(f"  {label:<28} {seconds:7.1f} s  ({verdict})", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,12 @@ seconds = number(float, "seconds", lambda v: 0 < v < float("inf"),
                  "must be a positive number of seconds")
 
 
-def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentParser:
+# generous, so a slow step is never called a hang: a deadlock the calls prove is reported
+# within a fraction of a second whatever this is; the deadline is for what they cannot prove
+DEADLINE = 300.0
+
+
+def run_options(world_size: int, deadline: float = DEADLINE) -> argparse.ArgumentParser:
     """Options every command that trains shares."""
     options = argparse.ArgumentParser(add_help=False)
     group = options.add_argument_group("run")
@@ -75,7 +80,9 @@ def run_options(world_size: int, deadline: float = 30.0) -> argparse.ArgumentPar
                        help="model, data and shuffle seed (default: %(default)s)")
     group.add_argument("--deadline", type=seconds, default=deadline, metavar="SECONDS",
                        help="seconds without progress before the ranks count as hung and "
-                            "are stopped with their stacks (default: %(default)s)")
+                            "are stopped with their stacks (default: %(default)g); a deadlock "
+                            "the calls prove is stopped within a fraction of a second, "
+                            "whatever this is")
     return options
 
 

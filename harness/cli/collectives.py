@@ -37,11 +37,12 @@ def add_commands(commands) -> None:
                          help="world sizes to try (default: 2-6)")
     checker.add_argument("--examples", type=count(1), default=200,
                          help="examples to try (default: %(default)s)")
-    checker.add_argument("--deadline", type=seconds, default=30.0, metavar="SECONDS",
+    checker.add_argument("--deadline", type=seconds, default=300.0, metavar="SECONDS",
                          help="longest a send or receive may wait before it counts as a hang "
-                              "(default: %(default)s); a deadlock the calls prove (a cycle "
+                              "(default: %(default)g). A deadlock the calls prove (a cycle "
                               "of waits, a wait on a rank that returned) fails at once, "
-                              "whatever this is")
+                              "whatever this is; a hang they cannot prove (a rank spinning) "
+                              "waits it out once and stops the search")
     checker.add_argument("--transport", choices=("buffered", "rendezvous", "both"),
                          default="both",
                          help="buffered: a send returns at once (a queue); rendezvous: a send "

@@ -14,7 +14,7 @@ from harness.cli.faults import check_variant, fault_named
 
 def add_commands(commands) -> None:
     demo = commands.add_parser(
-        "demo", parents=[run_options(4, deadline=10.0)],
+        "demo", parents=[run_options(4)],
         help="show a failure mode as a short lesson, or all of them",
         description="Each fault as a narrated lesson: what goes wrong, what was measured, "
                     "why, the fix, and the numbers after it. With --all, every fault, then "

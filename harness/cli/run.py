@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.cli.args import UsageError, count, seconds
+from harness.cli.args import DEADLINE, UsageError, count, seconds
 
 
 def port_number(text: str) -> int:
@@ -27,14 +27,14 @@ def add_commands(commands) -> None:
         description="Start SCRIPT on N ranks as 'torchrun --standalone' would (RANK, "
                     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; "
                     "the script calls init_process_group itself), trace every collective and "
-                    "point-to-point call, and when the ranks crash, disagree or stop making "
-                    "calls for --deadline seconds, say which rank did what, where, and the "
-                    "fix. Exit 0 when the run is clean, 1 when a problem was found.")
+                    "point-to-point call, and when the ranks crash, disagree, deadlock or stop "
+                    "making calls for --deadline seconds, say which rank did what, where, and "
+                    "the fix. Exit 0 when the run is clean, 1 when a problem was found.")
     run.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
                      help="ranks to start (default: %(default)s)")
-    run.add_argument("--deadline", type=seconds, default=300.0, metavar="SECONDS",
+    run.add_argument("--deadline", type=seconds, default=DEADLINE, metavar="SECONDS",
                      help="seconds without a collective or point-to-point call, on any rank, "
-                          "before the ranks count as hung (default: %(default)s). A deadlock "
+                          "before the ranks count as hung (default: %(default)g). A deadlock "
                           "the calls prove (a cycle of sends or receives, different "
                           "collectives at one point, a wait on a rank that finished) is "
                           "reported within a fraction of a second, whatever this is; the "

@@ -4,10 +4,11 @@ The user's function gets our queue-mesh transport and its rank's input tensor (a
 source rank for broadcast) and returns the result. Each example runs on a rendezvous
 transport (a send returns once received, as gloo's does) and then a buffered one (a send
 returns at once). Hypothesis searches for a failing example and shrinks it; a wrong
-answer, an exception and a hang all fail: a send or receive that waits longer than the
-deadline, or a rank the pool stops after the deadline, reported with where each rank was.
-Ranks that each waited for the next around a cycle are an ordering deadlock, reported as
-the cycle with every rank's line and the fix.
+answer, an exception and a hang all fail: a hang the watch proves from the calls (a cycle
+of waits, a wait on a rank that returned: a fraction of a second), or a send, a receive or
+a rank that makes no progress for the deadline, reported with where each rank was. Ranks
+that each waited for the next around a cycle are an ordering deadlock, reported as the
+cycle with every rank's line and the fix.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Failure:
     what: str  # "wrong result", "error", "hang" or "deadlock" (a cycle of waits)
     detail: str
     wire: str = "buffered"  # the transport it failed on
+    timed_out: bool = False  # a hang that waited out the deadline (not proven from the calls)
 
 
 def load(target: str):
@@ -62,7 +64,8 @@ def load(target: str):
     return function
 
 
-HANG_BUDGET = 8  # deadlines' worth of hangs to spend shrinking one before stopping
+HANG_BUDGET = 8  # proven hangs (each a fraction of a second) to shrink before stopping
+WAIT_BUDGET_S = 30.0  # deadlines waited out shrinking hangs the calls cannot prove (>= one)
 # after one rank raised (a receive's deadline), how long the others get before the pool
 # stops them and takes their stacks: their own receives time out about together
 ERROR_GRACE_S = 0.5
@@ -74,9 +77,11 @@ class _StopShrinking(BaseException):
 
 def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], examples: int,
           deadline: float, wires: tuple[str, ...] = WIRES) -> tuple[Failure | None, int]:
-    """The smallest failing example (or None) and how many examples ran. Every hanging
-    example costs a deadline, so after HANG_BUDGET of them the search stops and reports
-    the smallest hang seen."""
+    """The smallest failing example (or None) and how many examples ran. A hang the calls
+    prove is cheap, and shrinking stops after HANG_BUDGET of them; one that waited out the
+    deadline costs it again on every example, so shrinking stops before the deadlines
+    waited out pass WAIT_BUDGET_S (after the first, at a long deadline). Then the smallest
+    hang seen is reported."""
     load(target)
     failures: list[Failure] = []
     count = 0
@@ -92,7 +97,9 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
                         if (f := evaluate(target, kind, case, deadline, wire)) is not None), None)
         if failure is not None:
             failures.append(failure)
-            if sum(f.what in ("hang", "deadlock") for f in failures) > HANG_BUDGET:
+            waited = deadline * sum(f.timed_out for f in failures)
+            if waited + deadline > max(WAIT_BUDGET_S, deadline) or \
+                    sum(f.what in ("hang", "deadlock") for f in failures) > HANG_BUDGET:
                 raise _StopShrinking()
             raise AssertionError(failure.detail)
 
@@ -113,15 +120,18 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline, wire,
                       deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
+        timed_out = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
+                        and not (end.error or "").startswith(PROVEN) for end in result.ends)
         cycle = wait_cycle(result.ends, result.events)
         if cycle:
             return Failure(case, "deadlock",
-                           deadlock_text(cycle, result.ends, result.events, wire), wire)
+                           deadlock_text(cycle, result.ends, result.events, wire), wire,
+                           timed_out)
         hang = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
                    for end in result.ends)
         lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
                  if not end.ok]
-        return Failure(case, "hang" if hang else "error", "; ".join(lines), wire)
+        return Failure(case, "hang" if hang else "error", "; ".join(lines), wire, timed_out)
     problem = mismatch(kind, case, list(result.values))
     return Failure(case, "wrong result", problem, wire) if problem else None
 

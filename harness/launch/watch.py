@@ -31,7 +31,7 @@ CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ran
 # torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
 # not yet place: at once while a proof is being confirmed, else after this long with no
 # new line from any rank (a straggler's peers, a rank inside DDP's C++ collectives) ...
-FLIGHT_QUIET = 0.3
+FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
