@@ -185,3 +185,23 @@ def same_ranks_other_group(ctx) -> None:
     default group, which has the same ranks and is another channel."""
     group = dist.new_group(list(range(ctx.world_size)))
     dist.all_reduce(torch.ones(2), group=group if ctx.rank == 0 else None)  # OTHER-GROUP-LINE
+
+
+def ddp_with_a_straggler(ctx, seconds: float) -> list[float]:
+    """Healthy DDP steps, each followed by a loss all-reduce, with the last rank sleeping
+    ``seconds`` before it in the first two steps: the others wait in a traced collective
+    long enough for the watch to ask the Flight Recorder, which must prove nothing."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    losses = []
+    for step in range(3):
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        loss.backward()
+        if ctx.rank == ctx.world_size - 1 and step < 2:
+            time.sleep(seconds)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(round(total.item() / ctx.world_size, 6))
+    return losses

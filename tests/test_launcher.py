@@ -135,3 +135,11 @@ def test_slow_ranks_waiting_on_each_other_are_never_called_deadlocked(no_new_chi
     result = launch(jobs.slow_but_healthy, 2.0, world_size=2, deadline=60)
     assert [e.status for e in result.ends] == ["finished", "finished"], result.ends
     assert result.values == ([5.0] * 4, [4.0] * 4)  # 2 after the sum, +1 a round trip
+
+
+def test_a_straggler_in_ddp_is_never_called_deadlocked(no_new_children):
+    """The others wait in a loss all-reduce while the last rank sleeps: the watch asks the
+    Flight Recorder (DDP's collectives are made from C++) and must find nothing to prove."""
+    result = launch(jobs.ddp_with_a_straggler, 1.0, world_size=3, deadline=60)
+    assert [e.status for e in result.ends] == ["finished"] * 3, result.ends
+    assert len(set(map(tuple, result.values))) == 1  # every rank saw the same losses
