@@ -64,14 +64,14 @@ def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 def serve_stacks(conn: Connection) -> threading.Thread:
     """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
     process's stacks, "collectives" with the collectives it has in flight (flight.py).
-    Each answer carries the request's kind, so a late one is told from the next."""
+    Each answer carries its request's serial number, so a late one is told from the next."""
     from harness.trace.flight import in_flight
 
     def loop() -> None:
         while True:
             try:
-                kind = conn.recv()
-                conn.send((kind, in_flight() if kind == "collectives" else capture_stacks()))
+                kind, serial = conn.recv()
+                conn.send((serial, in_flight() if kind == "collectives" else capture_stacks()))
             except (EOFError, OSError):
                 return
 
@@ -107,14 +107,19 @@ def request_stacks(
     return [answers[i] for i in range(len(targets))]
 
 
+_serial = 0  # numbers the requests this process sends
+
+
 def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, object]:
     """Ask each rank's stack thread, all at once; index -> answer, for those that answered
-    within ``timeout``. An answer to an earlier request of another kind is dropped."""
+    within ``timeout``. A late answer to an earlier request is dropped."""
+    global _serial
+    _serial += 1
     answers: dict[int, object] = {}
     asked = {}
     for index, conn in enumerate(conns):
         try:
-            conn.send(kind)
+            conn.send((kind, _serial))
             asked[conn] = index
         except OSError:
             pass
@@ -122,11 +127,11 @@ def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, object]
     while asked and (left := end - time.monotonic()) > 0:
         for conn in wait(list(asked), left):
             try:
-                answer_kind, answer = conn.recv()
+                serial, answer = conn.recv()
             except (EOFError, OSError):
                 asked.pop(conn)
                 continue
-            if answer_kind == kind:
+            if serial == _serial:
                 answers[asked.pop(conn)] = answer
     return answers
 
