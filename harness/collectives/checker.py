@@ -65,7 +65,7 @@ def load(target: str):
 
 
 HANG_BUDGET = 8  # proven hangs (each a fraction of a second) to shrink before stopping
-WAIT_BUDGET_S = 30.0  # deadlines waited out shrinking hangs the calls cannot prove (>= one)
+WAIT_BUDGET_S = 10.0  # deadlines waited out shrinking hangs the calls cannot prove (>= one)
 # after one rank raised (a receive's deadline), how long the others get before the pool
 # stops them and takes their stacks: their own receives time out about together
 ERROR_GRACE_S = 0.5
