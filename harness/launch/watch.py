@@ -22,7 +22,7 @@ from typing import Any, Callable
 from harness.launch import procs, stacks
 from harness.models import InFlight, RankEnd
 from harness.launch.results import JobResult
-from harness.trace.waitfor import P2P, WaitFor
+from harness.trace.waitfor import WaitFor, collective
 
 # DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
 # rule it out); read when each watch starts
@@ -180,7 +180,7 @@ class JobWatch:
         made itself."""
         opened: dict[str | None, int] = {}
         for call in self.waitfor.ranks[rank].open.values():
-            if call.event["op"] not in P2P and call.event["op"] != "batch_isend_irecv":
+            if collective(call.event):
                 opened[call.event.get("pg")] = opened.get(call.event.get("pg"), 0) + 1
         found = []
         for pg, group in (view or {}).items():

@@ -102,8 +102,7 @@ class WaitFor:
 
     def needs_flight(self) -> bool:
         """Is a rank in a collective that no current Flight Recorder view places?"""
-        return any(call["op"] not in P2P and call["op"] != "batch_isend_irecv"
-                   and self._view(rank) is None for rank, call in self.blocked().items())
+        return any(collective(call) and self._view(rank) is None for rank, call in self.blocked().items())
 
     def _view(self, rank: int) -> dict | None:
         """The rank's Flight Recorder view, while it still holds: taken since the rank's
@@ -120,14 +119,14 @@ class WaitFor:
         rank's open traced collectives on the group are its collectives in flight there,
         one for one and op for op (nothing untraced among them, no call gloo splits)."""
         view = self._view(rank)
-        if view is None or call["op"] in P2P or call["op"] == "batch_isend_irecv":
+        if view is None or not collective(call):
             return None
         mine = view.get(call.get("pg"))
         if not mine:
             return None
         opened = sorted((c.event for c in self.ranks[rank].open.values()
-                         if c.event["op"] not in P2P and c.event["op"] != "batch_isend_irecv"
-                         and c.event.get("pg") == call.get("pg")), key=lambda e: e["id"])
+                         if collective(c.event) and c.event.get("pg") == call.get("pg")),
+                        key=lambda e: e["id"])
         flying = [mine["ops"].get(k) for k in range(mine["completed"] + 1, mine["enqueued"] + 1)]
         if [_family(e["op"]) for e in opened] != flying:
             return None
@@ -243,7 +242,7 @@ class WaitFor:
         at: dict[tuple, dict[int, dict]] = {}
         found: dict[int, str] = {}
         for rank, call in blocked.items():
-            if call["op"] in P2P or call["op"] == "batch_isend_irecv":
+            if not collective(call):
                 continue
             at.setdefault((_group(call), call["seq"]), {})[rank] = call
             place = self._place(rank, call)
@@ -271,6 +270,11 @@ def _channels(event: dict) -> list[tuple[tuple, int]]:
         direction = "send" if event["op"] in SEND else "recv"
         return [((direction, event.get("peer"), group), event["seq"])]
     return [(("collective", group), event["seq"])]
+
+
+def collective(call: dict) -> bool:
+    """Is the call (an enter event) a collective, not a send, receive or batch of them?"""
+    return call["op"] not in P2P and call["op"] != "batch_isend_irecv"
 
 
 def _group(call: dict) -> tuple:
