@@ -14,8 +14,8 @@ It imports nothing of the project, torch included, and every other package impor
 from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
                                      Evidence, Fingerprint, GradientEvidence, MemoryEvidence,
                                      NonFiniteEvidence, PipeStepEvidence, StageCost, StageEvent, StepEvidence)
-from harness.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord, RankStatus,
-                                   RunRecord, ThreadStack)
+from harness.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord,
+                                   RankStatus, RunRecord, ThreadStack)
 from harness.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
                                  SamplerKind, StageSplit, apply_changes)
 from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
@@ -27,7 +27,8 @@ __all__ = [
     "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "Knobs", "MemoryEvidence",
     "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
-    "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord", "RankStatus",
+    "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord",
+    "RankStatus",
     "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
     "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",
     "Verdict", "apply_changes", "dump_report", "load_report",

@@ -58,8 +58,8 @@ def user_frame(stacks: tuple[ThreadStack, ...]) -> Frame | None:
 @dataclass(frozen=True)
 class InFlight:
     """A collective a stopped rank had enqueued and not completed, and not through a traced
-    call, by torch's Flight Recorder: numbered on its group (``pg``: None for the default group) as the backend
-    pairs them, whoever made it (DDP makes its own from C++, which the tracer never sees)."""
+    call, by torch's Flight Recorder: numbered on its group (``pg``: None for the default
+    group) as the backend pairs them (DDP makes its own from C++, never traced)."""
 
     pg: str | None
     seq: int

@@ -102,7 +102,8 @@ class WaitFor:
 
     def needs_flight(self) -> bool:
         """Is a rank in a collective that no current Flight Recorder view places?"""
-        return any(collective(call) and self._view(rank) is None for rank, call in self.blocked().items())
+        return any(collective(call) and self._view(rank) is None
+                   for rank, call in self.blocked().items())
 
     def _view(self, rank: int) -> dict | None:
         """The rank's Flight Recorder view, while it still holds: taken since the rank's
