@@ -43,14 +43,15 @@ def _point_to_point(record: RunRecord) -> list[Finding]:
     sends, recvs = {}, {}
     for rank in record.ranks:
         for call in rank.evidence.calls:
+            channel = (call.pg or "", call.tag, call.seq)  # as gloo pairs them
             if call.op in ("send", "isend"):
-                sends[(rank.rank, call.peer, call.seq)] = call
+                sends[(rank.rank, call.peer, channel)] = call
             elif call.op in ("recv", "irecv") and call.peer is not None:
-                recvs[(call.peer, rank.rank, call.seq)] = call
+                recvs[(call.peer, rank.rank, channel)] = call
     for key in sorted(set(sends) & set(recvs)):
         send, recv = sends[key], recvs[key]
         if (send.shapes, send.dtype) != (recv.shapes, recv.dtype):
-            return [_finding(f"send #{key[2]} from rank {key[0]} to rank {key[1]}",
+            return [_finding(f"send #{key[2][2]} from rank {key[0]} to rank {key[1]}",
                              {key[0]: send, key[1]: recv})]
     return []
 

@@ -205,3 +205,22 @@ def ddp_with_a_straggler(ctx, seconds: float) -> list[float]:
         dist.all_reduce(total)
         losses.append(round(total.item() / ctx.world_size, 6))
     return losses
+
+
+def tagged_exchange(ctx, cycle: bool) -> list[float]:
+    """Rank 0 sends tags 1 then 2, rank 1 receives tag 2 first: healthy, as gloo pairs by
+    tag. With ``cycle``, both ranks send with tag 5 before receiving: a deadlock."""
+    peer = 1 - ctx.rank
+    if cycle:
+        dist.send(torch.ones(1), peer, tag=5)  # TAGGED-SEND-LINE
+        dist.recv(torch.ones(1), peer, tag=5)
+        return []
+    got = [torch.zeros(1), torch.zeros(1)]
+    if ctx.rank == 0:
+        works = [dist.isend(torch.full((1,), float(tag)), 1, tag=tag) for tag in (1, 2)]
+        for work in works:
+            work.wait()
+    else:
+        dist.recv(got[1], 0, tag=2)
+        dist.recv(got[0], 0, tag=1)
+    return [t.item() for t in got]

@@ -109,3 +109,16 @@ def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
     (found,) = hang.check(as_record(result, 2))
     assert found.fault == "missing-from-collective"
     assert f"{Path(JOBS).name}:{jobs.line_of('OTHER-GROUP-LINE')}" in found.symptom
+
+
+def test_sends_and_receives_pair_by_tag_as_gloo_pairs_them(pools):
+    """Receives taken in the other tag order are healthy; a tagged send cycle is proven."""
+    from harness.launch.watch import PROVEN
+
+    healthy = pools(2).run(jobs.tagged_exchange, False, deadline=60).raise_for_status()
+    assert healthy.values == ([0.0, 0.0], [1.0, 2.0])
+    assert [(c.op, c.tag) for c in fold(healthy.traces[1])] == [("recv", 2), ("recv", 1)]
+    stuck = pools(2).run(jobs.tagged_exchange, True, deadline=60)
+    assert all(e.status == "hung" and e.error.startswith(PROVEN + ": ranks 0 -> 1 -> 0")
+               for e in stuck.ends), stuck.ends
+    assert f"{Path(JOBS).name}:{jobs.line_of('TAGGED-SEND-LINE')}" in stuck.ends[0].error

@@ -134,16 +134,25 @@ def test_unknowable_waits_are_left_to_the_deadline():
     assert off_main.proof() is None
 
 
-def test_a_rank_that_ever_received_from_any_source_or_used_a_tag_proves_nothing():
+def test_a_rank_that_ever_received_from_any_source_proves_nothing():
     """Rank 1's receive from any source took rank 0's send #0, but counts per peer cannot
     know it: rank 0's send #1 would look unmatched while rank 1 was still receiving it."""
     done = {"ev": "done", "id": 1, "t": 0.0}
     any_then_send = state([enter(1, "send", 0, peer=1), done, enter(2, "send", 1, peer=1)],
                           [enter(1, "recv", 0, peer=None), done, enter(2, "send", 0, peer=0)])
     assert any_then_send.proof() is None
-    tagged = state([enter(1, "send", 0, peer=1, tag=7)], [enter(1, "send", 0, peer=0)])
-    assert tagged.proof() is None
-    assert state([enter(1, "send", 0, peer=1)], [enter(1, "send", 0, peer=0)]).proof()
+
+
+def test_a_send_and_a_receive_pair_only_with_the_same_tag():
+    """gloo matches by peer and tag: each tag is a channel of its own, numbered apart."""
+    send = enter(1, "send", 0, peer=1, tag=7)
+    assert state([send], [enter(1, "recv", 0, peer=0, tag=7)]).proof() is None
+    crossed = state([send], [enter(1, "recv", 0, peer=0, tag=8)]).proof()
+    assert crossed.kind == "cycle" and crossed.ranks == (0, 1)
+    assert state([send], [enter(1, "send", 0, peer=0, tag=7)]).proof().kind == "cycle"
+    batch = enter(1, "batch_isend_irecv", 0, async_op=True, peers=[["recv", 1, 0, 7]])
+    waits = state([batch, {"ev": "wait", "id": 1, "t": 0.0}], [send | {"peer": 0}])
+    assert waits.proof() is None  # the batch's receive, tag 7, is rank 1's send's match
 
 
 def view(enqueued, completed, ops, pg=None):

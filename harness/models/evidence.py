@@ -184,6 +184,7 @@ class Call:
     completed: float | None = None
     error: str | None = None
     pg: str | None = None  # the group's name, unless the default group: same ranks, apart
+    tag: int = 0  # a send's or receive's tag: a channel of its own, as gloo matches them
 
     @property
     def blocking(self) -> bool:

@@ -146,7 +146,7 @@ class Tracer:
         direction = "send" if op in ("send", "isend") else "recv"
         with self._lock:
             self._ids += 1
-            key = (direction, peer, group, None)
+            key = (direction, peer, group, None, 0)
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
             call_id = self._ids
@@ -211,7 +211,8 @@ class Tracer:
             tensors = [op.tensor for op in ops]
             group, pg = _group(ops[0].group if ops else None)
             peers = [["send" if op.op.__name__ == "isend" else "recv", op.peer] for op in ops]
-            tag = next((op.tag for op in ops if getattr(op, "tag", 0)), 0)
+            tags = [getattr(op, "tag", 0) or 0 for op in ops]
+            tag = 0  # each op's own, in ``peers``
             peer = None
             key = ("batch", group, pg)
         else:
@@ -222,19 +223,21 @@ class Tracer:
                 local = bound.get("group_" + peer_arg)
                 peer = group[local] if isinstance(local, int) and 0 <= local < len(group) \
                     else local
-            peers = []
+            peers, tags = [], []
             tag = bound.get("tag") or 0 if direction else 0
-            key = (direction, peer, group, pg) if direction else ("collective", group, pg)
+            key = (direction, peer, group, pg, tag) if direction else ("collective", group, pg)
         op = bound.get("op")
         with self._lock:
             self._ids += 1
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
             call_id = self._ids
-            for each in peers:  # a batch's ops count on their channels, as plain sends do
-                channel = (each[0], each[1], group, pg)
+            for each, each_tag in zip(peers, tags):  # on their channels, as plain sends
+                channel = (each[0], each[1], group, pg, each_tag)
                 each.append(self._seq.get(channel, 0))
                 self._seq[channel] = each[2] + 1
+                if each_tag:
+                    each.append(each_tag)
         call = {
             "id": call_id, "t": time.monotonic(), "op": name, "seq": seq, "group": list(group),
             "peer": peer, "peers": peers, "shapes": [list(t.shape) for t in tensors],
@@ -247,7 +250,7 @@ class Tracer:
         if pg is not None:
             call["pg"] = pg  # another group of the same ranks counts its calls apart
         if tag:
-            call["tag"] = tag  # matched by tag as well as order: counts alone cannot pair it
+            call["tag"] = tag  # gloo matches a send and a receive by peer and tag
         if threading.current_thread() is not threading.main_thread():
             call["main"] = False  # another thread of this rank may still make any call
         return call
@@ -396,5 +399,5 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
         shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
         reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
         entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
-        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"))
+        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"), tag=c.get("tag", 0))
         for c in calls.values())

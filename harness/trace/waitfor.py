@@ -8,10 +8,10 @@ collective #s on a group for every member that has not entered #s. A rank that w
 for a rank which finished can never go on; nor can one that waits for a rank which is
 itself stuck. The stuck ranks are the greatest set closed under that rule (every member of
 a cycle is in it), plus ranks blocked together in different collectives at the same
-sequence number. Ranks that compute, and ranks whose calls counting cannot pair (a call
-off the main thread, which another thread may follow with the call a peer needs; a send or
-receive with a tag, which gloo matches by tag as well; a receive from any source) are left
-out of every proof, and so to the deadline.
+sequence number. A send and a receive pair by peer, group and tag, in order, as gloo pairs
+them. Ranks that compute, and ranks whose calls counting cannot pair (a call off the main
+thread, which another thread may follow with the call a peer needs; a receive from any
+source) are left out of every proof, and so to the deadline.
 
 The tracer numbers only the calls made through torch.distributed's Python functions; gloo
 pairs every collective of a group, DDP's own from C++ included, and a list reduce_scatter
@@ -137,7 +137,7 @@ class WaitFor:
         state.events += 1
         kind = event["ev"]
         if kind == "enter":
-            if event.get("main") is False or event.get("tag") or \
+            if event.get("main") is False or \
                     (event["op"] in ("recv", "irecv") and event.get("peer") is None):
                 state.unprovable = True
             for key, seq in _channels(event):
@@ -172,14 +172,15 @@ class WaitFor:
         """The ranks ``call`` waits for; None when that cannot be known (any-source)."""
         group = _group(call)
         if call["op"] == "batch_isend_irecv":
-            return {peer for direction, peer, seq in call.get("peers", ())
-                    if not self._matched(rank, direction, peer, seq, group)}
+            return {peer for direction, peer, seq, *tag in call.get("peers", ())
+                    if not self._matched(rank, direction, peer, seq, group, tag)}
         if call["op"] in P2P:
             if call.get("peer") is None:
                 return None
             direction = "send" if call["op"] in SEND else "recv"
             return ({call["peer"]} if not self._matched(rank, direction, call["peer"],
-                                                        call["seq"], group) else set())
+                                                        call["seq"], group, [call.get("tag")])
+                    else set())
         key, place = ("collective", group), self._place(rank, call)
         found = set()
         for member in call["group"] or self.ranks:
@@ -193,12 +194,13 @@ class WaitFor:
                 found.add(member)
         return found
 
-    def _matched(self, rank: int, direction: str, peer: int, seq: int, group: tuple) -> bool:
+    def _matched(self, rank: int, direction: str, peer: int, seq: int, group: tuple,
+                 tag: list) -> bool:
         other = self.ranks.get(peer)
         if other is None:
             return False
         opposite = "recv" if direction == "send" else "send"
-        return other.entered.get((opposite, rank, group), 0) > seq
+        return other.entered.get((opposite, rank, group, _tag(tag)), 0) > seq
 
     def proof(self) -> Deadlock | None:
         blocked = self.blocked()
@@ -266,11 +268,17 @@ def _channels(event: dict) -> list[tuple[tuple, int]]:
     """The channels or group a call counts on, with its number there."""
     group = _group(event)
     if event["op"] == "batch_isend_irecv":
-        return [((d, p, group), s) for d, p, s in event.get("peers", ())]
+        return [((d, p, group, _tag(t)), s) for d, p, s, *t in event.get("peers", ())]
     if event["op"] in P2P:
         direction = "send" if event["op"] in SEND else "recv"
-        return [((direction, event.get("peer"), group), event["seq"])]
+        return [((direction, event.get("peer"), group, _tag([event.get("tag")])), event["seq"])]
     return [(("collective", group), event["seq"])]
+
+
+def _tag(found: list) -> int:
+    """A send's or receive's tag: the first of ``found`` (what follows a batch op's number,
+    or a call's ``tag``), 0 when absent."""
+    return (found[0] if found else 0) or 0
 
 
 def collective(call: dict) -> bool:
