@@ -120,15 +120,15 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline, wire,
                       deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
-        timed_out = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
-                        and not (end.error or "").startswith(PROVEN) for end in result.ends)
+        hung = [end for end in result.ends
+                if "Timeout" in (end.error or "") or end.status in ("hung", "stopped")]
+        timed_out = any(not (end.error or "").startswith(PROVEN) for end in hung)
         cycle = wait_cycle(result.ends, result.events)
         if cycle:
             return Failure(case, "deadlock",
                            deadlock_text(cycle, result.ends, result.events, wire), wire,
                            timed_out)
-        hang = any("Timeout" in (end.error or "") or end.status in ("hung", "stopped")
-                   for end in result.ends)
+        hang = bool(hung)
         lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
                  if not end.ok]
         return Failure(case, "hang" if hang else "error", "; ".join(lines), wire, timed_out)

@@ -95,8 +95,9 @@ class WaitFor:
         self.ranks[rank].events += 1
 
     def flight(self, rank: int, view: dict) -> None:
-        """What the Flight Recorder says of ``rank`` now: read every trace line the rank
-        wrote before it was asked, first, so the view belongs to the call it is in."""
+        """What the Flight Recorder says of ``rank`` now. The caller feeds every trace line
+        the rank wrote until the answer first (and drops the view if any was a call event),
+        so the view belongs to the call the rank is in."""
         state = self.ranks[rank]
         state.flight, state.flight_at = view, state.events
 
