@@ -76,6 +76,7 @@ def add_commands(commands) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from harness.doctor.record import script_record
     from harness.doctor.launcher import ScriptStartError, run_script
     from harness.launch.store import AddressError, addresses, is_loopback
 
@@ -95,11 +96,12 @@ def run_command(args: argparse.Namespace) -> int:
                             start_method=args.start_method)
     except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    return _diagnose(_record(result.ends, result.traces, result.wall_s, result.started,
+    return _diagnose(script_record(result.ends, result.traces, result.wall_s, result.started,
                              args.deadline), args.script, args.report)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
+    from harness.doctor.record import script_record
     from harness.models import RankEnd
     from harness.launch.stacks import parse_faulthandler
 
@@ -129,30 +131,18 @@ def analyze_command(args: argparse.Namespace) -> int:
         else:
             ends.append(RankEnd(rank, "finished"))
         events.append(tuple(lines))
-    return _diagnose(_record(tuple(ends), tuple(events), 0.0, 0.0, 0.0),
+    return _diagnose(script_record(tuple(ends), tuple(events), 0.0, 0.0, 0.0),
                      " ".join(args.directories), args.report)
-
-
-def _record(ends, traces, wall_s: float, started: float, deadline: float):
-    from harness.trace.evidence import evidence_from_events
-    from harness.models import RankRecord, RunRecord, RunSpec
-
-    world = len(ends)
-    spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
-                   deadline=deadline or 60.0)
-    ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, (), trace))
-                  for end, trace in zip(ends, traces))
-    return RunRecord(spec=spec, ranks=ranks, wall_s=wall_s, started=started)
 
 
 def _diagnose(record, script: str, report_path: str | None) -> int:
     import time
 
-    import checks
-    from harness.doctor.report import render, report
+    from harness.doctor.record import diagnose
+    from harness.doctor.report import render
     from harness.cli.tables import hang_timing
 
-    result = report(record, checks.run_all(record), script)
+    result = diagnose(record, script)
     print(render(result), flush=True)
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:

@@ -205,7 +205,7 @@ def _by_line(where: str) -> tuple[str, int]:
     return (path, int(line)) if line.isdigit() else (where, 0)
 
 
-def _call_text(call: ReportCall | None) -> str:
+def call_text(call: ReportCall | None) -> str:
     if call is None:
         return "no traced call"
     shapes = " ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
@@ -215,8 +215,22 @@ def _call_text(call: ReportCall | None) -> str:
     return f"{call.op}{peer} ({detail}) at {call.where}"
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_phrase(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def look_at(result: ScriptReport) -> list[str]:
+    """The user's lines the cause points at, in file and line order: where ranks wait,
+    where findings point, where a running rank was, where the root cause raised."""
+    places = {r.call.where for r in result.ranks
+              if r.call and r.state not in ("finished", "running")}
+    places |= {c.where for c in result.findings if c.where}
+    places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
+    cause = result.cause
+    if cause is not None and cause.kind in ("rank-crashed", "unused-parameters"):
+        root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
+        places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
+    return sorted(places, key=_by_line)
 
 
 def render(result: ScriptReport) -> str:
@@ -227,20 +241,15 @@ def render(result: ScriptReport) -> str:
                      f"finished ({result.wall_s:.2f} s)")
     else:
         cause = result.cause
-        lines += [f"distdoctor run: FAILED: {cause.kind} ({_ranks(cause.ranks)})",
+        lines += [f"distdoctor run: FAILED: {cause.kind} ({ranks_phrase(cause.ranks)})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
         for other in result.findings[1:]:
-            lines += [f"also: {other.kind} ({_ranks(other.ranks)})",
+            lines += [f"also: {other.kind} ({ranks_phrase(other.ranks)})",
                       f"  {other.summary}", f"  fix: {other.fix}"]
-        places = {r.call.where for r in result.ranks
-                  if r.call and r.state not in ("finished", "running")}
-        places |= {c.where for c in result.findings if c.where}
-        places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
-        root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
-        if cause.kind in ("rank-crashed", "unused-parameters"):
-            places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
+        places = look_at(result)
         if places:
-            lines.append("  look at: " + ", ".join(sorted(places, key=_by_line)))
+            lines.append("  look at: " + ", ".join(places))
+        root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):
             for r in root[:1]:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
@@ -249,11 +258,11 @@ def render(result: ScriptReport) -> str:
             inside = f"{r.collective}, from" if r.collective else \
                 "in no collective or send/receive:"
             lines.append(f"\nrank {r.rank}: running, {inside} "
-                         f"{r.running or 'no stack'}; last call: {_call_text(r.call)}")
+                         f"{r.running or 'no stack'}; last call: {call_text(r.call)}")
         else:
             lines.append(f"\nrank {r.rank}: {r.state}; "
                          f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
-                         f"{_call_text(r.call)}")
+                         f"{call_text(r.call)}")
         if r.error and r.rank not in (result.cause.ranks if result.cause else []):
             lines.append("  " + r.error.strip().splitlines()[-1][:300])
         if r.stack and r.state in ("blocked", "running"):

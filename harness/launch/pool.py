@@ -131,10 +131,17 @@ class RankPool:
         self._teardown()
         _live_pools.discard(self)
 
+    def reset(self) -> None:
+        """Stop this generation (its group is unusable, or stale); the next job forks a
+        new one."""
+        self._teardown()
+
     # -- jobs ------------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], *args: Any, deadline: float = DEFAULT_DEADLINE,
-            error_grace: float = DEFAULT_ERROR_GRACE, **kwargs: Any) -> JobResult:
-        """Run ``fn(ctx, *args, **kwargs)`` on every rank; never blocks past the deadline."""
+            error_grace: float = DEFAULT_ERROR_GRACE, limit: float | None = None,
+            **kwargs: Any) -> JobResult:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; never blocks past the deadline
+        (seconds without progress) or ``limit`` (seconds in all, when given)."""
         if not deadline > 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
         # plain pickle: tensors travel by value. ForkingPickler would share their storage
@@ -142,7 +149,7 @@ class RankPool:
         payload = pickle.dumps(("job", fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         self.start()
         try:
-            result = JobWatch(self._ranks, deadline, error_grace).run(payload)
+            result = JobWatch(self._ranks, deadline, error_grace, limit=limit).run(payload)
         except BaseException:  # Ctrl-C, a test timeout: nothing may outlive the parent's wait
             self._teardown()
             raise

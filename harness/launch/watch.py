@@ -58,9 +58,13 @@ class JobWatch:
     """The parent's side of one job: watch every rank until each has ended or been stopped."""
 
     def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float,
-                 echo_stderr: Callable[[int, bytes], None] | None = None):
+                 echo_stderr: Callable[[int, bytes], None] | None = None,
+                 limit: float | None = None):
+        """``limit``: seconds the job may run in all, progress or not (a test's deadline);
+        None: only the no-progress ``deadline`` stops it."""
         self.ranks = ranks
         self.deadline = deadline
+        self.limit = limit
         self.error_grace = error_grace
         self.ends: dict[int, RankEnd] = {}
         self.values: dict[int, Any] = {}
@@ -212,7 +216,10 @@ class JobWatch:
         if self.first_error is not None:
             return self.first_error + self.error_grace - procs.now()
         latest = max(self.last_progress[h.rank] for h in running)
-        return latest + self.deadline - procs.now()
+        ends = latest + self.deadline
+        if self.limit is not None:
+            ends = min(ends, self.started + self.limit)
+        return ends - procs.now()
 
     def _drain(self, handle: RankHandle) -> None:
         """Read everything a rank has sent; notice if its process is gone."""
@@ -254,6 +261,9 @@ class JobWatch:
     def _stop(self, running: list[RankHandle], status: str, why: str | None = None) -> None:
         """Take the stacks of every rank still running, then kill them."""
         at = procs.now() - self.started
+        if why is None and status == "hung" and self.limit is not None \
+                and at >= self.limit - 0.01:
+            why = f"still running at the deadline of {self.limit:.1f} s"
         why = why or (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
                       else f"still running {self.error_grace:.1f} s after another rank failed")
         flights = stacks.ask([h.ctrl for h in running], "collectives", FLIGHT_TIMEOUT)

@@ -1,0 +1,280 @@
+"""The pytest plugin: a test marked ``world_size(n)`` runs on n real gloo ranks of a warm
+pool, and a broken run fails with the rank, the cause and the user's line, never a hang.
+
+Registered as the ``distdoctor`` pytest11 entry point (``-p no:distdoctor`` turns it off).
+
+The deadline of a test, the longest its body may run on the ranks, comes from one place,
+in this order: the marker's ``deadline=``, ``--distdoctor-deadline``, the ini key
+``distdoctor_deadline``, 300 s. A proven deadlock stops in well under a second whatever
+the deadline; the deadline is for what cannot be proven (a rank spinning, a peer still
+computing), so it is generous. When pytest-timeout would end the test first, the deadline
+is cut to end 3 s before it, so the diagnosis, not pytest-timeout's stack dump, is what
+the user reads.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any, Callable
+
+import pytest
+
+from harness.testing.verdict import Outcome, RankFailure
+
+DEFAULT_DEADLINE = 300.0
+TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
+ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
+_ARGS = ("rank", "world_size")  # per-rank fixtures: not sent from the parent
+_started = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("distdoctor", "distributed tests on warm ranks (distdoctor)")
+    group.addoption("--distdoctor-deadline", type=float, metavar="SECONDS", default=None,
+                    help="longest a world_size test may run on its ranks (default: the "
+                         f"ini key distdoctor_deadline, else {DEFAULT_DEADLINE:.0f})")
+    parser.addini("distdoctor_deadline", help="longest a world_size test may run on its "
+                  f"ranks, in seconds (default {DEFAULT_DEADLINE:.0f})", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "world_size(n, deadline=None): run the test on n real gloo ranks (a list "
+        "of sizes: one test per size), with the default process group initialised")
+    _session_deadline(config)  # a bad value is an error at once, not at the first test
+
+
+def _positive(value: Any, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{where} must be a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise pytest.UsageError(f"{where} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _session_deadline(config: pytest.Config) -> float:
+    option = config.getoption("distdoctor_deadline", None)
+    if option is not None:
+        return _positive(option, "--distdoctor-deadline")
+    ini = config.getini("distdoctor_deadline")
+    if ini not in (None, ""):
+        return _positive(ini, "ini key distdoctor_deadline")
+    return DEFAULT_DEADLINE
+
+
+def _sizes(marker: pytest.Mark, where: str) -> list[int]:
+    if len(marker.args) != 1 or set(marker.kwargs) - {"deadline"}:
+        raise pytest.UsageError(f"{where}: use @pytest.mark.world_size(n) or "
+                                f"world_size([n, ...]), optionally with deadline=SECONDS")
+    sizes = marker.args[0]
+    many = isinstance(sizes, (list, tuple))
+    sizes = list(sizes) if many else [sizes]
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                            for n in sizes):
+        raise pytest.UsageError(f"{where}: world_size takes a positive whole number of "
+                                f"ranks or a non-empty list of them, got {marker.args[0]!r}")
+    return sizes
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("world_size")
+    if marker is None:
+        return
+    sizes = _sizes(marker, metafunc.definition.nodeid)
+    if "deadline" in marker.kwargs:
+        _positive(marker.kwargs["deadline"], f"{metafunc.definition.nodeid}: deadline=")
+    if len(sizes) > 1 or isinstance(marker.args[0], (list, tuple)):
+        if "world_size" not in metafunc.fixturenames:
+            metafunc.fixturenames.append("world_size")
+        metafunc.parametrize("world_size", sizes, indirect=True,
+                             ids=[f"world_size={n}" for n in sizes])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from harness.testing.onrank import remember
+
+    remember(session.items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    item.stash[_started] = time.monotonic()
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    """The number of ranks this test runs on (from its world_size marker)."""
+    if hasattr(request, "param"):
+        return request.param
+    marker = request.node.get_closest_marker("world_size")
+    if marker is None:
+        pytest.fail("the world_size fixture needs @pytest.mark.world_size(n) on the test",
+                    pytrace=False)
+    return _sizes(marker, request.node.nodeid)[0]
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> None:
+    """This rank's number; it exists only on the ranks (None in the parent)."""
+    if request.node.get_closest_marker("world_size") is None:
+        pytest.fail("the rank fixture needs @pytest.mark.world_size(n) on the test",
+                    pytrace=False)
+    askers = sorted(name for name, defs in request.node._fixtureinfo.name2fixturedefs.items()
+                    for fixture in defs if "rank" in fixture.argnames)
+    if askers:
+        pytest.fail(f"fixture {askers[0]!r} asks for `rank`, but fixtures are built once, in "
+                    "the parent, and sent to every rank; ask for `rank` in the test itself "
+                    "(or read torch.distributed.get_rank() there)", pytrace=False)
+    return None
+
+
+class Ranks:
+    """``ranks(n)``: drive n warm ranks from a test in the parent."""
+
+    def __init__(self, world_size: int, deadline: float):
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world size must be a positive whole number, got {world_size!r}")
+        self.world_size = world_size
+        self.deadline = _positive(deadline, "deadline")
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank, with the default process group up; the
+        per-rank results in rank order, or RankFailure naming the cause."""
+        __tracebackhide__ = True
+        from harness.testing import onrank
+
+        _sendable(fn, f"function {getattr(fn, '__qualname__', fn)!r}",
+                  "pass a function defined at module level")
+        _sendable((args, kwargs), "the arguments")
+        result = _run_job(self.world_size, self.deadline, onrank.call, fn, args, kwargs)
+        outcome = _judge(result, self.deadline, getattr(fn, "__qualname__", "job"))
+        if outcome.status != "passed":
+            raise outcome.failure()
+        return [value for value, _ in result.values]
+
+
+class RanksFactory:
+    """What the ``ranks`` fixture gives: ``ranks(n, deadline=None)`` is a Ranks."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+
+    def __call__(self, world_size: int, deadline: float | None = None) -> Ranks:
+        return Ranks(world_size, self.deadline if deadline is None else deadline)
+
+    def __repr__(self) -> str:
+        return f"ranks(deadline={self.deadline:g})"
+
+
+@pytest.fixture(scope="session")
+def ranks(pytestconfig: pytest.Config) -> RanksFactory:
+    """``ranks(n, deadline=None).run(fn, *args, **kwargs)``: run a module-level ``fn`` on n
+    warm ranks and get their results (session-scoped, so it works in hypothesis tests)."""
+    return RanksFactory(_session_deadline(pytestconfig))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker("world_size")
+    if marker is None:
+        return None
+    from harness.testing import onrank
+
+    n = pyfuncitem.funcargs.get("world_size") or _sizes(marker, pyfuncitem.nodeid)[0]
+    deadline = _item_deadline(pyfuncitem, marker)
+    names = pyfuncitem._fixtureinfo.argnames
+    funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}
+    for name, value in funcargs.items():
+        if name not in _ARGS:
+            if not _picklable(value):
+                pytest.fail(f"fixture {name!r} ({type(value).__name__}) cannot be sent to "
+                            "the ranks: fixtures are built once, in the parent, and only "
+                            "values pickle can copy reach the ranks; build it inside the "
+                            "test instead", pytrace=False)
+    result = _run_job(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
+    if any(value == onrank.STALE for value in result.values):
+        from harness.launch.pool import shared_pool
+
+        shared_pool(n).reset()  # forked before this test was collected: fork anew
+        result = _run_job(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
+    outcome = _judge(result, deadline, pyfuncitem.nodeid)
+    if outcome.status == "skipped":
+        pytest.skip(outcome.text)
+    if outcome.status == "xfailed":
+        pytest.xfail(outcome.text)
+    if outcome.status == "failed":
+        pytest.fail(outcome.text, pytrace=False)
+    return True
+
+
+def _item_deadline(item: pytest.Item, marker: pytest.Mark) -> float:
+    deadline = _positive(marker.kwargs["deadline"], "deadline=") \
+        if "deadline" in marker.kwargs else _session_deadline(item.config)
+    timeout = _pytest_timeout(item)
+    if timeout:
+        spent = time.monotonic() - item.stash.get(_started, time.monotonic())
+        deadline = min(deadline, max(1.0, timeout - spent - TIMEOUT_MARGIN))
+    return deadline
+
+
+def _pytest_timeout(item: pytest.Item) -> float | None:
+    """pytest-timeout's timeout for this item, where that plugin is active."""
+    if not item.config.pluginmanager.has_plugin("timeout"):
+        return None
+    try:
+        import pytest_timeout
+
+        timeout = pytest_timeout._get_item_settings(item).timeout
+    except Exception:
+        return None
+    return float(timeout) if timeout and timeout > 0 else None
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
+
+
+def _sendable(value: Any, what: str, hint: str = "") -> None:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(f"{what} cannot be sent to the ranks (pickle: {exc})"
+                        + (f"; {hint}" if hint else "")) from None
+
+
+def _run_job(n: int, deadline: float, fn: Callable[..., Any], *args: Any):
+    from harness.launch.pool import shared_pool
+
+    pool = shared_pool(n)
+    result = pool.run(fn, *args, deadline=deadline, limit=deadline, error_grace=ERROR_GRACE)
+    if result.ok and any(_group_gone(v) for v in result.values):
+        pool.reset()
+    return result
+
+
+def _group_gone(value: Any) -> bool:
+    """Did the test destroy the default process group (its output says)?"""
+    output = value[1] if isinstance(value, tuple) and len(value) == 2 else value
+    return isinstance(output, dict) and output.get("group") is False
+
+
+def _judge(result, deadline: float, what: str) -> Outcome:
+    from harness.testing.onrank import echo
+    from harness.testing.verdict import judge, told
+
+    outputs = {r: v for r, v in enumerate(result.values) if isinstance(v, dict)}
+    outputs |= {r: v[1] for r, v in enumerate(result.values)
+                if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], dict)}
+    outputs |= {r: a for r, a in told(result).items()}
+    echo(outputs)
+    return judge(result, deadline, what)
+
+
+__all__ = ["RankFailure", "Ranks"]

@@ -1,0 +1,160 @@
+"""What a job on a test's ranks came to, in the words a failing test shows.
+
+A rank whose own code raised is the headline, in pytest's format as that rank made it
+(``onrank``); a rank that died is named with its exit; a hang is named by the same
+analysis as ``distdoctor run`` (p2p cycle, collective mismatch, a rank that left early,
+...). Every other rank follows in one line: finished, failed, or waiting in which call
+at which line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from harness.doctor.record import diagnose, script_record
+from harness.doctor.report import (Cause, ReportRank, ScriptReport, call_text, look_at,
+                                   ranks_phrase)
+from harness.launch.results import JobResult
+from harness.launch.watch import PROVEN
+from harness.models import RankEnd
+from harness.models.record import is_peer_echo
+from harness.testing.onrank import EVENT
+
+Status = Literal["passed", "failed", "skipped", "xfailed"]
+# the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
+_EXPLAINING = ("p2p-cycle", "collective-mismatch", "unused-parameters")
+
+
+class RankFailure(AssertionError):
+    """A job did not succeed on every rank. ``kind``: "failed" (a rank's code raised),
+    "died" (a rank's process ended without a result), or the hang analysis's cause
+    ("p2p-cycle", "collective-mismatch", "rank-exited-early", "unused-parameters",
+    "hang-unknown"); ``ranks``: the ranks it names; ``text``: the whole report."""
+
+    def __init__(self, kind: str, ranks: tuple[int, ...], text: str):
+        super().__init__(text)
+        self.kind = kind
+        self.ranks = ranks
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    kind: str | None  # see RankFailure
+    ranks: tuple[int, ...]
+    text: str  # the failure report, or the skip/xfail reason
+
+    def failure(self) -> RankFailure:
+        return RankFailure(self.kind or "failed", self.ranks, self.text)
+
+
+def told(result: JobResult) -> dict[int, dict]:
+    """Each rank's own account of how its code ended, where it sent one."""
+    accounts = {}
+    for rank, events in enumerate(result.events):
+        for event in events:
+            if isinstance(event, tuple) and len(event) == 2 and event[0] == EVENT:
+                accounts[rank] = event[1]
+    return accounts
+
+
+def judge(result: JobResult, deadline: float, what: str) -> Outcome:
+    if result.ok:
+        return Outcome("passed", None, (), "")
+    n = len(result.ends)
+    accounts = told(result)
+    own = [e for e in result.ends if e.status == "raised" and not is_peer_echo(e)
+           and accounts.get(e.rank, {}).get("outcome") == "failed"]
+    died = [e for e in result.ends if e.status == "died"]
+    if not own and not died:
+        for status in ("skipped", "xfailed"):
+            passed_on = [r for r, a in sorted(accounts.items()) if a["outcome"] == status]
+            if passed_on:
+                rank = passed_on[0]
+                return Outcome(status, None, (rank,),
+                               f"rank {rank} of {n}: {accounts[rank]['text']}")
+    report = diagnose(script_record(result.ends, result.traces, result.wall_s,
+                                    result.started, deadline), what)
+    cause = report.cause
+    if own or died:
+        first = min(own + died, key=lambda e: e.at if e.at is not None else float("inf"))
+        head = _failed(first, accounts.get(first.rank), n)
+        extra = _cause_block(report, cause) if cause and cause.kind in _EXPLAINING else []
+        kind = "failed" if first.status == "raised" else "died"
+        named = (first.rank,)
+    else:
+        proven = any((e.error or "").startswith(PROVEN) for e in result.ends)
+        how = "deadlock proven" if proven else _timed_out(result.ends)
+        if cause is None:
+            head, kind, named = f"{how}: no cause found", "hang-unknown", ()
+        else:
+            head = f"{how}: {cause.kind} ({ranks_phrase(cause.ranks)} of {n}): {cause.summary}"
+            kind, named = cause.kind, tuple(cause.ranks)
+        extra = _cause_block(report, cause, summary=False) if cause else []
+    lines = [head, *extra]
+    shown = set(named) if kind in ("failed", "died") else set()
+    others = [r for r in report.ranks if r.rank not in shown]
+    if others:
+        lines.append("ranks:" if not shown else "other ranks:")
+        lines += ["  " + _rank_line(r, result.ends[r.rank], accounts.get(r.rank), n)
+                  for r in others]
+    return Outcome("failed", kind, named, _relative("\n".join(lines)))
+
+
+def _relative(text: str) -> str:
+    """Paths as pytest shows them: relative to where it runs, where they lie below it."""
+    return text.replace(os.getcwd().rstrip(os.sep) + os.sep, "")
+
+
+def _short(headline: str) -> str:
+    """An exception line without gloo's boilerplate advice, at most 200 characters."""
+    headline = headline.split(" This is typically caused by")[0]
+    return headline if len(headline) <= 200 else headline[:197] + "..."
+
+
+def _failed(end: RankEnd, account: dict | None, n: int) -> str:
+    if end.status == "died":
+        return f"rank {end.rank} of {n} died: {end.error}"
+    if account is None:
+        return f"rank {end.rank} of {n} failed:\n{end.error}"
+    return f"rank {end.rank} of {n}: {account['headline']}\n\n{account['text'].rstrip()}\n"
+
+
+def _cause_block(report: ScriptReport, cause: Cause, summary: bool = True) -> list[str]:
+    lines = [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}"] if summary else []
+    lines.append(f"  fix: {cause.fix}")
+    places = look_at(report)
+    if places:
+        lines.append("  look at: " + ", ".join(places))
+    return lines
+
+
+def _timed_out(ends: tuple[RankEnd, ...]) -> str:
+    reasons = [e.error for e in ends if e.status == "hung" and e.error]
+    return f"timed out ({reasons[0]})" if reasons else "timed out"
+
+
+def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int) -> str:
+    head = f"rank {rank.rank} of {n}:"
+    if rank.state in ("finished", "exited"):
+        return f"{head} finished"
+    if rank.state == "blocked":
+        return f"{head} waiting in {call_text(rank.call)}"
+    if rank.state == "running":
+        where = f"running {rank.running}" if rank.running else "running (no stack)"
+        inside = f"in {rank.collective}" if rank.collective else "in no collective"
+        last = call_text(rank.call) if rank.call else "none"
+        return f"{head} {where}, {inside} (last call: {last})"
+    if end.status == "died":
+        return f"{head} died: {end.error.splitlines()[0] if end.error else 'no reason'}"
+    headline = _short(account["headline"] if account else end.headline)
+    where = f" at {account['where']}" if account and account.get("where") else ""
+    if rank.call is not None and is_peer_echo(end):
+        where = f" in {call_text(rank.call)}"
+    return f"{head} failed{where}: {headline}"
+
+
+RankFailure.__module__ = "harness.testing"  # where users import it from
