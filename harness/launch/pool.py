@@ -82,17 +82,21 @@ class RankPool:
     """N ranks with an initialised process group, kept warm across jobs."""
 
     def __init__(self, world_size: int, backend: str = "gloo", host: str = "127.0.0.1",
-                 start_timeout: float = 60.0, start_method: str = "fork", mesh: bool = False):
+                 start_timeout: float = 60.0, start_method: str = "fork", mesh: bool = False,
+                 evidence: bool = False):
         """``start_method="spawn"`` costs seconds per group (each rank imports torch) but
         is what a parent that has already initialised CUDA needs. ``mesh`` gives each
         generation a full mesh of queues between its ranks (``ctx.mesh[src][dst]``), for
-        collectives that bring their own transport."""
+        collectives that bring their own transport. ``evidence``: the ranks record what
+        ``distdoctor run`` records of a user's script (gradients, batches, DDP's
+        parameters), for jobs whose traces the silent-bug detectors read."""
         if world_size < 1:
             raise ValueError(f"world size must be at least 1, got {world_size}")
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start method must be fork or spawn, got {start_method!r}")
         self.start_method = start_method
         self.mesh = mesh
+        self.evidence = evidence
         self.world_size = world_size
         self.backend = backend
         self.host = host
@@ -173,7 +177,7 @@ class RankPool:
                     target=rank_main, name=f"distdoctor-rank{rank}",
                     args=(rank, self.world_size, self.backend, self.host, parent_pid,
                           own.conn[1], own.ctrl[1], own.faulthandler[1], own.stderr[1],
-                          own.trace[1], inherited, self._queues))
+                          own.trace[1], inherited, self._queues, self.evidence))
                 process.start()
                 self._ranks.append(RankHandle(rank, process, own.conn[0], own.ctrl[0],
                                                own.faulthandler[0], own.stderr[0],
@@ -234,14 +238,16 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int, backend: str = "
 
 
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
-_shared: dict[tuple[int, str], RankPool] = {}
+_shared: dict[tuple[int, str, bool, bool], RankPool] = {}
 
 
-def shared_pool(world_size: int, backend: str = "gloo", mesh: bool = False) -> RankPool:
-    """The process-wide warm pool for this world size and backend (and queue mesh)."""
-    key = (world_size, backend, mesh)
+def shared_pool(world_size: int, backend: str = "gloo", mesh: bool = False,
+                evidence: bool = False) -> RankPool:
+    """The process-wide warm pool for this world size and backend (and queue mesh, and
+    evidence recorders)."""
+    key = (world_size, backend, mesh, evidence)
     if key not in _shared:
-        _shared[key] = RankPool(world_size, backend, mesh=mesh)
+        _shared[key] = RankPool(world_size, backend, mesh=mesh, evidence=evidence)
     return _shared[key]
 
 

@@ -55,7 +55,7 @@ class RankContext:
 def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: int,
               conn: Connection, ctrl: Connection, faulthandler_out: Connection,
               stderr_out: Connection, trace_out: Connection,
-              inherited: list[Connection | int], mesh=None) -> None:
+              inherited: list[Connection | int], mesh=None, evidence: bool = False) -> None:
     """Entry point of a rank process. Never returns into the parent's code."""
     code = 1
     try:
@@ -73,6 +73,11 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
 
         tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
         trace_out.close()
+        if evidence:  # what distdoctor run records of a user's script
+            from harness.doctor.bootstrap import install_recorders
+
+            tracer.record_ddp_parameters()
+            install_recorders(tracer)
         stacks.serve_stacks(ctrl)
         ctx = RankContext(rank, world_size, backend, conn, mesh=mesh)
         _join_group(ctx, host)

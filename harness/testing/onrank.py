@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import traceback
 from typing import Any, Callable
 
+HARNESS = os.sep + "harness" + os.sep  # distdoctor's own frames are left out of reports
 EVENT = "distdoctor.test"  # the kind of the one record a failing rank emits
 STALE = "distdoctor.stale"  # what a rank forked before the test was collected returns
 _ITEMS: dict[str, Any] = {}  # nodeid -> pytest Item, filled in the parent before any fork
@@ -68,8 +70,6 @@ def _output(out: io.StringIO, err: io.StringIO) -> dict:
 
 def _torchrun_environment(ctx) -> None:
     """The variables torchrun gives its workers, for code that reads them."""
-    import os
-
     os.environ.update(RANK=str(ctx.rank), LOCAL_RANK=str(ctx.rank),
                       WORLD_SIZE=str(ctx.world_size), LOCAL_WORLD_SIZE=str(ctx.world_size),
                       GROUP_RANK="0")
@@ -101,12 +101,16 @@ def _tell(ctx, exc: BaseException, out: io.StringIO, err: io.StringIO,
 
 
 def _plain_repr(info) -> str:
-    """pytest's long form from the user's function on (this module's frames cut)."""
+    """pytest's long form without distdoctor's own frames, and installed packages' frames
+    (torch's) one line each."""
     from _pytest._code import Traceback
 
     def user_part(excinfo) -> Traceback:
-        return Traceback(entry for entry in excinfo.traceback
-                         if str(entry.frame.code.path) != __file__).filter(excinfo)
+        kept = [entry for entry in excinfo.traceback.filter(excinfo)
+                if HARNESS not in str(entry.frame.code.path)]
+        return Traceback(entry.with_repr_style("short")
+                         if "site-packages" in str(entry.frame.code.path) else entry
+                         for entry in kept)
 
     return str(info.getrepr(style="long", tbfilter=user_part, truncate_locals=True))
 

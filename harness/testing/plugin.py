@@ -14,17 +14,15 @@ the user reads.
 
 from __future__ import annotations
 
-import pickle
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from harness.testing.verdict import Outcome, RankFailure
+from harness.testing.ranks import RanksFactory, judge_job, picklable, positive, run_on
 
 DEFAULT_DEADLINE = 300.0
 TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
-ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
 _ARGS = ("rank", "world_size")  # per-rank fixtures: not sent from the parent
 _started = pytest.StashKey[float]()
 
@@ -47,12 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _positive(value: Any, where: str) -> float:
     try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"{where} must be a number of seconds, got {value!r}") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise pytest.UsageError(f"{where} must be a positive number of seconds, got {value!r}")
-    return seconds
+        return positive(value, where)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _session_deadline(config: pytest.Config) -> float:
@@ -131,44 +126,6 @@ def rank(request: pytest.FixtureRequest) -> None:
     return None
 
 
-class Ranks:
-    """``ranks(n)``: drive n warm ranks from a test in the parent."""
-
-    def __init__(self, world_size: int, deadline: float):
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world size must be a positive whole number, got {world_size!r}")
-        self.world_size = world_size
-        self.deadline = _positive(deadline, "deadline")
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every rank, with the default process group up; the
-        per-rank results in rank order, or RankFailure naming the cause."""
-        __tracebackhide__ = True
-        from harness.testing import onrank
-
-        _sendable(fn, f"function {getattr(fn, '__qualname__', fn)!r}",
-                  "pass a function defined at module level")
-        _sendable((args, kwargs), "the arguments")
-        result = _run_job(self.world_size, self.deadline, onrank.call, fn, args, kwargs)
-        outcome = _judge(result, self.deadline, getattr(fn, "__qualname__", "job"))
-        if outcome.status != "passed":
-            raise outcome.failure()
-        return [value for value, _ in result.values]
-
-
-class RanksFactory:
-    """What the ``ranks`` fixture gives: ``ranks(n, deadline=None)`` is a Ranks."""
-
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-
-    def __call__(self, world_size: int, deadline: float | None = None) -> Ranks:
-        return Ranks(world_size, self.deadline if deadline is None else deadline)
-
-    def __repr__(self) -> str:
-        return f"ranks(deadline={self.deadline:g})"
-
-
 @pytest.fixture(scope="session")
 def ranks(pytestconfig: pytest.Config) -> RanksFactory:
     """``ranks(n, deadline=None).run(fn, *args, **kwargs)``: run a module-level ``fn`` on n
@@ -189,18 +146,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}
     for name, value in funcargs.items():
         if name not in _ARGS:
-            if not _picklable(value):
+            if not picklable(value):
                 pytest.fail(f"fixture {name!r} ({type(value).__name__}) cannot be sent to "
                             "the ranks: fixtures are built once, in the parent, and only "
                             "values pickle can copy reach the ranks; build it inside the "
                             "test instead", pytrace=False)
-    result = _run_job(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
+    result = run_on(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
     if any(value == onrank.STALE for value in result.values):
         from harness.launch.pool import shared_pool
 
         shared_pool(n).reset()  # forked before this test was collected: fork anew
-        result = _run_job(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
-    outcome = _judge(result, deadline, pyfuncitem.nodeid)
+        result = run_on(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
+    outcome = judge_job(result, deadline, pyfuncitem.nodeid)
     if outcome.status == "skipped":
         pytest.skip(outcome.text)
     if outcome.status == "xfailed":
@@ -233,48 +190,3 @@ def _pytest_timeout(item: pytest.Item) -> float | None:
     return float(timeout) if timeout and timeout > 0 else None
 
 
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return False
-    return True
-
-
-def _sendable(value: Any, what: str, hint: str = "") -> None:
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(f"{what} cannot be sent to the ranks (pickle: {exc})"
-                        + (f"; {hint}" if hint else "")) from None
-
-
-def _run_job(n: int, deadline: float, fn: Callable[..., Any], *args: Any):
-    from harness.launch.pool import shared_pool
-
-    pool = shared_pool(n)
-    result = pool.run(fn, *args, deadline=deadline, limit=deadline, error_grace=ERROR_GRACE)
-    if result.ok and any(_group_gone(v) for v in result.values):
-        pool.reset()
-    return result
-
-
-def _group_gone(value: Any) -> bool:
-    """Did the test destroy the default process group (its output says)?"""
-    output = value[1] if isinstance(value, tuple) and len(value) == 2 else value
-    return isinstance(output, dict) and output.get("group") is False
-
-
-def _judge(result, deadline: float, what: str) -> Outcome:
-    from harness.testing.onrank import echo
-    from harness.testing.verdict import judge, told
-
-    outputs = {r: v for r, v in enumerate(result.values) if isinstance(v, dict)}
-    outputs |= {r: v[1] for r, v in enumerate(result.values)
-                if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], dict)}
-    outputs |= {r: a for r, a in told(result).items()}
-    echo(outputs)
-    return judge(result, deadline, what)
-
-
-__all__ = ["RankFailure", "Ranks"]

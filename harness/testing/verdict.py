@@ -67,7 +67,7 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     n = len(result.ends)
     accounts = told(result)
     own = [e for e in result.ends if e.status == "raised" and not is_peer_echo(e)
-           and accounts.get(e.rank, {}).get("outcome") == "failed"]
+           and accounts.get(e.rank, {}).get("outcome", "failed") == "failed"]
     died = [e for e in result.ends if e.status == "died"]
     if not own and not died:
         for status in ("skipped", "xfailed"):
@@ -81,8 +81,9 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     cause = report.cause
     if own or died:
         first = min(own + died, key=lambda e: e.at if e.at is not None else float("inf"))
-        head = _failed(first, accounts.get(first.rank), n)
+        head, detail = _failed(first, accounts.get(first.rank), n)
         extra = _cause_block(report, cause) if cause and cause.kind in _EXPLAINING else []
+        extra += detail
         kind = "failed" if first.status == "raised" else "died"
         named = (first.rank,)
     else:
@@ -97,10 +98,11 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     lines = [head, *extra]
     shown = set(named) if kind in ("failed", "died") else set()
     others = [r for r in report.ranks if r.rank not in shown]
+    first_said = accounts.get(named[0], {}).get("headline") if shown else None
     if others:
         lines.append("ranks:" if not shown else "other ranks:")
-        lines += ["  " + _rank_line(r, result.ends[r.rank], accounts.get(r.rank), n)
-                  for r in others]
+        lines += ["  " + _rank_line(r, result.ends[r.rank], accounts.get(r.rank), n,
+                                    first_said) for r in others]
     return Outcome("failed", kind, named, _relative("\n".join(lines)))
 
 
@@ -115,12 +117,14 @@ def _short(headline: str) -> str:
     return headline if len(headline) <= 200 else headline[:197] + "..."
 
 
-def _failed(end: RankEnd, account: dict | None, n: int) -> str:
+def _failed(end: RankEnd, account: dict | None, n: int) -> tuple[str, list[str]]:
+    """The first line naming the failed rank, and what it said (its traceback)."""
     if end.status == "died":
-        return f"rank {end.rank} of {n} died: {end.error}"
+        return f"rank {end.rank} of {n} died: {end.error}", []
     if account is None:
-        return f"rank {end.rank} of {n} failed:\n{end.error}"
-    return f"rank {end.rank} of {n}: {account['headline']}\n\n{account['text'].rstrip()}\n"
+        return f"rank {end.rank} of {n} failed: {_short(end.headline)}", ["", end.error or ""]
+    return f"rank {end.rank} of {n}: {_short(account['headline'])}", \
+        ["", account["text"].rstrip(), ""]
 
 
 def _cause_block(report: ScriptReport, cause: Cause, summary: bool = True) -> list[str]:
@@ -137,7 +141,8 @@ def _timed_out(ends: tuple[RankEnd, ...]) -> str:
     return f"timed out ({reasons[0]})" if reasons else "timed out"
 
 
-def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int) -> str:
+def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int,
+               first_said: str | None = None) -> str:
     head = f"rank {rank.rank} of {n}:"
     if rank.state in ("finished", "exited"):
         return f"{head} finished"
@@ -151,6 +156,8 @@ def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int) -> 
     if end.status == "died":
         return f"{head} died: {end.error.splitlines()[0] if end.error else 'no reason'}"
     headline = _short(account["headline"] if account else end.headline)
+    if account and account["headline"] == first_said:
+        headline = "the same error"
     where = f" at {account['where']}" if account and account.get("where") else ""
     if rank.call is not None and is_peer_echo(end):
         where = f" in {call_text(rank.call)}"

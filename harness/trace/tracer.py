@@ -78,6 +78,10 @@ class Tracer:
         with self._lock:
             self._ids = 0
             self._seq = {}
+            self.optimizer_steps = 0  # a pool's next job numbers its optimiser steps anew
+            hooks = getattr(self, "_step_hooks", None)
+            if hooks is not None:
+                hooks._decided = -1
 
     def uninstall(self) -> None:
         for name, original in self._originals.items():

@@ -1,0 +1,132 @@
+"""``assert_trains_like_one_process``: a user's data-parallel training against the same
+code on one process, step by step, with the cause named when they part.
+
+Data parallelism is correct when N ranks, each training on 1/N of every global batch,
+end every step with the parameters one process gets from the whole batch. So the user's
+own ``build`` and ``step`` run twice on the same global batches: on N ranks (each a
+contiguous 1/N of each batch) and on one rank (all of it; there a sum over ranks is the
+mean, and a model is its own replica). Both run on pools whose ranks record what
+``distdoctor run`` records, so when a rank parts, the same detectors read the evidence
+and say why: gradients summed and not averaged, replicas built apart, parameters that
+got no gradient, ...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.testing.same import _compare
+
+
+def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
+                                   step: Callable[[Any, Any, Any], Any], batches: list,
+                                   *, world_size: int, atol: float = 1e-5,
+                                   rtol: float = 1e-4, deadline: float = 300.0) -> None:
+    """``build()`` -> (model, optimizer) and ``step(model, optimizer, batch)`` are module-
+    level functions of the user's (``model`` may be a DDP wrapper). ``batches``: global
+    batches, each a tensor or a tuple/list/dict of tensors whose first dimension divides
+    by ``world_size``. Raises RankFailure naming the first step and rank that parts from
+    one process, and the cause the detectors find; a crash or hang is named as in
+    ``distdoctor run``."""
+    __tracebackhide__ = True
+    from harness.testing.ranks import judge_job, run_on, sendable
+
+    sendable((build, step), "build and step", "pass functions defined at module level")
+    sendable(batches, "the batches")
+    for index, batch in enumerate(batches):
+        for tensor in _tensors(batch):
+            if tensor.shape[0] % world_size:
+                raise ValueError(f"batch {index} has {tensor.shape[0]} rows, which "
+                                 f"{world_size} ranks cannot share equally")
+    from harness.testing.onrank import call
+
+    job = (_train, (build, step, batches), {})
+    many = run_on(world_size, deadline, call, *job, evidence=True)
+    outcome = judge_job(many, deadline, "the training on ranks")
+    if outcome.status != "passed":
+        raise outcome.failure()
+    one = run_on(1, deadline, call, *job, evidence=True)
+    outcome = judge_job(one, deadline, "the training on one process")
+    if outcome.status != "passed":
+        raise AssertionError("the one-process reference failed, so there is nothing to "
+                             f"compare with:\n{outcome.text}")
+    reference = one.values[0][0]
+    for at in range(len(reference)):
+        parted = {rank: detail for rank, (snapshots, _) in enumerate(many.values)
+                  for detail in [_parting(reference[at], snapshots[at], atol, rtol)]
+                  if detail}
+        if parted:
+            raise _explained(many, at, parted, world_size, deadline)
+
+
+def _train(build, step, batches) -> list[dict[str, torch.Tensor]]:
+    """On each rank: the parameters after build, then after each step on its shard."""
+    import torch.distributed as dist
+
+    model, optimizer = build()
+    snapshots = [_params(model)]
+    for batch in batches:
+        step(model, optimizer, _shard(batch, dist.get_rank(), dist.get_world_size()))
+        snapshots.append(_params(model))
+    return snapshots
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    inner = getattr(model, "module", model)
+    return {name: p.detach().cpu().clone() for name, p in inner.named_parameters()}
+
+
+def _shard(batch, rank: int, n: int):
+    if isinstance(batch, torch.Tensor):
+        return batch.chunk(n)[rank] if n > 1 else batch
+    if isinstance(batch, dict):
+        return {key: _shard(value, rank, n) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_shard(value, rank, n) for value in batch)
+    return batch
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    values = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    return [t for value in values for t in _tensors(value)]
+
+
+def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | None:
+    """The first parameter of ``mine`` that differs from one process, and by how much."""
+    for name in reference:
+        detail = _compare(reference, mine, name, atol, rtol)
+        if detail:
+            return f"param {name}: {detail}"
+    return None
+
+
+def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
+    from harness.doctor.record import diagnose, script_record
+    from harness.doctor.report import look_at, ranks_phrase
+    from harness.testing.verdict import RankFailure
+
+    when = "after build, before any step" if at == 0 else f"after step {at}"
+    lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "
+             f"from one process {when}:"]
+    lines += [f"  rank {rank}: {detail}" for rank, detail in sorted(parted.items())]
+    report = diagnose(script_record(result.ends, result.traces, result.wall_s,
+                                    result.started, deadline), "the training")
+    for cause in report.findings:
+        lines += [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}",
+                  f"  fix: {cause.fix}"]
+    places = look_at(report)
+    if places:
+        lines.append("  look at: " + ", ".join(places))
+    if not report.findings:
+        lines.append("no detector named a cause: compare the step's gradient averaging, "
+                     "initial parameters and data split by hand")
+    kind = report.findings[0].kind if report.findings else "differs"
+    ranks = tuple(report.findings[0].ranks) if report.findings else tuple(sorted(parted))
+    from harness.testing.verdict import _relative
+
+    return RankFailure(kind, ranks, _relative("\n".join(lines)))
