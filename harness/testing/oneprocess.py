@@ -31,8 +31,9 @@ def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
     one process, and the cause the detectors find; a crash or hang is named as in
     ``distdoctor run``."""
     __tracebackhide__ = True
-    from harness.testing.ranks import judge_job, run_on, sendable
+    from harness.testing.ranks import cut, judge_job, run_on, sendable
 
+    deadline = cut(deadline)
     sendable((build, step), "build and step", "pass functions defined at module level")
     sendable(batches, "the batches")
     for index, batch in enumerate(batches):

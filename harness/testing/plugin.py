@@ -15,11 +15,12 @@ the user reads.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from harness.testing.ranks import RanksFactory, judge_job, picklable, positive, run_on
+from harness.testing.ranks import RanksFactory, cut, judge_job, picklable, positive, run_on
 
 DEFAULT_DEADLINE = 300.0
 TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
@@ -41,6 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "world_size(n, deadline=None): run the test on n real gloo ranks (a list "
         "of sizes: one test per size), with the default process group initialised")
     _session_deadline(config)  # a bad value is an error at once, not at the first test
+    from harness.testing import ranks
+
+    ranks.time_left = _time_to_timeout
 
 
 def _positive(value: Any, where: str) -> float:
@@ -60,27 +64,35 @@ def _session_deadline(config: pytest.Config) -> float:
     return DEFAULT_DEADLINE
 
 
-def _sizes(marker: pytest.Mark, where: str) -> list[int]:
+def _marker_error(marker: pytest.Mark) -> str | None:
+    """What is wrong with a world_size marker, if anything."""
     if len(marker.args) != 1 or set(marker.kwargs) - {"deadline"}:
-        raise pytest.UsageError(f"{where}: use @pytest.mark.world_size(n) or "
-                                f"world_size([n, ...]), optionally with deadline=SECONDS")
+        return "use @pytest.mark.world_size(n) or world_size([n, ...]), optionally with " \
+               "deadline=SECONDS"
     sizes = marker.args[0]
-    many = isinstance(sizes, (list, tuple))
-    sizes = list(sizes) if many else [sizes]
+    sizes = list(sizes) if isinstance(sizes, (list, tuple)) else [sizes]
     if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
                             for n in sizes):
-        raise pytest.UsageError(f"{where}: world_size takes a positive whole number of "
-                                f"ranks or a non-empty list of them, got {marker.args[0]!r}")
-    return sizes
+        return f"world_size takes a positive whole number of ranks or a non-empty list " \
+               f"of them, got {marker.args[0]!r}"
+    if "deadline" in marker.kwargs:
+        try:
+            positive(marker.kwargs["deadline"], "deadline=")
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def _sizes(marker: pytest.Mark) -> list[int]:
+    sizes = marker.args[0]
+    return list(sizes) if isinstance(sizes, (list, tuple)) else [sizes]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("world_size")
-    if marker is None:
-        return
-    sizes = _sizes(marker, metafunc.definition.nodeid)
-    if "deadline" in marker.kwargs:
-        _positive(marker.kwargs["deadline"], f"{metafunc.definition.nodeid}: deadline=")
+    if marker is None or _marker_error(marker):
+        return  # a bad marker fails its own test at set-up (pytest_runtest_setup)
+    sizes = _sizes(marker)
     if len(sizes) > 1 or isinstance(marker.args[0], (list, tuple)):
         if "world_size" not in metafunc.fixturenames:
             metafunc.fixturenames.append("world_size")
@@ -94,9 +106,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     remember(session.items)
 
 
+_running: list[pytest.Item] = []  # the test being run, for the ranks fixture's deadline
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> None:
     item.stash[_started] = time.monotonic()
+    _running[:] = [item]
+
+
+def _time_to_timeout() -> float | None:
+    """Seconds left before pytest-timeout ends the running test, less TIMEOUT_MARGIN."""
+    if not _running:
+        return None
+    item = _running[0]
+    timeout = _pytest_timeout(item)
+    if not timeout:
+        return None
+    spent = time.monotonic() - item.stash.get(_started, time.monotonic())
+    return max(1.0, timeout - spent - TIMEOUT_MARGIN)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("world_size")
+    error = marker and _marker_error(marker)
+    if error:
+        pytest.fail(f"@pytest.mark.world_size: {error}", pytrace=False)
 
 
 @pytest.fixture
@@ -108,7 +144,7 @@ def world_size(request: pytest.FixtureRequest) -> int:
     if marker is None:
         pytest.fail("the world_size fixture needs @pytest.mark.world_size(n) on the test",
                     pytrace=False)
-    return _sizes(marker, request.node.nodeid)[0]
+    return _sizes(marker)[0]
 
 
 @pytest.fixture
@@ -140,7 +176,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     from harness.testing import onrank
 
-    n = pyfuncitem.funcargs.get("world_size") or _sizes(marker, pyfuncitem.nodeid)[0]
+    n = pyfuncitem.funcargs.get("world_size") or _sizes(marker)[0]
     deadline = _item_deadline(pyfuncitem, marker)
     names = pyfuncitem._fixtureinfo.argnames
     funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}
@@ -158,6 +194,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         shared_pool(n).reset()  # forked before this test was collected: fork anew
         result = run_on(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
     outcome = judge_job(result, deadline, pyfuncitem.nodeid)
+    timeout = _pytest_timeout(pyfuncitem)
+    if outcome.status == "failed" and timeout and deadline < _asked_deadline(pyfuncitem, marker):
+        outcome = replace(outcome, text=f"{outcome.text}\n(the deadline was cut to "
+                          f"{deadline:.1f} s, so that this report comes before pytest-timeout "
+                          f"ends the test at {timeout:g} s)")
     if outcome.status == "skipped":
         pytest.skip(outcome.text)
     if outcome.status == "xfailed":
@@ -167,14 +208,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-def _item_deadline(item: pytest.Item, marker: pytest.Mark) -> float:
-    deadline = _positive(marker.kwargs["deadline"], "deadline=") \
+def _asked_deadline(item: pytest.Item, marker: pytest.Mark) -> float:
+    """The deadline by the marker, the command line, the ini file or the default."""
+    return _positive(marker.kwargs["deadline"], "deadline=") \
         if "deadline" in marker.kwargs else _session_deadline(item.config)
-    timeout = _pytest_timeout(item)
-    if timeout:
-        spent = time.monotonic() - item.stash.get(_started, time.monotonic())
-        deadline = min(deadline, max(1.0, timeout - spent - TIMEOUT_MARGIN))
-    return deadline
+
+
+def _item_deadline(item: pytest.Item, marker: pytest.Mark) -> float:
+    """The asked deadline, cut to end TIMEOUT_MARGIN before pytest-timeout would."""
+    return cut(_asked_deadline(item, marker))
 
 
 def _pytest_timeout(item: pytest.Item) -> float | None:
@@ -190,3 +232,10 @@ def _pytest_timeout(item: pytest.Item) -> float | None:
     return float(timeout) if timeout and timeout > 0 else None
 
 
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from harness.testing import ranks
+
+    ranks.time_left = lambda: None
+    _running.clear()

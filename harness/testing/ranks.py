@@ -11,6 +11,17 @@ from harness.testing.verdict import Outcome
 ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
 
 
+# seconds before something else ends the running test (pytest-timeout, less a margin), or
+# None; set by the plugin. A job's deadline is cut to it, so its report comes first.
+time_left: Callable[[], float | None] = lambda: None
+
+
+def cut(deadline: float) -> float:
+    """``deadline``, or less when the running test would be ended sooner."""
+    left = time_left()
+    return min(deadline, left) if left else deadline
+
+
 def positive(value: Any, where: str) -> float:
     """``value`` as a finite positive number of seconds, else ValueError naming ``where``."""
     try:
@@ -26,7 +37,7 @@ class Ranks:
     """``ranks(n)``: drive n warm ranks from a test in the parent."""
 
     def __init__(self, world_size: int, deadline: float):
-        if not isinstance(world_size, int) or world_size < 1:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world size must be a positive whole number, got {world_size!r}")
         self.world_size = world_size
         self.deadline = positive(deadline, "deadline")
@@ -40,8 +51,9 @@ class Ranks:
         sendable(fn, f"function {getattr(fn, '__qualname__', fn)!r}",
                   "pass a function defined at module level")
         sendable((args, kwargs), "the arguments")
-        result = run_on(self.world_size, self.deadline, onrank.call, fn, args, kwargs)
-        outcome = judge_job(result, self.deadline, getattr(fn, "__qualname__", "job"))
+        deadline = cut(self.deadline)
+        result = run_on(self.world_size, deadline, onrank.call, fn, args, kwargs)
+        outcome = judge_job(result, deadline, getattr(fn, "__qualname__", "job"))
         if outcome.status != "passed":
             raise outcome.failure()
         return [value for value, _ in result.values]
