@@ -58,3 +58,20 @@ def _now() -> float:
     import time
 
     return time.monotonic()
+
+
+def tagged(tag: str) -> set[int]:
+    """Pids of live processes started with ``DISTDOCTOR_TEST_TAG=tag`` in their environment:
+    a child and everything it forked, even after they were reparented to init."""
+    wanted = f"DISTDOCTOR_TEST_TAG={tag}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0") and alive(int(entry.name)):
+            found.add(int(entry.name))
+    return found

@@ -199,8 +199,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         outcome = replace(outcome, text=f"{outcome.text}\n(the deadline was cut to "
                           f"{deadline:.1f} s, so that this report comes before pytest-timeout "
                           f"ends the test at {timeout:g} s)")
-    if outcome.status == "skipped":
-        pytest.skip(outcome.text)
+    if outcome.status == "skipped":  # reported at the test's line, as a skip marker is
+        raise pytest.skip.Exception(outcome.text, _use_item_location=True)
     if outcome.status == "xfailed":
         pytest.xfail(outcome.text)
     if outcome.status == "failed":

@@ -1,0 +1,239 @@
+"""The pytest plugin as a user meets it: their test files in a project of their own, run by
+pytest in a subprocess, every outcome and failure text read back from the JUnit XML pytest
+writes. The expected numbers and lines come from the case files' LINE markers and from
+computing the same values here, not from the plugin."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import proctable
+
+CASES = Path(__file__).parent / "plugin_cases"
+RUN_TIMEOUT = 240  # seconds for one pytest subprocess; each finishes in well under 30
+
+EXPECTED = {
+    "test_all_reduce_sums": "passed",
+    "test_broadcast_from_zero[world_size=2]": "passed",
+    "test_broadcast_from_zero[world_size=3]": "passed",
+    "test_all_gather[1]": "passed",
+    "test_all_gather[5]": "passed",
+    "test_one_rank_wrong": "failed",
+    "test_send_send": "failed",
+    "test_rank_exits": "failed",
+    "test_rank_killed": "failed",
+    "test_runs_after_failures": "passed",
+    "test_skips_inside": "skipped",
+    "test_skipif": "skipped",
+    "test_xfail": "xfailed",
+    "test_sum_property": "passed",
+    "test_property_shrinks": "failed",
+    "test_rank_failure_carries_its_cause": "passed",
+    "test_replicas_agree": "passed",
+    "test_replicas_differ": "failed",
+    "test_ddp_trains_like_one_process": "passed",
+    "test_hand_averaging_trains_like_one_process": "passed",
+    "test_summed_gradients": "failed",
+    "test_seeded_by_rank": "failed",
+    "test_unused_parameters": "failed",
+}
+
+
+def line_of(case_file: str, marker: str) -> str:
+    """``file:line`` of the line in a case file that ends with ``# LINE marker``."""
+    for number, text in enumerate((CASES / case_file).read_text().splitlines(), 1):
+        if text.rstrip().endswith(f"# LINE {marker}"):
+            return f"{case_file}:{number}"
+    raise LookupError(marker)
+
+
+def project(tmp_path: Path, *case_files: str) -> Path:
+    """A user's project: the case files and an empty pytest.ini, nothing of ours."""
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in case_files:
+        shutil.copy(CASES / name, root / name)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    return root
+
+
+def environment(tag: str, **extra: str) -> dict[str, str]:
+    return dict(os.environ, DISTDOCTOR_TEST_TAG=tag, **extra)
+
+
+def pytest_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+
+
+def outcomes(xml: Path) -> dict[str, tuple[str, str, float]]:
+    """test name -> (outcome, failure or skip text, seconds), from pytest's JUnit XML."""
+    found = {}
+    for case in ET.parse(xml).iter("testcase"):
+        outcome, text = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, text = "failed", (child.get("message") or "") + "\n" + (child.text or "")
+            elif child.tag == "skipped":
+                xfail = child.get("type") == "pytest.xfail"
+                outcome, text = ("xfailed" if xfail else "skipped"), child.get("message") or ""
+        found[case.get("name")] = (outcome, text, float(case.get("time")))
+    return found
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory) -> dict[str, tuple[str, str, float]]:
+    """The user's case file run once, as they would: ``pytest cases_user.py``."""
+    root = project(tmp_path_factory.mktemp("user"), "cases_user.py")
+    tag = uuid.uuid4().hex
+    done = subprocess.run(pytest_command("cases_user.py", "--junitxml", "report.xml"),
+                          cwd=root, env=environment(tag), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+    assert done.returncode == 1, done.stdout + done.stderr  # some tests fail, on purpose
+    assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+    return outcomes(root / "report.xml")
+
+
+def test_every_test_of_the_user_file_ends_as_expected(user_run):
+    assert {name: found[0] for name, found in user_run.items()} == EXPECTED
+
+
+def test_a_failing_assertion_names_its_rank_with_pytest_s_explanation(user_run):
+    text = user_run["test_one_rank_wrong"][1]
+    assert "rank 1 of 2: AssertionError: assert 0.0 == 1" in text
+    assert f"{line_of('cases_user.py', 'one_rank_wrong')}: AssertionError" in text
+    assert "rank 0 of 2: finished" in text
+
+
+def test_a_send_send_hang_is_proven_with_both_ranks_lines(user_run):
+    text = user_run["test_send_send"][1]
+    where = line_of("cases_user.py", "send_send")
+    assert "deadlock proven: p2p-cycle (ranks 0, 1 of 2)" in text
+    assert f"rank 0 of 2: waiting in send peer 1 (#0, (4,), float32) at {where}" in text
+    assert f"rank 1 of 2: waiting in send peer 0 (#0, (4,), float32) at {where}" in text
+    assert user_run["test_send_send"][2] < 30  # proven, not waited out (deadline: 300 s)
+
+
+def test_a_rank_that_dies_is_named_with_its_exit(user_run):
+    assert "rank 2 of 3 died: exited with code 7" in user_run["test_rank_exits"][1]
+    assert "rank 1 of 2 died: killed by signal SIGKILL" in user_run["test_rank_killed"][1]
+
+
+def test_a_skip_inside_a_rank_skips_the_test(user_run):
+    assert "needs a GPU per rank" in user_run["test_skips_inside"][1]
+
+
+def test_a_hypothesis_property_through_ranks_is_shrunk_to_the_smallest_failure(user_run):
+    text = user_run["test_property_shrinks"][1]
+    assert "x=25" in text  # the least x whose sum over 2 ranks reaches 50
+    assert "the sum reached fifty" in text
+    assert line_of("cases_user.py", "below_fifty") in text
+
+
+def test_replicas_that_differ_are_named_by_entry_rank_and_gap(user_run):
+    torch.manual_seed(0)
+    first = nn.Linear(3, 2)
+    torch.manual_seed(1)
+    other = nn.Linear(3, 2)
+    gap = (other.weight - first.weight).abs().max().item()
+    text = user_run["test_replicas_differ"][1]
+    assert f"param weight: ranks 1, 2 vs rank 0: max abs difference {gap:.3g}" in text
+
+
+def test_training_that_parts_from_one_process_is_given_its_cause(user_run):
+    summed = user_run["test_summed_gradients"][1]
+    assert "ranks 0, 1 of 2 part from one process after step 1" in summed
+    assert "cause: gradient-not-averaged" in summed and "2.00x" in summed
+    assert line_of("cases_user.py", "summing") in summed
+    seeded = user_run["test_seeded_by_rank"][1]
+    assert "rank 1 of 2 parts from one process after build, before any step" in seeded
+    assert "cause: divergent-parameters" in seeded
+    unused = user_run["test_unused_parameters"][1]
+    assert "cause: unused-parameters" in unused and "b.weight, b.bias" in unused
+    assert line_of("cases_user.py", "step") in unused
+
+
+def test_the_same_file_under_xdist_ends_the_same(tmp_path):
+    pytest.importorskip("xdist")
+    root = project(tmp_path, "cases_user.py")
+    tag = uuid.uuid4().hex
+    subprocess.run(pytest_command("-n", "2", "cases_user.py", "--junitxml", "report.xml"),
+                   cwd=root, env=environment(tag), capture_output=True, timeout=RUN_TIMEOUT)
+    assert {name: found[0] for name, found in outcomes(root / "report.xml").items()} \
+        == EXPECTED
+    assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+
+
+def test_a_hang_nobody_can_prove_fails_within_the_deadline_and_three_seconds(tmp_path):
+    root = project(tmp_path, "cases_stop.py")
+    subprocess.run(pytest_command("cases_stop.py", "-k", "past_deadline", "--junitxml",
+                                  "report.xml"), cwd=root, env=environment("spin"),
+                   capture_output=True, timeout=RUN_TIMEOUT)
+    outcome, text, seconds = outcomes(root / "report.xml")["test_spin_past_deadline"]
+    assert outcome == "failed" and seconds < 2 + 3
+    assert "timed out (still running at the deadline of 2.0 s)" in text
+    assert f"rank 0 of 3: running test_spin_past_deadline at " \
+           f"{line_of('cases_stop.py', 'spin')}, in no collective" in text
+    assert f"waiting in barrier (#0) at {line_of('cases_stop.py', 'barrier')}" in text
+
+
+def _run_until_reached(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, set[int]]:
+    """Start pytest on cases_stop.py; return it and every process it started once the
+    test has written to the FIFO."""
+    root = project(tmp_path, "cases_stop.py")
+    fifo = tmp_path / "reached"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # never sees end-of-file
+    tag = uuid.uuid4().hex
+    child = subprocess.Popen(pytest_command("cases_stop.py", *args), cwd=root,
+                             env=environment(tag, DISTDOCTOR_CASES_FIFO=str(fifo)),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ready, _, _ = select.select([reader], [], [], 120)
+        assert ready, "the case never reached its point"
+        return child, proctable.tagged(tag) - {child.pid}
+    except BaseException:
+        child.kill()
+        child.communicate()
+        raise
+    finally:
+        os.close(reader)
+
+
+def test_ctrl_c_during_a_test_leaves_no_rank_behind(tmp_path):
+    child, ranks = _run_until_reached(tmp_path, "-k", "until_interrupted")
+    assert len(ranks) >= 2  # the ranks were there to be reaped
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert "KeyboardInterrupt" in out
+    assert proctable.wait_all_exit(sorted(ranks), 10) == set()
+
+
+def test_pytest_timeout_ending_the_process_takes_the_warm_ranks_with_it(tmp_path):
+    child, ranks = _run_until_reached(tmp_path, "-k", "parent_blocks", "--timeout", "2",
+                                      "--timeout-method", "thread")
+    assert len(ranks) >= 2
+    out, _ = child.communicate(timeout=60)
+    assert "Timeout" in out and child.returncode != 0
+    assert proctable.wait_all_exit(sorted(ranks), 10) == set()
+
+
+def test_the_plugin_turns_off_with_no_distdoctor(tmp_path):
+    root = project(tmp_path, "cases_user.py")
+    done = subprocess.run(pytest_command("-p", "no:distdoctor", "cases_user.py", "-k",
+                                         "all_reduce_sums", "--junitxml", "report.xml"),
+                          cwd=root, capture_output=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 1
+    outcome, text, _ = outcomes(root / "report.xml")["test_all_reduce_sums"]
+    assert outcome == "failed" and "fixture 'rank' not found" in text
