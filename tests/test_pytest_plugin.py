@@ -22,6 +22,7 @@ from torch import nn
 import proctable
 
 CASES = Path(__file__).parent / "plugin_cases"
+EXAMPLE = Path(__file__).parent.parent / "examples" / "test_with_distdoctor.py"
 RUN_TIMEOUT = 240  # seconds for one pytest subprocess; each finishes in well under 30
 
 EXPECTED = {
@@ -237,3 +238,19 @@ def test_the_plugin_turns_off_with_no_distdoctor(tmp_path):
     assert done.returncode == 1
     outcome, text, _ = outcomes(root / "report.xml")["test_all_reduce_sums"]
     assert outcome == "failed" and "fixture 'rank' not found" in text
+
+
+def test_the_readme_s_example_file_passes_in_a_project_of_its_own(tmp_path):
+    root = project(tmp_path)
+    shutil.copy(EXAMPLE, root / EXAMPLE.name)
+    done = subprocess.run(pytest_command(EXAMPLE.name, "--junitxml", "report.xml"),
+                          cwd=root, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {name: found[0] for name, found in outcomes(root / "report.xml").items()} == {
+        "test_all_reduce_sums[world_size=2]": "passed",
+        "test_all_reduce_sums[world_size=4]": "passed",
+        "test_broadcast_reaches_every_rank[0]": "passed",
+        "test_broadcast_reaches_every_rank[1]": "passed",
+        "test_ddp_replicas_stay_identical": "passed",
+        "test_hand_written_data_parallel_trains_like_one_process": "passed",
+        "test_every_rank_learns_every_length": "passed"}

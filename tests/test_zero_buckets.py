@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from harness.training.strategies.zero.bucket import Bucket, buckets_of
 from harness.training.strategies.zero.layout import Layer
@@ -36,35 +35,26 @@ def test_layers_are_bucketed_last_first_up_to_the_cap():
     assert [b.indices for b in buckets_of(layers, cap_bytes=4 * 4)] == [(3,), (2,), (1,), (0,)]
 
 
-def bucket_job(ctx, sizes: list[int], cap_bytes: int):
-    n, rank = dist.get_world_size(), dist.get_rank()
-    layers = [layer(k, n, rank) for k in sizes]
-    reduced: dict[int, list[float]] = {}
-    gathered: dict[int, list[float]] = {}
-    for bucket in buckets_of(layers, cap_bytes):
-        flats = [local_flat(sizes[i], n, rank, i) for i in bucket.indices]
-        for index, piece in zip(bucket.indices, bucket.split(bucket.reduce_scatter(flats))):
-            reduced[index] = piece.tolist()
-        params = [torch.full((layers[i].padded,), -1.0) for i in bucket.indices]
-        for index, flat in zip(bucket.indices, params):
-            flat[layers[index].own] = local_flat(sizes[index], n, 0, index)[layers[index].own]
-        bucket.all_gather(params)
-        gathered.update({i: flat.tolist() for i, flat in zip(bucket.indices, params)})
-    return reduced, gathered
-
-
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.world_size([2, 3, 4], deadline=30)
 @pytest.mark.parametrize("cap_bytes", [4, 4 * 14, 2**20])  # one bucket per layer .. all in one
 def test_a_bucket_reduce_scatters_and_all_gathers_each_layer_shard_exactly(
-        pools, world_size, cap_bytes):
-    result = pools(world_size).run(bucket_job, SIZES, cap_bytes, deadline=30)
-    for rank, (reduced, gathered) in enumerate(result.values):
-        for index, numel in enumerate(SIZES):
-            total = sum(local_flat(numel, world_size, r, index) for r in range(world_size))
-            shard = math.ceil(numel / world_size)
-            assert reduced[index] == total[rank * shard:(rank + 1) * shard].tolist()
-            assert gathered[index] == local_flat(numel, world_size, 0, index).tolist()
+        rank, world_size, cap_bytes):
+    layers = [layer(k, world_size, rank) for k in SIZES]
+    for bucket in buckets_of(layers, cap_bytes):
+        flats = [local_flat(SIZES[i], world_size, rank, i) for i in bucket.indices]
+        for index, piece in zip(bucket.indices, bucket.split(bucket.reduce_scatter(flats))):
+            total = sum(local_flat(SIZES[index], world_size, r, index)
+                        for r in range(world_size))
+            shard = math.ceil(SIZES[index] / world_size)
+            assert piece.tolist() == total[rank * shard:(rank + 1) * shard].tolist()
+        params = [torch.full((layers[i].padded,), -1.0) for i in bucket.indices]
+        for index, flat in zip(bucket.indices, params):
+            flat[layers[index].own] = local_flat(SIZES[index], world_size, 0, index)[
+                layers[index].own]
+        bucket.all_gather(params)
+        for index, flat in zip(bucket.indices, params):
+            assert flat.tolist() == local_flat(SIZES[index], world_size, 0, index).tolist()
 
 
 def test_packing_puts_each_rank_s_shards_of_every_layer_together():

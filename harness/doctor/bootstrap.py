@@ -88,6 +88,7 @@ def _run_into_directory(options: argparse.Namespace) -> None:
 
 
 def _install(fd: int, light: bool = False):
+    from harness.trace.recorders import install_recorders
     from harness.trace.tracer import Tracer
 
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
@@ -95,18 +96,6 @@ def _install(fd: int, light: bool = False):
     if not light:
         install_recorders(tracer)
     return tracer
-
-
-def install_recorders(tracer) -> None:
-    """The evidence of the silent bugs: batches, gradients, non-finite values (hooks that
-    stay for the life of the process)."""
-    from harness.trace.batches import record_batches
-    from harness.trace.gradients import record_gradients
-    from harness.trace.nonfinite import record_nonfinite
-
-    record_batches(tracer)
-    record_gradients(tracer)
-    record_nonfinite(tracer)
 
 
 # What the script left (its globals, or the exception and so its frames), kept alive to

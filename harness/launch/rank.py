@@ -74,7 +74,7 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
         trace_out.close()
         if evidence:  # what distdoctor run records of a user's script
-            from harness.doctor.bootstrap import install_recorders
+            from harness.trace.recorders import install_recorders
 
             tracer.record_ddp_parameters()
             install_recorders(tracer)

@@ -232,8 +232,6 @@ def _pytest_timeout(item: pytest.Item) -> float | None:
     return float(timeout) if timeout and timeout > 0 else None
 
 
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     from harness.testing import ranks
 

@@ -62,20 +62,24 @@ def told(result: JobResult) -> dict[int, dict]:
 
 
 def judge(result: JobResult, deadline: float, what: str) -> Outcome:
+    """The verdict on one job: passed; skipped or xfailed (a rank said so, and none failed
+    by itself); or failed, with the report. ``what`` names the code in the analysis."""
     if result.ok:
         return Outcome("passed", None, (), "")
     n = len(result.ends)
     accounts = told(result)
-    own = [e for e in result.ends if e.status == "raised" and not is_peer_echo(e)
-           and accounts.get(e.rank, {}).get("outcome", "failed") == "failed"]
+    raised = [e for e in result.ends if e.status == "raised"
+              and accounts.get(e.rank, {}).get("outcome", "failed") == "failed"]
+    own = [e for e in raised if not is_peer_echo(e)]
     died = [e for e in result.ends if e.status == "died"]
     if not own and not died:
         for status in ("skipped", "xfailed"):
-            passed_on = [r for r, a in sorted(accounts.items()) if a["outcome"] == status]
-            if passed_on:
-                rank = passed_on[0]
-                return Outcome(status, None, (rank,),
-                               f"rank {rank} of {n}: {accounts[rank]['text']}")
+            said = [r for r, a in sorted(accounts.items()) if a["outcome"] == status]
+            if said:
+                return Outcome(status, None, (said[0],),
+                               f"rank {said[0]} of {n}: {accounts[said[0]]['text']}")
+        if not any(e.status in ("hung", "stopped") for e in result.ends):
+            own = raised  # only peers' echoes are left: the first of them is the news
     report = diagnose(script_record(result.ends, result.traces, result.wall_s,
                                     result.started, deadline), what)
     cause = report.cause
@@ -128,7 +132,8 @@ def _failed(end: RankEnd, account: dict | None, n: int) -> tuple[str, list[str]]
 
 
 def _cause_block(report: ScriptReport, cause: Cause, summary: bool = True) -> list[str]:
-    lines = [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}"] if summary else []
+    lines = [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}"] \
+        if summary else []
     lines.append(f"  fix: {cause.fix}")
     places = look_at(report)
     if places:

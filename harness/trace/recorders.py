@@ -1,0 +1,16 @@
+"""The recorders of the silent bugs' evidence, installed together: what ``distdoctor run``
+records of a user's script, and what a pool that checks users' training records."""
+
+from __future__ import annotations
+
+
+def install_recorders(tracer) -> None:
+    """Batches, gradients, non-finite values: hooks that stay for the life of the
+    process."""
+    from harness.trace.batches import record_batches
+    from harness.trace.gradients import record_gradients
+    from harness.trace.nonfinite import record_nonfinite
+
+    record_batches(tracer)
+    record_gradients(tracer)
+    record_nonfinite(tracer)
