@@ -179,10 +179,12 @@ def test_the_same_file_under_xdist_ends_the_same(tmp_path):
 def test_a_hang_nobody_can_prove_fails_within_the_deadline_and_three_seconds(tmp_path):
     root = project(tmp_path, "cases_stop.py")
     subprocess.run(pytest_command("cases_stop.py", "-k", "past_deadline", "--junitxml",
-                                  "report.xml"), cwd=root, env=environment("spin"),
-                   capture_output=True, timeout=RUN_TIMEOUT)
+                                  "report.xml", "-o", "junit_logging=system-out"),
+                   cwd=root, env=environment("spin"), capture_output=True, timeout=RUN_TIMEOUT)
     outcome, text, seconds = outcomes(root / "report.xml")["test_spin_past_deadline"]
     assert outcome == "failed" and seconds < 2 + 3
+    printed = next(ET.parse(root / "report.xml").iter("system-out")).text
+    assert all(f"[rank{r}]:rank {r} starts" in printed for r in range(3))  # though stopped
     assert "timed out (still running at the deadline of 2.0 s)" in text
     assert f"rank 0 of 3: running test_spin_past_deadline at " \
            f"{line_of('cases_stop.py', 'spin')}, in no collective" in text

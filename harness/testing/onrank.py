@@ -17,8 +17,10 @@ import sys
 import traceback
 from typing import Any, Callable
 
-HARNESS = os.sep + "harness" + os.sep  # distdoctor's own frames are left out of reports
+# distdoctor's own frames are left out of reports
+HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 EVENT = "distdoctor.test"  # the kind of the one record a failing rank emits
+OUTPUT = "distdoctor.output"  # the kind of the records that carry what a rank printed
 STALE = "distdoctor.stale"  # what a rank forked before the test was collected returns
 _ITEMS: dict[str, Any] = {}  # nodeid -> pytest Item, filled in the parent before any fork
 
@@ -30,42 +32,78 @@ def remember(items) -> None:
 
 def run_item(ctx, nodeid: str, funcargs: dict[str, Any]) -> Any:
     """Run one collected test's body on this rank with the parent's fixture values and
-    this rank's ``rank``; the captured output is the result."""
+    this rank's ``rank``; whether the default group is still up is the result."""
     item = _ITEMS.get(nodeid)
     if item is None:
         return STALE
     kwargs = {name: ctx.rank if name == "rank" else value for name, value in funcargs.items()}
     _torchrun_environment(ctx)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            _assertion_hooks(item):
+    with _printed_lines_go_home(ctx), _assertion_hooks(item):
         try:
             item.obj(**kwargs)
         except BaseException as exc:
-            _tell(ctx, exc, out, err, lambda info: str(item.repr_failure(info)))
+            _tell(ctx, exc, lambda info: str(item.repr_failure(info)))
             raise
-    return _output(out, err)
+    return _group_state()
 
 
 def call(ctx, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)`` on this rank for the ``ranks`` fixture: (value, output)."""
+    """``fn(*args, **kwargs)`` on this rank for the ``ranks`` fixture: (value, group state)."""
     _torchrun_environment(ctx)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with _printed_lines_go_home(ctx):
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:
-            _tell(ctx, exc, out, err, _plain_repr)
+            _tell(ctx, exc, _plain_repr)
             raise
-    return value, _output(out, err)
+    return value, _group_state()
 
 
-def _output(out: io.StringIO, err: io.StringIO) -> dict:
-    """What the job printed, and whether the default group is still up (a test may destroy
-    it; the pool is then re-formed before the next test)."""
+def _group_state() -> dict:
+    """Whether the default group is still up: a test may destroy it, and the pool is then
+    re-formed before the next test."""
     import torch.distributed as dist
 
-    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "group": dist.is_initialized()}
+    return {"group": dist.is_initialized()}
+
+
+class _LinesHome(io.TextIOBase):
+    """A text stream that sends each whole line home as it is written, so what a rank
+    printed reaches the parent even when the rank is then stopped in a hang."""
+
+    def __init__(self, ctx, stream: str):
+        super().__init__()
+        self.ctx, self.stream, self.pending = ctx, stream, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        if "\n" in self.pending:
+            lines, self.pending = self.pending.rsplit("\n", 1)
+            self._send(lines)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self._send(self.pending)
+            self.pending = ""
+
+    def _send(self, lines: str) -> None:
+        with contextlib.suppress(Exception):
+            self.ctx.emit((OUTPUT, self.stream, lines))
+
+
+@contextlib.contextmanager
+def _printed_lines_go_home(ctx):
+    out, err = _LinesHome(ctx, "stdout"), _LinesHome(ctx, "stderr")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        out.flush()
+        err.flush()
 
 
 def _torchrun_environment(ctx) -> None:
@@ -75,8 +113,7 @@ def _torchrun_environment(ctx) -> None:
                       GROUP_RANK="0")
 
 
-def _tell(ctx, exc: BaseException, out: io.StringIO, err: io.StringIO,
-          formatted: Callable[[Any], str]) -> None:
+def _tell(ctx, exc: BaseException, formatted: Callable[[Any], str]) -> None:
     """Send the parent this rank's account of its failure (never raising itself)."""
     from _pytest._code import ExceptionInfo
     from _pytest.outcomes import Skipped, XFailed
@@ -94,8 +131,7 @@ def _tell(ctx, exc: BaseException, out: io.StringIO, err: io.StringIO,
     headline = (info.exconly().strip() or type(exc).__name__).splitlines()[0][:300]
     try:
         ctx.emit((EVENT, {"outcome": outcome, "text": text, "where": where,
-                          "headline": headline, "stdout": out.getvalue(),
-                          "stderr": err.getvalue()}))
+                          "headline": headline}))
     except Exception:
         pass  # the parent still gets the traceback from the raise
 
@@ -135,11 +171,12 @@ def _assertion_hooks(item):
                 hooks.send(None)
 
 
-def echo(outputs: dict[int, dict], stream=None) -> None:
-    """Each rank's captured output, line by line behind its rank (as torchrun's --tee)."""
-    stream = stream or sys.stdout
-    for rank in sorted(outputs):
-        for key in ("stdout", "stderr"):
-            text = outputs[rank].get(key) or ""
-            for line in text.splitlines():
-                print(f"[rank{rank}]:{line}", file=stream if key == "stdout" else sys.stderr)
+def echo(events: tuple[tuple, ...], stream=None) -> None:
+    """What each rank printed, line by line behind its rank (as torchrun's --tee does):
+    stdout to ``stream`` (default: ours), stderr to our stderr."""
+    for rank, records in enumerate(events):
+        for record in records:
+            if isinstance(record, tuple) and len(record) == 3 and record[0] == OUTPUT:
+                target = (stream or sys.stdout) if record[1] == "stdout" else sys.stderr
+                for line in record[2].split("\n"):
+                    print(f"[rank{rank}]:{line}", file=target)

@@ -107,14 +107,11 @@ def _group_gone(value: Any) -> bool:
 
 
 def judge_job(result, deadline: float, what: str) -> Outcome:
+    """Show what the ranks printed (pytest captures it as the test's output), then judge."""
     from harness.testing.onrank import echo
-    from harness.testing.verdict import judge, told
+    from harness.testing.verdict import judge
 
-    outputs = {r: v for r, v in enumerate(result.values) if isinstance(v, dict)}
-    outputs |= {r: v[1] for r, v in enumerate(result.values)
-                if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], dict)}
-    outputs |= {r: a for r, a in told(result).items()}
-    echo(outputs)
+    echo(result.events)
     return judge(result, deadline, what)
 
 

@@ -16,6 +16,7 @@ def _reached() -> None:
 
 @pytest.mark.world_size(3, deadline=2)
 def test_spin_past_deadline(rank):
+    print(f"rank {rank} starts", flush=True)
     if rank == 0:
         while True:  # LINE spin
             pass
