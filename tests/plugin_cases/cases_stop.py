@@ -14,6 +14,11 @@ def _reached() -> None:
         fifo.write(b"!")
 
 
+@pytest.mark.world_size(3)
+def test_warm_three_ranks(rank):
+    dist.barrier()
+
+
 @pytest.mark.world_size(3, deadline=2)
 def test_spin_past_deadline(rank):
     print(f"rank {rank} starts", flush=True)
