@@ -33,6 +33,8 @@ EXPECTED = {
     "test_all_gather[5]": "passed",
     "test_one_rank_wrong": "failed",
     "test_send_send": "failed",
+    "test_rank_returns_early": "failed",
+    "test_collectives_differ": "failed",
     "test_rank_exits": "failed",
     "test_rank_killed": "failed",
     "test_runs_after_failures": "passed",
@@ -124,6 +126,19 @@ def test_a_send_send_hang_is_proven_with_both_ranks_lines(user_run):
     assert f"rank 0 of 2: waiting in send peer 1 (#0, (4,), float32) at {where}" in text
     assert f"rank 1 of 2: waiting in send peer 0 (#0, (4,), float32) at {where}" in text
     assert user_run["test_send_send"][2] < 30  # proven, not waited out (deadline: 300 s)
+
+
+def test_a_rank_that_left_early_and_a_collective_mismatch_are_named(user_run):
+    early = user_run["test_rank_returns_early"][1]
+    barrier = line_of("cases_user.py", "barrier")
+    assert "deadlock proven: rank-exited-early (rank 2 of 3)" in early
+    assert all(f"rank {r} of 3: waiting in barrier (#0) at {barrier}" in early for r in (0, 1))
+    assert "rank 2 of 3: finished" in early
+    differ = user_run["test_collectives_differ"][1]
+    assert "deadlock proven: collective-mismatch (ranks 0, 1 of 2)" in differ
+    assert f"rank 0 of 2: waiting in all_reduce (#0, (4,), float32) at " \
+           f"{line_of('cases_user.py', 'all_reduce')}" in differ
+    assert f"at {line_of('cases_user.py', 'broadcast')}" in differ
 
 
 def test_a_rank_that_dies_is_named_with_its_exit(user_run):

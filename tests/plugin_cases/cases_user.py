@@ -56,6 +56,22 @@ def test_send_send(rank):
 
 
 @pytest.mark.world_size(3)
+def test_rank_returns_early(rank):
+    if rank == 2:
+        return
+    dist.barrier()  # LINE barrier
+
+
+@pytest.mark.world_size(2)
+def test_collectives_differ(rank):
+    t = torch.zeros(4)
+    if rank == 0:
+        dist.all_reduce(t)  # LINE all_reduce
+    else:
+        dist.broadcast(t, src=0)  # LINE broadcast
+
+
+@pytest.mark.world_size(3)
 def test_rank_exits(rank):
     if rank == 2:
         os._exit(7)
