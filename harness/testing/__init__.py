@@ -6,8 +6,16 @@ parent; ``verdict`` turns a job's end into a test's verdict; ``same`` and ``onep
 are the assertion helpers.
 """
 
-from harness.testing.oneprocess import assert_trains_like_one_process
-from harness.testing.same import assert_same_on_all_ranks
-from harness.testing.verdict import RankFailure
+from importlib import import_module
 
-__all__ = ["RankFailure", "assert_same_on_all_ranks", "assert_trains_like_one_process"]
+# name -> its module; imported on first use, so that loading the plugin (at every pytest
+# start in an environment that has distdoctor) does not import torch
+_PUBLIC = {"RankFailure": "verdict", "assert_same_on_all_ranks": "same",
+           "assert_trains_like_one_process": "oneprocess"}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_PUBLIC[name]}"), name)

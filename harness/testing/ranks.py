@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from harness.testing.verdict import Outcome
+if TYPE_CHECKING:
+    from harness.testing.verdict import Outcome
 
 ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
 
