@@ -13,6 +13,7 @@ import pytest
 import proctable
 
 from harness.launch.pool import launch
+from harness.models import Frame
 
 TESTS = Path(__file__).parent
 
@@ -87,13 +88,24 @@ def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_chi
         assert any(s.name == f"helper-{end.rank}" for s in end.stacks)
 
 
-def test_rank_holding_the_gil_is_dumped_by_faulthandler(no_new_children):
+def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_new_children):
+    from harness.doctor.record import diagnose, script_record
+    from harness.doctor.report import render
+
     result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
+    where = f"{jobs.__file__}:{jobs.line_of('GIL-LINE')}"
     for end in result.ends:
         assert end.status == "hung"
         assert end.raw_stack and "hold_the_gil" in end.raw_stack
-        frames = [f for s in end.stacks for f in s.frames if f.file == jobs.__file__]
-        assert frames and frames[-1].line == jobs.line_of("GIL-LINE")
+        assert [s.main for s in end.stacks] == [True, False]  # the stack thread is not main
+        assert end.stacks[0].frames[0] == Frame(jobs.__file__, jobs.line_of("GIL-LINE"),
+                                                "hold_the_gil")
+    text = render(diagnose(script_record(result.ends, result.traces, result.wall_s,
+                                         result.started, 1.0), "hold_the_gil"))
+    for rank in (0, 1):
+        assert f"rank {rank}: running, in no collective or send/receive: hold_the_gil at " \
+               f"{where}" in text
+    assert f"look at: {where}" in text
 
 
 def test_rank_that_dies_is_reported_with_its_exit_code(no_new_children):
@@ -143,3 +155,29 @@ def test_a_straggler_in_ddp_is_never_called_deadlocked(no_new_children):
     result = launch(jobs.ddp_with_a_straggler, 1.0, world_size=3, deadline=60)
     assert [e.status for e in result.ends] == ["finished"] * 3, result.ends
     assert len(set(map(tuple, result.values))) == 1  # every rank saw the same losses
+
+
+FAULTHANDLER_TEXT = """Thread 0x00007f2a1c9ff6c0 (most recent call first):
+  File "/usr/lib/python3.11/multiprocessing/connection.py", line 395 in _recv
+  File "/work/harness/launch/stacks.py", line 73 in loop
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f2a3a81cb80 (most recent call first):
+  File "/usr/lib/python3.11/re/__init__.py", line 166 in match
+  File "/home/me/train.py", line 12 in step
+  File "/home/me/train.py", line 30 in <module>
+"""
+
+
+def test_faulthandler_text_is_parsed_main_thread_first_outermost_frame_first():
+    from harness.launch.stacks import parse_faulthandler
+
+    main, helper = parse_faulthandler(FAULTHANDLER_TEXT)
+    assert (main.name, main.main, helper.name, helper.main) == \
+        ("0x00007f2a3a81cb80", True, "0x00007f2a1c9ff6c0", False)
+    assert [(f.file, f.line, f.function) for f in main.frames] == [
+        ("/home/me/train.py", 30, "<module>"), ("/home/me/train.py", 12, "step"),
+        ("/usr/lib/python3.11/re/__init__.py", 166, "match")]
+    assert helper.frames[0].function == "_bootstrap" and len(helper.frames) == 4
+    assert str(main).startswith("Thread 0x00007f2a3a81cb80 (main), most recent call last:")

@@ -153,17 +153,25 @@ def _read_until_quiet(fd: int, first: float, quiet: float) -> str:
 
 
 def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
-    """Turn faulthandler's text (innermost frame first) into ThreadStacks."""
+    """Turn faulthandler's text (innermost frame first) into ThreadStacks, main thread
+    first. faulthandler names threads by id alone; every thread but the main one starts in
+    threading's ``_bootstrap``, so the one that does not is the main thread."""
     stacks = []
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip()):
         lines = block.splitlines()
         if not lines or "0x" not in lines[0]:
             continue
-        frames = [
+        frames = tuple(reversed([
             Frame(m["file"], int(m["line"]), m["func"])
             for m in map(_FAULTHANDLER_FRAME.search, lines[1:])
             if m
-        ]
-        name = lines[0].split("(")[0].replace("Current thread", "Thread").strip()
-        stacks.append(ThreadStack(name, main=False, frames=tuple(reversed(frames))))
+        ]))
+        name = lines[0].split("(")[0].replace("Current thread", "").replace("Thread", "")
+        name = name.strip()  # the id: ThreadStack's text says "Thread" itself
+        started = bool(frames) and frames[0].function == "_bootstrap" and \
+            os.path.basename(frames[0].file) == "threading.py"
+        stacks.append(ThreadStack(name, main=not started, frames=_below_rank_loop(frames)))
+    if sum(s.main for s in stacks) > 1:  # not told apart: claim none rather than guess
+        stacks = [ThreadStack(s.name, False, s.frames) for s in stacks]
+    stacks.sort(key=lambda s: not s.main)
     return tuple(stacks)
