@@ -224,3 +224,14 @@ def tagged_exchange(ctx, cycle: bool) -> list[float]:
         dist.recv(got[1], 0, tag=2)
         dist.recv(got[0], 0, tag=1)
     return [t.item() for t in got]
+
+
+
+def join_or_die(original, dying_rank: int):
+    """A stand-in for the rank's _join_group (patched in before the fork) in which
+    ``dying_rank`` exits before it joins."""
+    def join(ctx, host):
+        if ctx.rank == dying_rank:
+            os._exit(3)
+        return original(ctx, host)
+    return join

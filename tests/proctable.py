@@ -25,6 +25,11 @@ def children(parent: int | None = None) -> set[int]:
     return found
 
 
+def present(pid: int) -> bool:
+    """Is ``pid`` in the process table at all, running or a zombie nobody reaped?"""
+    return os.path.exists(f"/proc/{pid}")
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -15,10 +15,12 @@ from harness.launch.results import JobResult, RanksFailed
 
 @pytest.fixture
 def pool():
-    """A private pool, for tests that break it on purpose; reaped and checked afterwards."""
+    """A private pool, for tests that break it on purpose; every rank it ever forked is
+    checked afterwards in the process table (a zombie counts as reaped by nobody)."""
     with RankPool(2) as pool:
         yield pool
-    assert not proctable.children() & set(pool.pids)
+    assert pool.forked, "the pool never forked: nothing was checked"
+    assert {pid for pid in pool.forked if proctable.present(pid)} == set()
 
 
 def test_many_jobs_share_one_group(pools):
@@ -64,10 +66,63 @@ def test_a_job_that_cannot_be_pickled_is_refused_before_any_rank_runs(pool):
     assert pool.pids == pids and pool.run(jobs.whoami).ok
 
 
-def test_a_result_that_cannot_be_sent_back_is_a_raised_rank(pool):
+def test_a_result_that_cannot_be_sent_back_is_a_raised_rank_and_the_pool_goes_on(pool):
     result = pool.run(jobs.unpicklable_result, deadline=10)
     assert [e.status for e in result.ends] == ["raised", "raised"]
     assert "could not be sent" in result.ends[0].error
+    assert pool.run(jobs.rank_sum, 1, deadline=10).values == ([3.0], [3.0])
+    assert pool.generations == 2
+
+
+def test_a_rank_that_exits_mid_job_retires_the_group_and_the_next_job_runs(pool):
+    died = pool.run(jobs.die_on_rank, 1, 5, deadline=10)
+    assert (died.ends[1].status, died.ends[1].exitcode) == ("died", 5)
+    assert pool.run(jobs.rank_sum, 2, deadline=10).values == ([3.0, 3.0], [3.0, 3.0])
+    assert pool.generations == 2 and len(pool.forked) == 4
+
+
+def test_a_group_that_does_not_form_in_time_is_refused_and_reaped():
+    pool = RankPool(2, start_timeout=0.001)
+    with pytest.raises(PoolStartError, match="the 2 ranks did not form a gloo group within"):
+        pool.start()
+    assert pool.pids == () and len(pool.forked) == 2
+    assert not any(proctable.present(pid) for pid in pool.forked)
+
+
+def test_a_rank_dying_while_the_group_forms_is_named_with_its_exit(monkeypatch):
+    import harness.launch.rank as rank_module
+
+    monkeypatch.setattr(rank_module, "_join_group",  # copied into the ranks by the fork
+                        jobs.join_or_die(rank_module._join_group, dying_rank=1))
+    pool = RankPool(3)
+    with pytest.raises(PoolStartError, match=r"rank 1 died while forming the group "
+                                             r"\(exited with code 3 without reporting"):
+        pool.start()
+    assert not any(proctable.present(pid) for pid in pool.forked)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: RankPool(0), "world size must be at least 1, got 0"),
+    (lambda: RankPool(2, start_method="forkserver"), "start method must be fork or spawn"),
+    (lambda: RankPool(2).run(jobs.whoami, deadline=0), "deadline must be positive, got 0"),
+])
+def test_bad_pool_arguments_are_refused_before_any_rank_starts(make, message):
+    before = proctable.children()
+    with pytest.raises(ValueError, match=message):
+        make()
+    assert proctable.children() == before
+
+
+def test_an_exit_is_described_by_its_code_or_its_signal():
+    from types import SimpleNamespace
+
+    from harness.launch.watch import describe_exit
+
+    assert describe_exit(SimpleNamespace(exitcode=-9)) == "killed by signal SIGKILL"
+    assert describe_exit(SimpleNamespace(exitcode=-11)) == "killed by signal SIGSEGV"
+    assert describe_exit(SimpleNamespace(exitcode=7)) == \
+        "exited with code 7 without reporting a result"
+    assert describe_exit(SimpleNamespace(exitcode=None)) == "still running"
 
 
 def test_close_reaps_every_rank():

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,9 +236,11 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
     # torchrun's agent leaves its torchelastic_* directory behind when workers fail
     scratch = trace_dir.parent / f"{trace_dir.name}-tmp"
     scratch.mkdir()
+    tag = uuid.uuid4().hex  # every process torchrun starts inherits it: leaks are found
     process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True,
-                               env=dict(os.environ, TMPDIR=str(scratch)))
+                               env=dict(os.environ, TMPDIR=str(scratch),
+                                        DISTDOCTOR_TEST_TAG=tag))
     stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
 
     def stalled() -> bool:
@@ -259,6 +262,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(30)
+        assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
 
 
 def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
@@ -268,7 +272,7 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
     with socket.socket() as probe:  # a port free now, for the agents' rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    agents = []
+    agents, tag = [], uuid.uuid4().hex
     for node in range(2):
         scratch = tmp_path / f"node{node}-tmp"
         scratch.mkdir()
@@ -279,7 +283,8 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
              str(tmp_path / f"node{node}"), "nan_in_one_shard.py"],
             cwd=EXAMPLES, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
-            env=dict(os.environ, TMPDIR=str(scratch), GLOO_SOCKET_IFNAME="lo")))
+            env=dict(os.environ, TMPDIR=str(scratch), GLOO_SOCKET_IFNAME="lo",
+                     DISTDOCTOR_TEST_TAG=tag)))
     try:
         assert [agent.wait(120) for agent in agents] == [0, 0]
     finally:
@@ -287,6 +292,7 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait(30)
+    assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
     assert [p.name for p in sorted((tmp_path / "node1").glob("*.jsonl"))] == ["rank-1.jsonl"]
     report_path = tmp_path / "r.json"
     done = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node1"),

@@ -102,6 +102,7 @@ class RankPool:
         self.host = host
         self.start_timeout = start_timeout
         self.generations = 0  # how many times a group was formed
+        self.forked: list[int] = []  # every rank pid of every generation, to check reaping
         self._ranks: list[RankHandle] = []
         _live_pools.add(self)
 
@@ -179,6 +180,7 @@ class RankPool:
                           own.conn[1], own.ctrl[1], own.faulthandler[1], own.stderr[1],
                           own.trace[1], inherited, self._queues, self.evidence))
                 process.start()
+                self.forked.append(process.pid)
                 self._ranks.append(RankHandle(rank, process, own.conn[0], own.ctrl[0],
                                                own.faulthandler[0], own.stderr[0],
                                                own.trace[0]))
@@ -192,7 +194,12 @@ class RankPool:
         deadline = procs.now() + self.start_timeout
         port = self._expect(self._ranks[0], "port", deadline)
         for handle in self._ranks[1:]:
-            handle.conn.send(("port", port))
+            try:
+                handle.conn.send(("port", port))
+            except OSError:  # it died before it could read: say so, as _expect does
+                handle.process.join(1.0)
+                raise PoolStartError(f"rank {handle.rank} died while forming the group "
+                                     f"({describe_exit(handle.process)})") from None
         for handle in self._ranks:
             self._expect(handle, "ready", deadline)
 
@@ -210,7 +217,8 @@ class RankPool:
                                          f"{message[2]}")
                 continue
             dead = [h for h in self._ranks if h.process.sentinel in ready]
-            if dead:
+            if dead:  # its sentinel closes as it exits, a moment before it can be reaped
+                dead[0].process.join(1.0)
                 raise PoolStartError(f"rank {dead[0].rank} died while forming the group "
                                      f"({describe_exit(dead[0].process)})")
             if not ready:
