@@ -2,80 +2,134 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import types
+import typing
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.models.jsoncodec import SchemaError, from_json, to_json
 from harness.models import (
-    REPORT_SCHEMA, Assessment, BackwardEvidence, Evidence, Finding, Fingerprint, Frame, Knobs,
-    RankEnd, RankRecord, ReferenceComparison, RunRecord, RunReport, RunSpec, StepEvidence,
-    ThreadStack, Verdict, dump_report, load_report,
+    REPORT_SCHEMA, Assessment, Finding, Knobs, ReferenceComparison, RunRecord, RunReport,
+    RunSpec, Verdict, dump_report, load_report,
 )
+from harness.models.spec import PipeShape
 
-finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
-fingerprints = st.builds(Fingerprint, numel=st.integers(0, 10**9), digest=st.text(max_size=16),
-                         norm=st.floats(min_value=0, allow_nan=False),
-                         values=st.lists(finite, max_size=8).map(tuple))
-steps = st.builds(
-    StepEvidence, step=st.integers(1, 100), epoch=st.integers(0, 10),
-    sample_ids=st.lists(st.integers(0, 10**6), max_size=8).map(tuple), loss=finite,
-    params=fingerprints, grad_local=st.none() | fingerprints, grad_synced=st.none() | fingerprints,
-    allreduce_calls=st.integers(0, 9), allreduce_bytes=st.integers(0, 10**12),
-    gradient_bytes=st.integers(0, 10**12))
-backwards = st.builds(BackwardEvidence, step=st.integers(1, 100),
-                      no_grad_params=st.lists(st.text(max_size=12), max_size=3).map(tuple))
-frames = st.builds(Frame, file=st.text(max_size=20), line=st.integers(0, 10**5),
-                   function=st.text(max_size=10), code=st.text(max_size=20))
-ends = st.builds(RankEnd, rank=st.integers(0, 7),
-                 status=st.sampled_from(["finished", "raised", "died", "hung", "stopped"]),
-                 at=st.none() | finite, error=st.none() | st.text(max_size=40),
-                 exitcode=st.none() | st.integers(-64, 255),
-                 stacks=st.lists(st.builds(ThreadStack, name=st.text(max_size=8),
-                                           main=st.booleans(),
-                                           frames=st.lists(frames, max_size=3).map(tuple)),
-                                 max_size=2).map(tuple),
-                 raw_stack=st.none() | st.text(max_size=40), stderr=st.text(max_size=40))
-specs = st.builds(RunSpec, strategy=st.sampled_from(["ddp", "torch-ddp"]),
-                  world_size=st.integers(1, 4), num_steps=st.integers(1, 9), seed=st.integers(),
-                  knobs=st.builds(Knobs, sampler=st.sampled_from(["distributed", "shared-seed"]),
-                                  average_gradients=st.booleans(),
-                                  aux_skipped_on=st.sampled_from(["none", "odd-ranks"])))
-findings = st.builds(Finding, check=st.text(max_size=8), fault=st.text(max_size=8),
-                     symptom=st.text(max_size=20), cause=st.text(max_size=20),
-                     fix=st.text(max_size=20),
-                     fix_changes=st.just({"knobs.average_gradients": True}),
-                     ranks=st.lists(st.integers(0, 7), max_size=3).map(tuple),
-                     measured=st.dictionaries(st.text(max_size=6), finite | st.text(max_size=6),
-                                              max_size=3), headline=st.text(max_size=12))
-assessments = st.builds(Assessment, findings=st.lists(findings, max_size=2).map(tuple),
-                        reference=st.none() | st.builds(
-                            ReferenceComparison, max_abs_diff=finite,
-                            per_step=st.lists(finite, max_size=3).map(tuple)),
-                        param_spread=st.none() | finite, ranks_finished=st.booleans())
+def values_of(hint):
+    """Every value a field typed ``hint`` may hold, by its annotation alone: so a field
+    added to any record is generated without anyone remembering to add it here."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return json_values
+    if hint in SIMPLE:
+        return SIMPLE[hint]
+    if origin is typing.Literal:
+        return st.sampled_from(args)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([values_of(a) for a in args])
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(values_of(args[0]), max_size=2).map(tuple)
+    if origin is tuple:
+        return st.tuples(*map(values_of, args))
+    if origin is dict:
+        return st.dictionaries(values_of(args[0]), values_of(args[1]), max_size=2)
+    if dataclasses.is_dataclass(hint):
+        return st.deferred(lambda: RECORDS[hint] if hint in RECORDS else instances(hint))
+    raise TypeError(f"no strategy for {hint!r}")
+
+
+def instances(cls):
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, **{f.name: values_of(hints[f.name])
+                              for f in dataclasses.fields(cls) if f.init})
+
+
+SIMPLE = {int: st.integers(-2**53, 2**53), bool: st.booleans(), str: st.text(max_size=6),
+          type(None): st.none(),
+          float: st.floats(allow_nan=False, width=64)}  # inf and -inf included
+# what a field typed Any holds (a finding's measured numbers): JSON data, inf included
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**53, 2**53) | SIMPLE[float] | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=2) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 9), inner, max_size=2),
+    max_leaves=6)
 
 
 @st.composite
-def reports(draw):
-    spec = draw(specs)
-    ranks = tuple(RankRecord(r, draw(ends), Evidence(
-        r, draw(st.none() | fingerprints), draw(st.none() | fingerprints),
-        tuple(draw(st.lists(backwards, max_size=2))), tuple(draw(st.lists(steps, max_size=2)))))
-                  for r in range(spec.world_size))
-    record = RunRecord(spec, ranks, wall_s=draw(finite), torch_version="2.13.0")
-    verdict = Verdict(draw(st.sampled_from(["healthy", "fixed", "masked", "not-fixed"])),
-                      draw(assessments), draw(st.none() | assessments), draw(st.text(max_size=9)))
-    return RunReport(record=record, verdict=verdict, fixed_record=draw(st.none() | st.just(record)),
-                     fault=draw(st.none() | st.just("sum-without-mean:sum")))
+def specs(draw):
+    """RunSpec checks its numbers against each other: drawn so that they agree."""
+    micro = draw(st.integers(1, 4))
+    batch = micro * draw(st.integers(1, 4))
+    world = draw(st.integers(1, 4))
+    pipe = draw(st.builds(PipeShape, layers=st.text("ma", min_size=1, max_size=6),
+                          seq_len=st.integers(1, 64), d_model=st.integers(1, 64)))
+    strategy = draw(st.sampled_from(["ddp", "torch-ddp", "zero3", "pipe-1f1b"]))
+    global_batch = batch if "pipe-" in strategy else world * batch
+    return RunSpec(
+        strategy=strategy, world_size=world, backend=draw(st.sampled_from(["gloo", "nccl"])),
+        num_steps=draw(st.integers(1, 9)), batch_size=batch, micro_batches=micro,
+        num_samples=global_batch + draw(st.integers(0, 64)),
+        in_features=draw(st.integers(1, 32)), hidden_features=draw(st.integers(1, 32)),
+        lr=draw(st.none() | st.floats(1e-6, 10)),
+        optimizer=draw(st.sampled_from(["auto", "sgd", "adam"])), seed=draw(SIMPLE[int]),
+        deadline=draw(st.floats(0.01, 1e4)), fingerprint_values=draw(st.integers(1, 4096)),
+        knobs=draw(instances(Knobs)), pipe=pipe)
 
 
-@given(reports())
+RECORDS = {RunSpec: specs()}
+
+
+@given(instances(RunReport))
 def test_every_report_survives_a_json_round_trip_exactly(report):
-    text = json.dumps(to_json(report))
+    text = json.dumps(to_json(report), allow_nan=False)  # strict JSON: no NaN, no Infinity
     assert from_json(RunReport, json.loads(text)) == report
+
+
+def test_the_generator_reaches_every_field_of_every_record_type():
+    """Every dataclass a report holds, found by walking the annotations from RunReport."""
+    seen, todo = set(), [RunReport]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for hint in typing.get_type_hints(cls).values():
+            todo += [t for t in _types_in(hint) if dataclasses.is_dataclass(t)]
+    assert {c.__name__ for c in seen} >= {
+        "Call", "MemoryEvidence", "StageCost", "StageEvent", "PipeStepEvidence", "Evidence",
+        "RunSpec", "PipeShape", "Knobs", "Finding", "InFlight", "GradientEvidence"}
+    for cls in seen:  # a strategy for every field, from its annotation alone
+        for hint in typing.get_type_hints(cls).values():
+            values_of(hint)
+
+
+def _types_in(hint):
+    yield hint
+    for arg in typing.get_args(hint):
+        yield from _types_in(arg)
+
+
+def test_measured_values_are_held_as_the_json_that_reads_back():
+    finding = Finding("c", "f", "s", "c", "fix", {}, measured={
+        "cycle": (0, 1), "reached": {0: 4}, "ratio": math.inf, "n": np.int64(3)})
+    assert finding.measured == {"cycle": [0, 1], "reached": {"0": 4}, "ratio": math.inf,
+                                "n": 3}
+    text = json.dumps(to_json(finding), allow_nan=False)
+    assert '"ratio": {"$float": "inf"}' in text
+    assert from_json(Finding, json.loads(text)) == finding
+    with pytest.raises(TypeError, match="measured.where: object is not JSON data"):
+        Finding("c", "f", "s", "c", "fix", {}, measured={"where": object()})
+
+
+def test_a_nan_among_the_measured_numbers_reads_back_as_nan():
+    finding = Finding("c", "f", "s", "c", "fix", {}, measured={"loss": math.nan})
+    back = from_json(Finding, json.loads(json.dumps(to_json(finding), allow_nan=False)))
+    assert math.isnan(back.measured["loss"])
 
 
 def test_infinities_survive_the_round_trip():

@@ -3,6 +3,12 @@
 Records cross process and machine boundaries and are read back by later runs, so they are
 plain JSON (never pickles), and reading one rebuilds the exact typed objects from the
 dataclass annotations instead of trusting whatever dicts the file holds.
+
+A field typed ``Any`` (a finding's measured numbers) has no annotation to rebuild from, so
+it holds JSON data only (``json_data``, applied where such a field is set: tuples become
+lists, keys strings), and a non-finite float inside it is written as ``{"$float": "inf"}``
+(a typed float field writes plain "inf", which its annotation reads back). So every
+record reads back equal to what was written.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import types
 import typing
 from typing import Any, Union
@@ -19,17 +26,66 @@ class SchemaError(ValueError):
     """A JSON document does not fit the dataclass it is read into."""
 
 
-def to_json(obj: Any) -> Any:
-    """Turn dataclasses, tuples and dicts into JSON-ready values (floats stay exact)."""
+FLOAT_TAG = "$float"  # {"$float": "inf"}: a non-finite float where no annotation says float
+
+
+def json_data(value: Any, where: str = "value") -> Any:
+    """``value`` in JSON's data model, as it will read back: dicts with string keys, lists,
+    strings, booleans, None, ints and floats (numpy's scalars become Python's). Anything
+    else is refused: it could not be read back as it was."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): json_data(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_data(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(f"{where}: {type(value).__name__} is not JSON data")
+
+
+def to_json(obj: Any, hint: Any = None) -> Any:
+    """Turn dataclasses, tuples and dicts into JSON-ready values (floats stay exact).
+    ``hint``: the annotation the value is held under, where known."""
+    if hint is Any:
+        return _data_to_json(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        hints = _hints(type(obj))
+        return {f.name: to_json(getattr(obj, f.name), hints.get(f.name))
+                for f in dataclasses.fields(obj)}
+    args = typing.get_args(hint)
     if isinstance(obj, (list, tuple)):
-        return [to_json(v) for v in obj]
+        items = [args[0]] * len(obj) if len(args) == 2 and args[1] is Ellipsis else \
+            list(args) if len(args) == len(obj) else [None] * len(obj)
+        return [to_json(v, h) for v, h in zip(obj, items)]
     if isinstance(obj, dict):
-        return {str(k): to_json(v) for k, v in obj.items()}
+        value_hint = args[1] if len(args) == 2 else None
+        return {str(k): to_json(v, value_hint) for k, v in obj.items()}
     if isinstance(obj, float) and not math.isfinite(obj):
         return repr(obj)  # JSON has no inf/nan; "inf", "-inf" and "nan" read back as floats
     return obj
+
+
+def _data_to_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _data_to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_data_to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_TAG: repr(value)}
+    return value
+
+
+def _data_from_json(data: Any) -> Any:
+    if isinstance(data, dict):
+        if set(data) == {FLOAT_TAG} and data[FLOAT_TAG] in ("inf", "-inf", "nan"):
+            return float(data[FLOAT_TAG])
+        return {k: _data_from_json(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_data_from_json(v) for v in data]
+    return data
 
 
 def from_json(cls: Any, data: Any, where: str = "$") -> Any:
@@ -37,7 +93,7 @@ def from_json(cls: Any, data: Any, where: str = "$") -> Any:
     origin = typing.get_origin(cls)
     args = typing.get_args(cls)
     if cls is Any:
-        return data
+        return _data_from_json(data)
     if origin in (Union, types.UnionType):
         if data is None and type(None) in args:
             return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.models.jsoncodec import SchemaError, from_json, to_json
+from harness.models.jsoncodec import SchemaError, from_json, json_data, to_json
 from harness.models.record import SCHEMA_VERSION, RunRecord
 from harness.models.spec import RunSpec, apply_changes
 
@@ -33,6 +33,11 @@ class Finding:
     # a timing judgement whose confidence interval straddles its limit: neither a detection
     # nor a clean bill, until more is measured
     inconclusive: bool = False
+
+    def __post_init__(self) -> None:
+        # held as JSON data, so a report reads back equal (see jsoncodec)
+        object.__setattr__(self, "fix_changes", json_data(self.fix_changes, "fix_changes"))
+        object.__setattr__(self, "measured", json_data(self.measured, "measured"))
 
     def apply_fix(self, spec: RunSpec) -> RunSpec:
         return apply_changes(spec, self.fix_changes)
