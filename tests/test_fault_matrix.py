@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,8 @@ def sync_bytes(strategy: str, n: int) -> int:
     return PARAM_BYTES
 
 
-def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec, finding) -> None:
+def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec, finding,
+                     record=None) -> None:
     measured = finding.measured
     if fault_id == "divergent-init":
         models = [dict(_built(spec.seed + r).named_parameters()) for r in range(world_size)]
@@ -107,12 +109,25 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         assert heaviest == [i for i in range(world_size) if "a" in layers[i * per_stage]]
         assert measured["slowest_rank"] in heaviest  # a rank holding only attention blocks
         assert measured["max_over_mean_flops"] == pytest.approx(max(stage) / mean)
-        assert measured["max_over_mean_time"] > 1.25
+        # the time ratio, summed here from the ranks' own stage events over the steps
+        # every rank completed: the slowest rank's CPU time over the mean, step by step
+        ratios = time_ratios(record, measured["slowest_rank"])
+        assert measured["steps_judged"] == len(ratios)
+        assert measured["max_over_mean_time"] == pytest.approx(statistics.fmean(ratios))
     else:
         raise AssertionError(f"no expected numbers for {fault_id}")
 
 
 HANDROLLED = Path(__file__).parent.parent / "harness" / "pipeline" / "handrolled.py"
+
+
+def time_ratios(record, rank: int) -> list[float]:
+    """Per step that every rank completed: ``rank``'s compute CPU time over the mean."""
+    complete = set.intersection(*({s.step for s in r.evidence.pipe_steps}
+                                  for r in record.ranks))
+    cpu = {r.rank: {n: sum(e.cpu for e in r.evidence.stage_events if e.step == n)
+                    for n in complete} for r in record.ranks}
+    return [cpu[rank][n] / statistics.fmean(c[n] for c in cpu.values()) for n in complete]
 
 
 def _built(seed: int) -> MLP:
@@ -133,7 +148,7 @@ def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id
     assert all(e.error.startswith(PROVEN) for e in hung), [e.error for e in hung]
     ours = [f for f in verdict.before.findings if f.fault == fault_id]
     assert len(ours) == 1, [f.headline for f in verdict.before.findings]
-    expected_numbers(fault_id, variant, world_size, report.record.spec, ours[0])
+    expected_numbers(fault_id, variant, world_size, report.record.spec, ours[0], report.record)
     assert verdict.outcome == "fixed"
     assert verdict.after.findings == ()
     if fault_id in CLEAN_AFTER_FIX:  # the clean run of its strategy, so not run again below
