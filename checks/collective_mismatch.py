@@ -58,14 +58,16 @@ def _point_to_point(record: RunRecord) -> list[Finding]:
 
 def _finding(what: str, calls: dict[int, Call]) -> Finding:
     listing = "; ".join(f"rank {rank}: {describe(call)}" for rank, call in sorted(calls.items()))
+    pair = all(c.op in P2P for c in calls.values())  # a send against its receive: their
+    # ops and peers differ by nature
     differs = [name for name, index in (("op", 0), ("root or peer", 1), ("shape", 2),
                                         ("dtype", 3), ("reduce op", 4))
                if len({_signature(c)[index] for c in calls.values()}) > 1
-               and not (name == "root or peer" and calls and
-                        all(c.op in P2P for c in calls.values()))]
+               and not (pair and name in ("op", "root or peer"))]
     return Finding(
         check=NAME, fault="collective-mismatch",
-        headline=f"{' and '.join(differs) or 'call'} differ at {what.split(' on ')[0]}",
+        headline=f"{' and '.join(differs) or 'call'} "
+                 f"{'differ' if len(differs) > 1 else 'differs'} at {what.split(' on ')[0]}",
         symptom=f"the ranks' {what} differ in {', '.join(differs) or 'their calls'}: {listing}",
         cause="the ranks issued different calls (or different shapes, dtypes or reduce ops) "
               "at the same point in their sequence; any connection errors on other ranks "
