@@ -45,7 +45,12 @@ def check(record: RunRecord) -> list[Finding]:
                f"{worst.total / budget - 1:.0%} over")
     headline = f"{worst.total} B held, budget {budget} B"
     family = family_of(record.spec.strategy)
-    if option is None or family is None:
+    if family is None:
+        return [finding("over-memory-budget", NAME, headline, symptom, {}, sorted(over),
+                        measured, fix=f"{record.spec.strategy} has no ZeRO stages to move "
+                                      f"up: hold less per rank (more ranks to share the "
+                                      f"model, or activation checkpointing)")]
+    if option is None:
         return [finding("over-memory-budget", NAME, headline, symptom, {}, sorted(over),
                         measured, fix="no ZeRO stage on any number of ranks fits this budget")]
     changes: dict = {}

@@ -88,7 +88,10 @@ def check(record: RunRecord) -> list[Finding]:
     inconclusive = low <= TOLERANCE
     flops = {r.rank: sum(s.forward_flops + s.backward_flops for s in r.evidence.stages)
              for r in record.ranks}
-    flops_ratio = flops[slowest] / (sum(flops.values()) / len(flops))
+    total = sum(flops.values())  # 0 where no stage's FLOPs were counted
+    flops_ratio = flops[slowest] / (total / len(flops)) if total else None
+    flops_text = f"it does {flops_ratio:.2f}x the mean FLOPs" if total else \
+        "no FLOPs were counted"
     stages = record.ranks[slowest].evidence.stages
     held = ", ".join(f"stage {s.stage} (layers {s.first_layer}-{s.end_layer - 1}: {s.kinds})"
                      for s in stages)
@@ -101,7 +104,7 @@ def check(record: RunRecord) -> list[Finding]:
         "unbalanced-stages", NAME,
         f"rank {slowest} at {ratio:.2f}x the mean" + (" (inconclusive)" * inconclusive),
         f"rank {slowest}, holding {held}, takes {ratio:.2f}x the mean compute time per step, "
-        f"{verdict}; it does {flops_ratio:.2f}x the mean FLOPs. CPU ms per step (median): "
+        f"{verdict}; {flops_text}. CPU ms per step (median): "
         f"{per_rank}",
         {"knobs.stage_split": "time"}, [slowest],
         {"slowest_rank": slowest, "max_over_mean_time": ratio,

@@ -235,3 +235,14 @@ def join_or_die(original, dying_rank: int):
             os._exit(3)
         return original(ctx, host)
     return join
+
+
+def ddp_training(ctx, steps: int) -> None:
+    """A user's clean DDP training: every parameter used on every rank."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()

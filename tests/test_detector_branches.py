@@ -3,8 +3,11 @@ numbers are worked out here."""
 
 from __future__ import annotations
 
-from checks import collective_mismatch
-from harness.models import Call, Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+from checks import (collective_mismatch, ddp_reduction, hang, memory_budget, param_spread,
+                    stage_balance, unused_params)
+from harness.models import (BackwardEvidence, Call, Evidence, Fingerprint, MemoryEvidence,
+                            PipeStepEvidence, RankEnd, RankRecord, RunRecord, RunSpec,
+                            StageEvent, StepEvidence)
 
 
 def call(rank: int, op: str, seq: int = 0, peer: int | None = None, shape=(4,),
@@ -57,3 +60,142 @@ def test_matching_sends_and_receives_and_a_hung_run_are_left_alone():
     assert collective_mismatch.check(calls_record(  # the hang check names those
         [call(0, "send", peer=1, shape=(4,))], [call(1, "recv", peer=0, shape=(5,))],
         status="hung")) == []
+
+
+# -- memory_budget ------------------------------------------------------------------------
+def memory_record(strategy: str, budget: int, stage: int = 1, world: int = 2) -> RunRecord:
+    """Two ranks holding a 1000-parameter model in fp32 with SGD's state of nothing."""
+    held = MemoryEvidence(step=1, stage=stage, world_size=world, params=4000, grads=4000,
+                          optimizer=0, gathered=0, budget=budget, model_params=1000,
+                          largest_layer=500, layers=2, optimizer_tensors=0)
+    ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(r, memory=(held,)))
+                  for r in range(world))
+    return RunRecord(RunSpec(strategy=strategy, world_size=world), ranks, 1.0)
+
+
+def test_a_budget_nothing_fits_is_said_so_with_no_fix_to_apply():
+    (found,) = memory_budget.check(memory_record("zero1", budget=1))
+    assert found.fix == "no ZeRO stage on any number of ranks fits this budget"
+    assert found.fix_changes == {} and found.ranks == (0, 1)
+    assert found.measured["bytes_per_rank"] == {"0": 8000, "1": 8000}
+    assert "planned" not in found.measured
+
+
+def test_a_strategy_off_the_zero_family_gets_no_stage_change():
+    (found,) = memory_budget.check(memory_record("pipe-1f1b", budget=6000, stage=0))
+    assert found.fix_changes == {}
+    assert found.fix.startswith("pipe-1f1b has no ZeRO stages to move up")
+    assert "8000 bytes" in found.symptom and "33% over" in found.symptom  # 8000 / 6000
+
+
+def test_within_the_budget_is_no_finding():
+    assert memory_budget.check(memory_record("zero1", budget=8000)) == []
+
+
+# -- param_spread on the built-in workload ------------------------------------------------
+def spread_record(per_rank: list[list[float]]) -> RunRecord:
+    """``per_rank[rank]``: the one parameter's value after construction, then per step."""
+    def fingerprint(value: float) -> Fingerprint:
+        return Fingerprint(1, repr(value), abs(value), (value,))
+
+    ranks = []
+    for rank, values in enumerate(per_rank):
+        steps = tuple(StepEvidence(step=n, epoch=0, sample_ids=(), loss=0.0,
+                                   params=fingerprint(v), grad_local=None, grad_synced=None,
+                                   allreduce_calls=1, allreduce_bytes=4, gradient_bytes=4)
+                      for n, v in enumerate(values[1:], 1))
+        ranks.append(RankRecord(rank, RankEnd(rank, "finished"), Evidence(
+            rank, initial_params=fingerprint(values[0]), steps=steps)))
+    return RunRecord(RunSpec(world_size=len(per_rank)), tuple(ranks), 1.0)
+
+
+def test_replicas_that_start_alike_and_part_later_are_divergent_updates():
+    (found,) = param_spread.check(spread_record([[1.0, 0.5, 0.25], [1.0, 0.5, 0.75]]))
+    assert found.fault == "divergent-updates" and found.fix_changes == {}
+    assert found.measured["first_divergent_step"] == 2
+    assert found.measured["spread_per_step"] == [0.0, 0.0, 0.5]
+    assert found.measured["ranks_differing_from_rank_0"] == [1]
+    assert found.headline == "spread 0.5 from step 2"
+
+
+# -- stage_balance ------------------------------------------------------------------------
+def stage_record(cpu_per_rank: list[float], steps: int = 4) -> RunRecord:
+    ranks = []
+    for rank, cpu in enumerate(cpu_per_rank):
+        fp = Fingerprint(1, "p", 0.0, (0.0,))
+        events = tuple(StageEvent(n, rank, 0, kind, 0.0, cpu / 2, cpu / 2)
+                       for n in range(1, steps + 1) for kind in "FB")
+        done = tuple(PipeStepEvidence(n, None, fp, fp, 0.0, 1.0) for n in range(1, steps + 1))
+        ranks.append(RankRecord(rank, RankEnd(rank, "finished"), Evidence(
+            rank, stage_events=events, pipe_steps=done)))
+    return RunRecord(RunSpec(strategy="pipe-1f1b", world_size=len(cpu_per_rank)),
+                     tuple(ranks), 1.0)
+
+
+def test_stages_under_two_ms_of_compute_are_not_judged_however_uneven():
+    assert stage_balance.check(stage_record([0.000375, 0.000125])) == []  # 0.25 ms mean
+    (found,) = stage_balance.check(stage_record([0.375, 0.125]))  # the same split, 250 ms
+    # rank 0 at 0.375 s against a mean of 0.25 s, at every step: 1.5x, a zero-width
+    # interval (binary fractions, so the sums are exact)
+    assert found.measured["max_over_mean_time"] == 1.5
+    assert found.measured["max_over_mean_time_interval"] == [1.5, 1.5]
+
+
+# -- hang ---------------------------------------------------------------------------------
+def test_ranks_stopped_in_no_call_and_no_user_frame_are_an_unknown_hang():
+    ranks = tuple(RankRecord(r, RankEnd(r, "hung"), Evidence(r)) for r in range(2))
+    (found,) = hang.check(RunRecord(RunSpec(), ranks, 1.0))
+    assert (found.fault, found.ranks) == ("hang-unknown", (0, 1))
+    assert found.measured["blocked_in"] == {
+        "0": "in no traced call, and no stack of the user's code",
+        "1": "in no traced call, and no stack of the user's code"}
+
+
+# -- unused_params ------------------------------------------------------------------------
+def test_missing_gradients_where_a_rank_issued_no_all_reduce_are_reported():
+    def done(calls: int) -> StepEvidence:
+        fp = Fingerprint(1, "g", 1.0, (1.0,))
+        return StepEvidence(step=1, epoch=0, sample_ids=(), loss=0.0, params=fp,
+                            grad_local=fp, grad_synced=fp, allreduce_calls=calls,
+                            allreduce_bytes=4 * calls, gradient_bytes=4)
+
+    ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(
+        r, backward=(BackwardEvidence(1, ("aux.weight",)),) if r == 1 else (),
+        steps=(done(1 if r == 0 else 0),))) for r in range(2))
+    (found,) = unused_params.check(RunRecord(RunSpec(), ranks, 1.0))
+    assert found.measured["sync_problem"] == \
+        "rank 1 issued no gradient all-reduce at all (gradients silently not averaged)"
+    assert found.measured["no_grad_params"] == {"1": ["aux.weight"]}
+
+
+# -- ddp_reduction ------------------------------------------------------------------------
+DDP_ERROR = ("RuntimeError: Expected to have finished reduction in the prior iteration "
+             "before starting a new one. ...\nParameter indices which did not receive grad "
+             "for rank 1: 2 3\n In addition, you can set ...")
+
+
+def test_ddp_s_parameter_indices_are_named_from_the_ranks_own_record():
+    ranks = (RankRecord(0, RankEnd(0, "raised", error="Connection reset by peer"),
+                        Evidence(0, ddp_params=("a.weight", "a.bias", "b.weight", "b.bias"))),
+             RankRecord(1, RankEnd(1, "raised", error=DDP_ERROR),
+                        Evidence(1, ddp_params=("a.weight", "a.bias", "b.weight", "b.bias"))))
+    (found,) = ddp_reduction.check(RunRecord(RunSpec(), ranks, 1.0))
+    assert found.measured["no_grad_params"] == {"1": ["b.weight", "b.bias"]}
+    assert found.ranks == (1,)
+
+
+def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
+    """The built-in workload records missing gradients itself, so ddp_reduction steps aside
+    there; user code does not, and this clean DDP run is where it must stay quiet."""
+    from harness.doctor.record import script_record
+    from harness.launch.pool import shared_pool
+
+    import checks
+    import jobs
+
+    result = shared_pool(2, evidence=True).run(jobs.ddp_training, 3, deadline=60)
+    record = script_record(result.raise_for_status().ends, result.traces, result.wall_s,
+                           result.started, 60)
+    assert not any(r.evidence.backward for r in record.ranks)  # no early return
+    assert all(r.evidence.ddp_params == ("weight", "bias") for r in record.ranks)
+    assert ddp_reduction.check(record) == [] and checks.run_all(record) == ()
