@@ -22,7 +22,7 @@ def _ring(t, x, reduce_steps, first_chunk=0, divide=False):
         pending = t.isend(chunks[(r + 1 - s) % n], right)
         chunks[(r - s) % n] = t.recv(left)
         pending.wait()
-    out = torch.cat(chunks)[:flat.numel()].reshape(x.shape)
+    out = torch.cat(chunks)[:flat.numel()].reshape(x.shape)  # RESHAPE-LINE
     if not divide:
         return out
     return out / n if out.is_floating_point() else torch.div(out, n, rounding_mode="trunc")

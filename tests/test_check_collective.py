@@ -31,20 +31,40 @@ def test_correct_implementations_pass(capsys, function, kind, extra):
     assert "OK: every property held on 40 examples" in printed
 
 
-@pytest.mark.parametrize("function, kind, extra", [
-    ("ring_wrong_chunk_index", "allreduce", []),
-    ("ring_off_by_one", "allreduce", []),
-    ("ring_avg_without_division", "allreduce", ["--op", "avg"]),
-])
-def test_broken_rings_fail_with_a_small_readable_example(capsys, function, kind, extra):
-    code, printed = check(capsys, function, kind, *extra)
-    assert code == 1
-    assert "smallest failing example (shrunk by hypothesis)" in printed
-    assert "world size 2," in printed  # shrunk to the smallest world that shows it
-    if ": wrong result" in printed:
-        assert "expected:" in printed and "got: rank" in printed
-    else:  # an exception in the user's code counts too, with its line
-        assert "collective_impls.py:" in printed
+def test_a_ring_that_sends_the_chunk_one_ahead_fails_in_its_own_reshape(capsys):
+    """Shrunk to world size 2 and one element, the chunks are [x] and []: sending the
+    one ahead loses x, and the final reshape to one element refuses, on every rank."""
+    code, printed = check(capsys, "ring_wrong_chunk_index", "allreduce")
+    assert code == 1 and "smallest failing example (shrunk by hypothesis)" in printed
+    assert "world size 2, 1 float32 element per rank" in printed
+    line = f"collective_impls.py:{_line('RESHAPE-LINE')}"
+    assert all(f"rank {r}: RuntimeError: shape '[1]' is invalid for input of size 0 at "
+               in printed for r in (0, 1))
+    assert printed.count(line) >= 2
+
+
+def _example(printed: str) -> tuple[list[float], float, float]:
+    """The shrunk example: each rank's one input, the expected value, rank 0's result."""
+    inputs = [float(v) for v in re.findall(r"rank \d+: \[(-?[\d.]+)\]",
+                                           printed.split("inputs:")[1].split("\n")[0])]
+    expected = float(re.search(r"expected: \[(-?[\d.]+)\] on every rank", printed)[1])
+    got = float(re.search(r"got: rank 0: expected \[[^]]*\] \(float32\), got "
+                          r"\[(-?[\d.]+)\]", printed)[1])
+    return inputs, expected, got
+
+
+def test_a_ring_one_reduce_step_short_gives_a_wrong_sum(capsys):
+    code, printed = check(capsys, "ring_off_by_one", "allreduce")
+    assert code == 1 and "wrong result" in printed and "world size 2," in printed
+    inputs, expected, got = _example(printed)
+    assert expected == sum(inputs) and got != expected
+
+
+def test_an_average_that_never_divides_gives_the_sum(capsys):
+    code, printed = check(capsys, "ring_avg_without_division", "allreduce", "--op", "avg")
+    assert code == 1 and "wrong result" in printed and "world size 2," in printed
+    inputs, expected, got = _example(printed)
+    assert expected == sum(inputs) / 2 and got == sum(inputs)
 
 
 def test_a_broadcast_that_only_works_from_rank_0_fails_from_another_source(capsys):

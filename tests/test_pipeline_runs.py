@@ -80,8 +80,17 @@ def test_ranks_holding_two_stages_are_balanced_as_ranks():
             load[owner[stage]] += sum(weights[a:b])
         return max(load.values())
 
-    assert heaviest(balanced) <= heaviest(per_stage)
-    assert heaviest(balanced) / (sum(weights) / 4) <= 1.15
+    assert heaviest(balanced) < heaviest(per_stage)
+    # what balance_ranks promises: a hill-climb's end, where no single cut moved by one
+    # layer lowers the heaviest rank (the global best, 9.5 here by exhaustive search,
+    # is not promised: this one ends at 10.75)
+    cuts = [end for _, end in balanced[:-1]]
+    for i in range(len(cuts)):
+        for step in (-1, 1):
+            moved = cuts[:i] + [cuts[i] + step] + cuts[i + 1:]
+            edges = [0, *moved, len(weights)]
+            if all(a < b for a, b in zip(edges, edges[1:])):
+                assert heaviest(list(zip(edges, edges[1:]))) >= heaviest(balanced)
 
 
 def test_measured_bubble_is_idle_share_of_the_step():

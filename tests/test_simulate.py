@@ -37,8 +37,11 @@ def test_per_rank_bubble_matches_the_published_form_at_uniform_costs(name, ranks
 def test_a_closed_form_that_disagrees_is_shown_beside_the_simulation():
     costs = Costs(1, 2, 1)  # DeepSeek's F&B form assumes backward and weight costs it lacks
     timeline = run_schedule("dualpipe", 4, 8, costs)
-    assert closed_form("dualpipe", 4, 8, costs).bubble == 4.0
-    assert timeline.bubble(0) == 3.0
+    f, b, w = 1, 2, 1
+    fb = f + b + w  # an F&B pair that overlaps no compute: Costs' default
+    published = (4 / 2 - 1) * (fb + (b + w) - 3 * w)  # (PP/2-1)(F&B+B-3W), B the full one
+    assert closed_form("dualpipe", 4, 8, costs).bubble == published == 4.0
+    assert timeline.bubble(0) == 3.0  # simulated: rank 0 idles less than the form says
 
 
 @pytest.mark.parametrize("name, ranks, peak, copies", [
@@ -129,7 +132,16 @@ def test_the_text_chart_shows_each_rank_and_every_action():
 
 def test_png_chart_is_written_when_matplotlib_is_there(tmp_path):
     path = tmp_path / "g.png"
-    if png_gantt(run_schedule("zb", 2, 4), str(path)):
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:
-        pytest.importorskip("matplotlib")  # absent: False is the documented answer
+    pytest.importorskip("matplotlib")  # absent: png_gantt says False, tested below
+    assert png_gantt(run_schedule("zb", 2, 4), str(path)) is True
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_the_png_chart_is_refused_and_nothing_written(tmp_path,
+                                                                         monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    path = tmp_path / "g.png"
+    assert png_gantt(run_schedule("zb", 2, 4), str(path)) is False
+    assert not path.exists()
