@@ -22,8 +22,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/launch.py
 
 # demo --all x10 and one diagnose case x50 under a CPU hog on every core, then the suite x5
+# and the property tests once with fresh random examples (--hypothesis-profile=explore)
 soak: $(STAMP)
-	$(BIN)/python bench/soak.py --load --suite 0
+	$(BIN)/python bench/soak.py --load --suite 0 --explore 0
 	$(BIN)/python bench/soak.py --demo 0 --diagnose 0
 
 clean:

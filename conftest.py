@@ -1,10 +1,20 @@
-"""Shared fixtures: warm rank pools, so no test pays for a process group of its own."""
+"""Shared fixtures: warm rank pools, so no test pays for a process group of its own.
+
+Hypothesis runs under the "ci" profile: the same examples every run (derandomized), so a
+red suite is never bad luck. ``--hypothesis-profile=explore`` searches further: fresh
+random examples every run and ten times as many; ``make soak`` runs it.
+"""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, max_examples=100)
+settings.register_profile("explore", derandomize=False, max_examples=1000, database=None)
+settings.load_profile("ci")  # --hypothesis-profile, read later, overrides it
 
 
 @pytest.fixture(scope="session")

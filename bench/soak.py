@@ -6,7 +6,8 @@ under `--load` (one busy-looping process per core for the whole soak, each bound
 and stopped with the soak), and prints per job how many runs failed. The output of every
 failing run is kept under --keep (default soak-failures/), named by job and run number.
 
-    python bench/soak.py                      # the targets: demo x10, suite x5, diagnose x50
+    python bench/soak.py                      # demo x10, suite x5, diagnose x50, and the
+                                              # property tests once, exploring
     python bench/soak.py --load --suite 0     # demo and diagnose under a CPU hog
     python bench/soak.py --demo 0 --suite 0 --diagnose 20 \\
         --case "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
@@ -28,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CASE = "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
+# the hypothesis tests, run with fresh random examples (the suite's are the same each run)
+PROPERTY_TESTS = ("tests/test_collective_properties.py", "tests/test_models.py")
 # one core's worth of busy loop that ends by itself, whatever happens to the soak
 HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
 
@@ -48,6 +51,9 @@ def jobs(args: argparse.Namespace) -> list[Job]:
             1800),
         Job(f"diagnose {args.case}", (python, "-m", "harness", "diagnose",
                                       *shlex.split(args.case)), args.diagnose, 300),
+        Job("property tests, exploring", (python, "-m", "pytest", "-q", "-p",
+                                          "no:cacheprovider", "--hypothesis-profile=explore",
+                                          *PROPERTY_TESTS), args.explore, 3600),
     ]
     return [job for job in found if job.runs > 0]
 
@@ -95,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of 'distdoctor demo --all' (default: %(default)s)")
     parser.add_argument("--suite", type=int, default=5, metavar="K",
                         help="runs of the whole test suite (default: %(default)s)")
+    parser.add_argument("--explore", type=int, default=1, metavar="K",
+                        help="runs of the property tests with fresh random examples, ten "
+                             "times as many (--hypothesis-profile=explore; default: "
+                             "%(default)s)")
     parser.add_argument("--diagnose", type=int, default=50, metavar="K",
                         help="runs of the diagnose case (default: %(default)s)")
     parser.add_argument("--case", default=DEFAULT_CASE,
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", default="soak-failures", metavar="DIR",
                         help="where the output of failing runs goes (default: %(default)s)")
     args = parser.parse_args(argv)
-    if min(args.demo, args.suite, args.diagnose) < 0 or args.max_hours <= 0:
+    if min(args.demo, args.suite, args.diagnose, args.explore) < 0 or args.max_hours <= 0:
         parser.error("counts must be zero or more and --max-hours positive")
     todo = jobs(args)
     keep = ROOT / args.keep

@@ -16,7 +16,8 @@ from harness.collectives.jobs import run_native, run_ours
 from harness.collectives.properties import DTYPES, Case, cases, expected_share, reduced, same
 from harness.launch.pool import shared_pool
 
-EXAMPLES = settings(max_examples=100, deadline=None, derandomize=True,
+# how many examples, and whether they are the same every run, is the profile's (conftest)
+EXAMPLES = settings(deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
