@@ -218,3 +218,19 @@ def test_diagnosing_a_hang_reports_the_time_from_block_to_diagnosis(capsys):
     seconds = float(printed.split("this diagnosis printed ")[1].split(" s")[0])
     assert declared < 300
     assert seconds >= declared
+
+
+def test_the_collectives_table_measures_each_collective_against_its_formula(capsys):
+    """N=3, T=12 float32 (T the whole tensor; an all-gather's T/N per rank): the ring
+    all-reduce sends 2(N-1) chunks of T/N elements, the all-gather and reduce-scatter N-1
+    of them, each rank (worked out here)."""
+    assert main(["collectives", "--world-size", "3", "--numel", "12", "--repeats", "1"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] and line.split()[0] in ("ring-allreduce", "allgather",
+                                                        "reduce-scatter", "broadcast",
+                                                        "tree-allreduce")}
+    assert len(rows) == 5
+    assert [int(v) for v in rows["ring-allreduce"][1:5]] == [2 * 2 * 4 * 4] * 2 + [4, 4]
+    assert [int(v) for v in rows["allgather"][1:5]] == [2 * 4 * 4] * 2 + [2, 2]
+    assert [int(v) for v in rows["reduce-scatter"][1:5]] == [2 * 4 * 4] * 2 + [2, 2]
+    assert all(row[1] == row[2] and row[3] == row[4] for row in rows.values())

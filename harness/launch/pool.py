@@ -32,6 +32,7 @@ from harness.launch.watch import JobWatch, RankHandle, describe_exit
 
 DEFAULT_DEADLINE = 30.0
 DEFAULT_ERROR_GRACE = 1.0
+CLOSE_GRACE = 1.0  # seconds idle ranks get to leave when their pool closes
 
 
 class PoolStartError(RuntimeError):
@@ -133,6 +134,18 @@ class RankPool:
         self.generations += 1
 
     def close(self) -> None:
+        """Ask a healthy generation's ranks to leave (each exits by itself, as a finished
+        process does: its exit handlers run, a coverage tool's among them), then reap
+        whatever is left the hard way."""
+        for handle in self._ranks:
+            try:
+                handle.conn.send(("close",))
+            except OSError:
+                pass
+        left, end = [h.process.sentinel for h in self._ranks], procs.now() + CLOSE_GRACE
+        while left and procs.now() < end:
+            ready = wait(left, max(0.0, end - procs.now()))
+            left = [s for s in left if s not in ready]
         self._teardown()
         _live_pools.discard(self)
 
