@@ -28,4 +28,4 @@ soak: $(STAMP)
 	$(BIN)/python bench/soak.py --demo 0 --diagnose 0
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis soak-failures
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis soak-failures .coverage .coverage.* htmlcov
