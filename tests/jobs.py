@@ -246,3 +246,20 @@ def ddp_training(ctx, steps: int) -> None:
         optimizer.zero_grad()
         model(torch.randn(8, 4)).pow(2).mean().backward()
         optimizer.step()
+
+
+def all_reduce_with_a_broken_tracer(ctx) -> float:
+    """The tracer fails inside its hook: the user's all-reduce must go on regardless."""
+    from harness.trace.tracer import active
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("the tracer's own bug")
+
+    active()._describe = broken
+    try:
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        dist.all_reduce(tensor)
+        return tensor.item()
+    finally:
+        del active()._describe  # the warm pool's next job is traced again

@@ -74,17 +74,38 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
 
 def _run_into_directory(options: argparse.Namespace) -> None:
     rank = os.environ.get("RANK", "0")
-    os.makedirs(options.trace_dir, exist_ok=True)
-    trace = os.open(os.path.join(options.trace_dir, f"rank-{rank}.jsonl"),
-                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    stack_file = open(os.path.join(options.trace_dir, f"rank-{rank}.stacks"), "w")
+    try:
+        os.makedirs(options.trace_dir, exist_ok=True)
+        trace = os.open(os.path.join(options.trace_dir, f"rank-{rank}.jsonl"),
+                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        stack_file = open(os.path.join(options.trace_dir, f"rank-{rank}.stacks"), "w")
+    except OSError as exc:  # the user's job runs whatever happens to our traces
+        from harness.trace.tracer import untraced
+
+        untraced(f"cannot write traces to {options.trace_dir} ({exc.strerror or exc})")
+        _exit(_exit_code(_run_script(options.script, options.args)))
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
     _watch_for_stalls(tracer, options.deadline, stack_file)
     error = _run_script(options.script, options.args)
     tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
-    _exit(1 if error else 0)
+    _exit(_exit_code(error))
+
+
+def _exit_code(error: str | None) -> int:
+    """The code the script would have exited with on its own, saying what Python says:
+    an uncaught exception's traceback on stderr and 1; ``sys.exit(code)``'s code."""
+    if error:
+        sys.stderr.write(error)
+        return 1
+    left = next((kept for kept in _KEPT if isinstance(kept, SystemExit)), None)
+    if left is None or left.code is None:
+        return 0
+    if isinstance(left.code, int):
+        return left.code
+    sys.stderr.write(f"{left.code}\n")  # sys.exit("message"), as Python prints it
+    return 1
 
 
 def _install(fd: int, light: bool = False):

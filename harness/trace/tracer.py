@@ -175,10 +175,15 @@ class Tracer:
 
     def _put(self, line: str) -> None:
         self.last_event = time.monotonic()
+        if self.fd < 0:
+            return
         try:
             os.write(self.fd, (line + "\n").encode())
-        except OSError:
+        except BrokenPipeError:
             pass  # nobody is listening any more: tracing must never break the job
+        except OSError as exc:  # a full disk, a file that refuses writes: say so once
+            self.fd = -1
+            untraced(f"cannot write the trace ({exc.strerror or exc})")
 
     def _wrap(self, name: str, original: Callable) -> Callable:
         positional = list(inspect.signature(original).parameters)
@@ -187,10 +192,14 @@ class Tracer:
         def traced(*args: Any, **kwargs: Any) -> Any:
             if getattr(self._local, "inside", False):  # e.g. isend inside batch_isend_irecv
                 return original(*args, **kwargs)
-            bound = dict(zip(positional, args))
-            bound.update(kwargs)
-            call = self._describe(name, bound, peer_arg, direction)
-            self._put(_enter_line(call))
+            try:
+                bound = dict(zip(positional, args))
+                bound.update(kwargs)
+                call = self._describe(name, bound, peer_arg, direction)
+                self._put(_enter_line(call))
+            except Exception as exc:  # arguments we cannot read: torch judges them, not us
+                untraced(f"cannot trace a {name} call ({type(exc).__name__}: {exc})")
+                return original(*args, **kwargs)
             self._local.inside = True
             try:
                 result = original(*args, **kwargs)
@@ -261,6 +270,21 @@ class Tracer:
 
 
 _active: Tracer | None = None
+_warned: set[str] = set()
+
+
+def untraced(why: str) -> None:
+    """Tell the user once, on stderr, that tracing stopped or skipped something; their
+    job goes on as if distdoctor were not there."""
+    key = why.split(" (")[0]
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        sys.stderr.write(f"distdoctor: {why}; the job goes on, untraced\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
 _TRANSPORTS = tuple(os.path.join("harness", "collectives", name)
                     for name in ("transport.py", "rendezvous.py"))
 
