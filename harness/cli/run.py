@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -72,6 +71,8 @@ def add_commands(commands) -> None:
                     "each wrote its own; their ranks are read as one job.")
     analyze.add_argument("directories", metavar="DIR", nargs="+")
     analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    analyze.add_argument("--run", metavar="ID", help="analyse this run's traces, where a "
+                         "folder holds several runs' (each trace names its run)")
     analyze.set_defaults(handler=analyze_command)
 
 
@@ -102,40 +103,20 @@ def run_command(args: argparse.Namespace) -> int:
 
 def analyze_command(args: argparse.Namespace) -> int:
     from harness.doctor.record import script_record
-    from harness.models import RankEnd
-    from harness.launch.stacks import parse_faulthandler
+    from harness.doctor.traces import TraceError, load
 
-    traces = []
-    for directory in args.directories:
-        found = list(Path(directory).glob("rank-*.jsonl"))
-        if not found:
-            raise UsageError(f"no rank-*.jsonl traces in {directory}")
-        traces += found
-    traces.sort(key=lambda p: int(p.stem.split("-")[1]))
-    for before, after in zip(traces, traces[1:]):
-        if before.name == after.name:
-            raise UsageError(f"{before} and {after} are both {before.stem}: these "
-                             f"directories are not one job's")
-    ends, events = [], []
-    for path in traces:
-        rank = int(path.stem.split("-")[1])
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        exit_event = next((e for e in reversed(lines) if e.get("ev") == "exit"), None)
-        stack_file = path.with_suffix(".stacks")
-        raw = stack_file.read_text() if stack_file.exists() else ""
-        if exit_event is None:
-            ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
-                                stacks=parse_faulthandler(raw), raw_stack=raw or None))
-        elif exit_event.get("status") == "raised":
-            ends.append(RankEnd(rank, "raised", at=0.0, error=exit_event.get("error")))
-        else:
-            ends.append(RankEnd(rank, "finished"))
-        events.append(tuple(lines))
-    return _diagnose(script_record(tuple(ends), tuple(events), 0.0, 0.0, 0.0),
-                     " ".join(args.directories), args.report)
+    try:
+        job = load(args.directories, args.run)
+    except (TraceError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    for note in job.notes:
+        print(f"distdoctor analyze: partial evidence: {note}", flush=True)
+    return _diagnose(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
+                     " ".join(args.directories), args.report, "analyze", job.partial)
 
 
-def _diagnose(record, script: str, report_path: str | None) -> int:
+def _diagnose(record, script: str, report_path: str | None, command: str = "run",
+              partial: bool = False) -> int:
     import time
 
     from harness.doctor.record import diagnose
@@ -143,7 +124,7 @@ def _diagnose(record, script: str, report_path: str | None) -> int:
     from harness.cli.tables import hang_timing
 
     result = diagnose(record, script)
-    print(render(result), flush=True)
+    print(render(result, command, partial), flush=True)
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:
         print("\n" + timing)

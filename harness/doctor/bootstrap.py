@@ -87,10 +87,21 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
+    tracer.write(ev="start", t=procs.now(), run=_run_id(), rank=int(rank),
+                 world=int(os.environ.get("WORLD_SIZE", "0") or 0))
     _watch_for_stalls(tracer, options.deadline, stack_file)
     error = _run_script(options.script, options.args)
     tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
     _exit(_exit_code(error))
+
+
+def _run_id() -> str:
+    """The same on every rank of one run, and (mostly) different between runs: torchrun's
+    run id, else the rendezvous address."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return run
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
 def _exit_code(error: str | None) -> int:

@@ -233,15 +233,18 @@ def look_at(result: ScriptReport) -> list[str]:
     return sorted(places, key=_by_line)
 
 
-def render(result: ScriptReport) -> str:
-    """The human report: cause, ranks, lines and fix first, then each rank's state."""
+def render(result: ScriptReport, command: str = "run", partial: bool = False) -> str:
+    """The human report: cause, ranks, lines and fix first, then each rank's state.
+    ``partial``: some evidence could not be read (the verdict says so)."""
     lines = []
+    based = " (from partial evidence)" if partial else ""
     if result.cause is None:
-        lines.append(f"distdoctor run: OK: all {len(result.ranks)} ranks of {result.script} "
-                     f"finished ({result.wall_s:.2f} s)")
+        lines.append(f"distdoctor {command}: OK{based}: all {len(result.ranks)} ranks of "
+                     f"{result.script} finished ({result.wall_s:.2f} s)")
     else:
         cause = result.cause
-        lines += [f"distdoctor run: FAILED: {cause.kind} ({ranks_phrase(cause.ranks)})",
+        lines += [f"distdoctor {command}: FAILED{based}: {cause.kind} "
+                  f"({ranks_phrase(cause.ranks)})",
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
         for other in result.findings[1:]:
             lines += [f"also: {other.kind} ({ranks_phrase(other.ranks)})",

@@ -1,0 +1,165 @@
+"""Reading the traces ranks wrote under torchrun (``--trace-dir``), whatever state they are in.
+
+``distdoctor analyze`` exists for runs that went wrong: a rank OOM-killed mid-line, a node
+that vanished before it wrote, a folder shared by two runs. So a line that cannot be read
+(cut short, not JSON, fields of the wrong type) is skipped and named once per file; a rank
+with no trace is named, and counted as a rank that ended, so peers waiting for it point at
+it; and traces of different runs (each trace opens with its run id and world size) are
+never mixed: the caller names the run, or is told which runs there are.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.models import RankEnd
+
+NO_TRACE = "no trace: its node may have died before it wrote"
+
+
+class TraceError(ValueError):
+    """The traces cannot be analysed as one job (no traces, or several runs mixed)."""
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    rank: int
+    path: Path
+    events: tuple[dict, ...]  # the readable lines, in order
+    unreadable: tuple[int, ...]  # line numbers skipped
+    run: str | None  # from the opening line, when it survived
+    world: int | None
+
+
+@dataclass(frozen=True)
+class Job:
+    ends: tuple[RankEnd, ...]
+    events: tuple[tuple[dict, ...], ...]
+    notes: tuple[str, ...]  # what could not be read, one line each
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.notes)
+
+
+def read(path: Path, rank: int) -> RankTrace:
+    """Every line of ``path`` that parses and folds into evidence; the others' numbers."""
+    from harness.trace.evidence import evidence_from_events
+
+    events, unreadable = [], []
+    raw = path.read_bytes()
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line.decode())
+            if not isinstance(event, dict):
+                raise ValueError("not an object")
+            evidence_from_events(rank, (), (event,))  # the fields it needs, of their types
+        except Exception:
+            unreadable.append(number)
+            continue
+        events.append(event)
+    events = _foldable(rank, events, unreadable)
+    start = next((e for e in events if e.get("ev") == "start"), {})
+    run, world = start.get("run"), start.get("world")
+    return RankTrace(rank, path, tuple(events), tuple(sorted(unreadable)),
+                     run if isinstance(run, str) else None,
+                     world if isinstance(world, int) and world > 0 else None)
+
+
+def _foldable(rank: int, events: list[dict], unreadable: list[int]) -> list[dict]:
+    """Lines that read alone can still clash together: keep, in order, each line that
+    leaves the whole foldable (rarely needed, so its cost does not matter)."""
+    from harness.trace.evidence import evidence_from_events
+
+    try:
+        evidence_from_events(rank, (), tuple(events))
+        return events
+    except Exception:
+        pass
+    kept: list[dict] = []
+    for event in events:
+        try:
+            evidence_from_events(rank, (), tuple(kept + [event]))
+            kept.append(event)
+        except Exception:
+            unreadable.append(-1)  # its own line number is unknown by now
+    return kept
+
+
+def load(directories: list[str], run: str | None = None) -> Job:
+    """The job the traces in ``directories`` hold: one end and one event list per rank."""
+    from harness.launch.stacks import parse_faulthandler
+
+    found: dict[int, Path] = {}
+    for directory in directories:
+        paths = [p for p in Path(directory).glob("rank-*.jsonl")
+                 if p.stem.split("-", 1)[1].isdigit()]
+        if not paths:
+            raise TraceError(f"no rank-*.jsonl traces in {directory}")
+        for path in paths:
+            rank = int(path.stem.split("-", 1)[1])
+            if rank in found:
+                raise TraceError(f"{found[rank]} and {path} are both rank-{rank}: these "
+                                 f"directories are not one job's")
+            found[rank] = path
+    traces = [read(path, rank) for rank, path in sorted(found.items())]
+    traces = _one_run(traces, run)
+    world = max([t.world for t in traces if t.world] + [t.rank + 1 for t in traces])
+    by_rank = {t.rank: t for t in traces}
+    notes = [f"{t.path}: {'lines' if len(t.unreadable) > 1 else 'line'} "
+             f"{_lines(t.unreadable)} could not be read, skipped"
+             for t in traces if t.unreadable]
+    ends, events = [], []
+    for rank in range(world):
+        trace = by_rank.get(rank)
+        if trace is None:
+            notes.append(f"rank {rank}: {NO_TRACE}")
+            ends.append(RankEnd(rank, "died", at=0.0, error=NO_TRACE))
+            events.append(())
+            continue
+        exit_event = next((e for e in reversed(trace.events) if e.get("ev") == "exit"), None)
+        stack_file = trace.path.with_suffix(".stacks")
+        raw = stack_file.read_text(errors="replace") if stack_file.exists() else ""
+        if exit_event is None:
+            ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
+                                stacks=parse_faulthandler(raw), raw_stack=raw or None))
+        elif exit_event.get("status") == "raised":
+            error = exit_event.get("error")
+            ends.append(RankEnd(rank, "raised", at=0.0,
+                                error=error if isinstance(error, str) else "raised"))
+        else:
+            ends.append(RankEnd(rank, "finished"))
+        events.append(trace.events)
+    return Job(tuple(ends), tuple(events), tuple(notes))
+
+
+def _one_run(traces: list[RankTrace], run: str | None) -> list[RankTrace]:
+    runs: dict[str | None, list[RankTrace]] = {}
+    for trace in traces:
+        runs.setdefault(trace.run, []).append(trace)
+    if run is not None:
+        if run not in runs:
+            raise TraceError(f"no trace of run {run!r}; the traces are of "
+                             f"{_listing(runs)}")
+        return runs[run]
+    named = [r for r in runs if r is not None]
+    if len(named) > 1:
+        raise TraceError(f"these traces are of {len(named)} runs, not one: "
+                         f"{_listing(runs)}; pick one with --run ID")
+    return traces
+
+
+def _listing(runs: dict) -> str:
+    return "; ".join(f"run {r or 'unknown'}: " + ", ".join(t.path.name for t in ts)
+                     for r, ts in runs.items())
+
+
+def _lines(numbers: tuple[int, ...]) -> str:
+    known = [str(n) for n in numbers if n > 0]
+    extra = len(numbers) - len(known)
+    return ", ".join(known[:8]) + (f" and {len(known) - 8} more" if len(known) > 8 else "") \
+        + (f"{' and ' if known else ''}{extra} that clashed with others" if extra else "")
