@@ -17,6 +17,8 @@ from pathlib import Path
 from harness.models import RankEnd
 
 NO_TRACE = "no trace: its node may have died before it wrote"
+KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
+          "(SIGKILL, the OOM killer) or its node died")
 
 
 class TraceError(ValueError):
@@ -124,7 +126,12 @@ def load(directories: list[str], run: str | None = None) -> Job:
         exit_event = next((e for e in reversed(trace.events) if e.get("ev") == "exit"), None)
         stack_file = trace.path.with_suffix(".stacks")
         raw = stack_file.read_text(errors="replace") if stack_file.exists() else ""
-        if exit_event is None:
+        stalled = any(e.get("ev") == "stalled" for e in trace.events)
+        if exit_event is None and not stalled and not raw.strip():
+            # a hung rank notes its stall and, stopped, dumps its stacks: this one went
+            # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
+            ends.append(RankEnd(rank, "died", at=0.0, error=KILLED))
+        elif exit_event is None:
             ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
                                 stacks=parse_faulthandler(raw), raw_stack=raw or None))
         elif exit_event.get("status") == "raised":
