@@ -151,7 +151,7 @@ def test_any_damage_to_real_traces_gives_a_diagnosis_or_one_line_never_a_traceba
     assert "Traceback" not in err + out
     assert code in (1, 2)
     if code == 2:
-        assert err.count("\n") == 1 and err.startswith("distdoctor: error: ")
+        assert err.count("\n") == 1 and err.startswith("distdoctor analyze: error: ")
     if intact:
         assert report["cause"]["kind"] == "p2p-cycle", (damage, out)
 

@@ -45,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _usage_error(message: str) -> int:
-    print(f"distdoctor: error: {message}", file=sys.stderr)
+def _usage_error(message: str, args: argparse.Namespace) -> int:
+    """One line, naming the command as argparse's own refusals do."""
+    words = [w for w in (getattr(args, "command", None),
+                         getattr(args, "pipeline_command", None)) if w]
+    print(f"{' '.join(['distdoctor', *words])}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -55,7 +58,9 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # refused by the command, not by "distdoctor", as argparse would say
+        return _usage_error(f"unrecognized arguments: {' '.join(extra)}", args)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
@@ -66,12 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except UsageError as exc:
-        return _usage_error(str(exc))
+        return _usage_error(str(exc), args)
     except KeyboardInterrupt:
         print("distdoctor: interrupted; every rank was stopped", file=sys.stderr)
         return 130
     except PoolStartError as exc:  # the ranks could not form a group as asked
-        return _usage_error(str(exc).strip().splitlines()[-1])
+        return _usage_error(str(exc).strip().splitlines()[-1], args)
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
