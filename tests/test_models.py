@@ -181,3 +181,32 @@ def test_a_findings_fix_is_a_knob_change_on_a_new_spec():
     assert fixed.knobs == Knobs() and spec.knobs.average_gradients is False
     with pytest.raises(KeyError):
         Finding("c", "f", "s", "c", "fix", {"knobs.nope": 1}).apply_fix(spec)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(schema="distdoctor.report.v99"), "schema 'distdoctor.report.v99'"),
+    (lambda d: d["record"]["spec"].update(colour=1),
+     r"\$.record.spec: unknown fields \['colour'\] for RunSpec"),
+    (lambda d: d["record"]["spec"].update(world_size="two"),
+     r"\$.record.spec.world_size: expected an integer, got 'two'"),
+    (lambda d: d["record"]["spec"].update(world_size=0), "world-size must be at least 1"),
+    (lambda d: d["verdict"].pop("outcome"), r"\$.verdict: missing field 'outcome'"),
+])
+def test_a_report_that_does_not_fit_is_one_line_naming_the_file_and_field(tmp_path, change,
+                                                                          message):
+    path = tmp_path / "r.json"
+    dump_report(RunReport(RunRecord(RunSpec(), (), 0.5),
+                          Verdict("healthy", Assessment((), None, None, True))), path)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(SchemaError, match=message) as refused:
+        load_report(path)
+    assert str(refused.value).startswith(f"{path}: ") and "\n" not in str(refused.value)
+
+
+def test_a_report_that_is_not_json_is_one_line_naming_the_file(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_bytes(b'{"schema": "distdoctor.report.v2", \xff')
+    with pytest.raises(SchemaError, match=f"{path}: not a JSON report"):
+        load_report(path)

@@ -134,8 +134,18 @@ def dump_report(report: RunReport, path: str | Path) -> None:
 
 
 def load_report(path: str | Path) -> RunReport:
-    data = json.loads(Path(path).read_text())
+    """The report in ``path``; SchemaError, one line naming the file and the field (as
+    ``$.record.spec.world_size``), for anything that does not fit."""
+    try:
+        data = json.loads(Path(path).read_text(errors="replace"))
+    except ValueError as exc:
+        raise SchemaError(f"{path}: not a JSON report ({exc})") from None
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != REPORT_SCHEMA:
         raise SchemaError(f"{path}: schema {schema!r}, this distdoctor reads {REPORT_SCHEMA!r}")
-    return from_json(RunReport, data)
+    try:
+        return from_json(RunReport, data)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}".replace("\n", " ")) from None
+    except (TypeError, ValueError) as exc:  # a value its record refuses (RunSpec's checks)
+        raise SchemaError(f"{path}: {exc}".replace("\n", " ")) from None
