@@ -263,3 +263,13 @@ def all_reduce_with_a_broken_tracer(ctx) -> float:
         return tensor.item()
     finally:
         del active()._describe  # the warm pool's next job is traced again
+
+
+def loader_of_named_samples(ctx) -> list:
+    """A DataLoader whose sampler yields names, not numbers: the batch recorder cannot
+    write them down, and the user's loop must not notice."""
+    from torch.utils.data import DataLoader
+
+    data = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    loader = DataLoader(data, sampler=sorted(data), batch_size=2)
+    return [batch.tolist() for batch in loader]

@@ -59,3 +59,12 @@ def test_a_failing_hook_lets_the_collective_through_and_says_so_once(pools):
     for end in result.ends:
         assert end.stderr.count("distdoctor: cannot trace a all_reduce call "
                                 "(ZeroDivisionError: the tracer's own bug)") == 1
+
+
+def test_a_loader_whose_samples_are_not_numbers_loads_on_untraced():
+    from harness.launch.pool import shared_pool
+
+    result = shared_pool(2, evidence=True).run(jobs.loader_of_named_samples, deadline=60)
+    assert result.raise_for_status().values == ([[1.0, 2.0], [3.0, 4.0]],) * 2
+    for end in result.ends:
+        assert end.stderr.count("distdoctor: cannot record a batch (ValueError") == 1

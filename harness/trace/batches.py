@@ -12,7 +12,7 @@ import json
 from typing import Any, Iterable
 
 from harness.models import BatchEvidence
-from harness.trace.tracer import user_line
+from harness.trace.tracer import untraced, user_line
 
 
 def record_batches(tracer: Any) -> None:
@@ -28,23 +28,31 @@ def record_batches(tracer: Any) -> None:
     original = BatchSampler.__iter__
 
     def batches(sampler: Any) -> Any:
-        entry = loaders.setdefault(id(sampler), (sampler, len(loaders), [0]))
-        number, passes = entry[1], entry[2]
-        epoch, passes[0] = passes[0], passes[0] + 1
-        inner = getattr(sampler, "sampler", None)
-        # formatted by hand, the parts fixed for the pass once: a line per batch is on
-        # the training loop's path (json.dumps of the whole was 3x the cost)
-        head = json.dumps(dict(ev="batch", loader=number, epoch=epoch,
-                               sampler=type(inner).__name__,
-                               sampler_epoch=getattr(inner, "epoch", None)),
-                          separators=(",", ":"), default=repr)[:-1]
+        try:
+            entry = loaders.setdefault(id(sampler), (sampler, len(loaders), [0]))
+            number, passes = entry[1], entry[2]
+            epoch, passes[0] = passes[0], passes[0] + 1
+            inner = getattr(sampler, "sampler", None)
+            # formatted by hand, the parts fixed for the pass once: a line per batch is on
+            # the training loop's path (json.dumps of the whole was 3x the cost)
+            head = json.dumps(dict(ev="batch", loader=number, epoch=epoch,
+                                   sampler=type(inner).__name__,
+                                   sampler_epoch=getattr(inner, "epoch", None)),
+                              separators=(",", ":"), default=repr)[:-1]
+        except Exception as exc:  # evidence is best effort: the user's loader goes on
+            untraced(f"cannot record a loader's batches ({type(exc).__name__}: {exc})")
+            yield from original(sampler)
+            return
         where = None
         try:
             for ids in original(sampler):
-                if where is None:
-                    where = json.dumps(user_line())
-                tracer.put(f'{head},"ids":[{",".join([str(int(i)) for i in ids])}],'
-                           f'"steps":{tracer.optimizer_steps},"where":{where}}}')
+                try:
+                    if where is None:
+                        where = json.dumps(user_line())
+                    tracer.put(f'{head},"ids":[{",".join([str(int(i)) for i in ids])}],'
+                               f'"steps":{tracer.optimizer_steps},"where":{where}}}')
+                except Exception as exc:  # ids that are not sample numbers, say
+                    untraced(f"cannot record a batch ({type(exc).__name__}: {exc})")
                 yield ids
         finally:
             tracer.write(ev="pass_end", loader=number, epoch=epoch,

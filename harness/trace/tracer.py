@@ -101,15 +101,18 @@ class Tracer:
 
         def init(ddp, module, *args: Any, **kwargs: Any) -> None:
             original(ddp, module, *args, **kwargs)
-            ignored = getattr(ddp, "parameters_to_ignore", set())
-            names = [n for n, p in module.named_parameters()
-                     if p.requires_grad and n not in ignored]
-            try:  # the replicas this one averages with: its data-parallel peers
-                group = dist.get_process_group_ranks(ddp.process_group)
-            except Exception:
-                group = []
-            tracer.write(ev="ddp", t=time.monotonic(), params=names, group=group,
-                         where=user_line())
+            try:  # evidence is best effort: never break the user's DDP
+                ignored = getattr(ddp, "parameters_to_ignore", set())
+                names = [n for n, p in module.named_parameters()
+                         if p.requires_grad and n not in ignored]
+                try:  # the replicas this one averages with: its data-parallel peers
+                    group = dist.get_process_group_ranks(ddp.process_group)
+                except Exception:
+                    group = []
+                tracer.write(ev="ddp", t=time.monotonic(), params=names, group=group,
+                             where=user_line())
+            except Exception as exc:
+                untraced(f"cannot record DDP's parameters ({type(exc).__name__}: {exc})")
 
         DistributedDataParallel.__init__ = init
         forward = DistributedDataParallel.forward
