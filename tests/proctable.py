@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 from pathlib import Path
 
 
@@ -80,3 +81,10 @@ def tagged(tag: str) -> set[int]:
         if wanted in environ.split(b"\0") and alive(int(entry.name)):
             found.add(int(entry.name))
     return found
+
+
+def interruptible() -> None:
+    """In the child, before exec: Ctrl-C's default disposition, as in a terminal. A suite
+    started in the background (nohup, a CI runner, ``cmd &``) has SIGINT ignored, and an
+    ignored signal stays ignored across exec: Python would never raise KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -43,7 +43,8 @@ def test_a_signalled_run_stops_every_rank_and_exits_128_plus_the_signal(tmp_path
     child = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", str(script)],
         env=dict(os.environ, DISTDOCTOR_TEST_TAG=tag, DISTDOCTOR_CASES_FIFO=str(fifo)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=proctable.interruptible)
     try:
         assert select.select([reader], [], [], 120)[0], "the ranks never came up"
         ranks = proctable.tagged(tag) - {child.pid}

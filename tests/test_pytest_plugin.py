@@ -219,7 +219,8 @@ def _run_until_reached(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, se
     tag = uuid.uuid4().hex
     child = subprocess.Popen(pytest_command("cases_stop.py", *args), cwd=root,
                              env=environment(tag, DISTDOCTOR_CASES_FIFO=str(fifo)),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=proctable.interruptible)
     try:
         ready, _, _ = select.select([reader], [], [], 120)
         assert ready, "the case never reached its point"
