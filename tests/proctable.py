@@ -8,21 +8,24 @@ import signal
 from pathlib import Path
 
 
+def _each(name: str):
+    """(pid, contents of /proc/PID/name) for every process that still has one."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / name).read_bytes()
+            except OSError:
+                continue  # gone since the listing
+
+
 def children(parent: int | None = None) -> set[int]:
     """Pids of live (non-zombie) processes whose parent is ``parent`` (default: us)."""
     parent = os.getpid() if parent is None else parent
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        state, ppid = fields[0], int(fields[1])
-        if ppid == parent and state != "Z":
-            found.add(int(entry.name))
+    for pid, stat in _each("stat"):
+        fields = stat.decode().rsplit(")", 1)[1].split()
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.add(pid)
     return found
 
 
@@ -70,17 +73,8 @@ def tagged(tag: str) -> set[int]:
     """Pids of live processes started with ``DISTDOCTOR_TEST_TAG=tag`` in their environment:
     a child and everything it forked, even after they were reparented to init."""
     wanted = f"DISTDOCTOR_TEST_TAG={tag}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0") and alive(int(entry.name)):
-            found.add(int(entry.name))
-    return found
+    return {pid for pid, environ in _each("environ")
+            if wanted in environ.split(b"\0") and alive(pid)}
 
 
 def interruptible() -> None:
