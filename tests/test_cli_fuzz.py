@@ -112,3 +112,4 @@ def test_the_search_tried_what_it_says():
     print(f"\ntried {TRIED['argv']} generated argument lists: {TRIED['refused']} refused "
           f"with one line and exit 2, {TRIED['would run']} valid enough to start ranks, "
           f"none with a traceback")
+    assert TRIED["argv"] >= 100

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.testing.same import _compare
+from harness.testing.same import compare_entry
 
 
 def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
@@ -100,7 +100,7 @@ def _tensors(batch) -> list[torch.Tensor]:
 def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | None:
     """The first parameter of ``mine`` that differs from one process, and by how much."""
     for name in reference:
-        detail = _compare(reference, mine, name, atol, rtol)
+        detail = compare_entry(reference, mine, name, atol, rtol)
         if detail:
             return f"param {name}: {detail}"
     return None
@@ -109,7 +109,7 @@ def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | Non
 def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
     from harness.doctor.record import diagnose, script_record
     from harness.doctor.report import look_at, ranks_phrase
-    from harness.testing.verdict import RankFailure
+    from harness.testing.verdict import RankFailure, relative_paths
 
     when = "after build, before any step" if at == 0 else f"after step {at}"
     lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "
@@ -128,6 +128,4 @@ def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float)
                      "initial parameters and data split by hand")
     kind = report.findings[0].kind if report.findings else "differs"
     ranks = tuple(report.findings[0].ranks) if report.findings else tuple(sorted(parted))
-    from harness.testing.verdict import _relative
-
-    return RankFailure(kind, ranks, _relative("\n".join(lines)))
+    return RankFailure(kind, ranks, relative_paths("\n".join(lines)))

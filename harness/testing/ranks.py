@@ -75,8 +75,8 @@ class RanksFactory:
 
 def picklable(value: Any) -> bool:
     try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+        sendable(value, "value")
+    except TypeError:
         return False
     return True
 

@@ -87,7 +87,7 @@ def differences(by_rank: dict[int, dict[str, Any]], atol: float,
         for rank, entries in sorted(by_rank.items()):
             if rank == first:
                 continue
-            detail = _compare(reference, entries, name, atol, rtol)
+            detail = compare_entry(reference, entries, name, atol, rtol)
             if detail:
                 details.setdefault(detail, []).append(rank)
         for detail, ranks in details.items():
@@ -100,8 +100,8 @@ def _entry_order(reference: dict[str, Any]):
     return lambda name: (order.get(name, len(order)), name)
 
 
-def _compare(reference: dict[str, Any], other: dict[str, Any], name: str, atol: float,
-             rtol: float) -> str | None:
+def compare_entry(reference: dict[str, Any], other: dict[str, Any], name: str, atol: float,
+                  rtol: float) -> str | None:
     if name not in other:
         return "missing"
     if name not in reference:

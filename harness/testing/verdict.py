@@ -107,10 +107,10 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
         lines.append("ranks:" if not shown else "other ranks:")
         lines += ["  " + _rank_line(r, result.ends[r.rank], accounts.get(r.rank), n,
                                     first_said) for r in others]
-    return Outcome("failed", kind, named, _relative("\n".join(lines)))
+    return Outcome("failed", kind, named, relative_paths("\n".join(lines)))
 
 
-def _relative(text: str) -> str:
+def relative_paths(text: str) -> str:
     """Paths as pytest shows them: relative to where it runs, where they lie below it."""
     return text.replace(os.getcwd().rstrip(os.sep) + os.sep, "")
 
