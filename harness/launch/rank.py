@@ -25,6 +25,8 @@ from harness.launch import procs, stacks
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 # torch's default group timeout: the parent's no-progress deadline always fires long before.
 GROUP_TIMEOUT = timedelta(minutes=30)
+# how long an exiting rank waits for its queues' feeder threads to write what it sent
+FLUSH_S = 2.0
 
 
 @dataclass
@@ -91,7 +93,28 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         except BaseException:
             pass  # the parent is gone; nobody is left to tell
     finally:
+        _flush_sent(mesh[rank] if mesh else [])
         os._exit(code)  # no atexit, no destructors: torch's can deadlock at teardown
+
+
+def _flush_sent(queues: list, within: float = FLUSH_S) -> None:
+    """Write out what this rank put on its queues before it exits. A queue's put only hands
+    the message to a feeder thread, and os._exit drops what that thread has not yet written:
+    a rank that received (and so answered its sender) and then raised could take the answer
+    with it, and its peer waited on a send that had in fact been received (seen as a rare
+    "hang" in check-collective). Bounded: a peer that never reads may leave a pipe full."""
+    if not queues:
+        return
+    for q in queues:
+        q.close()  # no more puts: the feeder writes what it holds, then ends
+
+    def join() -> None:
+        for q in queues:
+            q.join_thread()
+
+    flusher = threading.Thread(target=join, daemon=True)
+    flusher.start()
+    flusher.join(within)
 
 
 def _join_group(ctx: RankContext, host: str) -> None:
