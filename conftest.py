@@ -8,6 +8,8 @@ random examples every run and ten times as many; ``make soak`` runs it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -23,6 +25,45 @@ def pools():
     from harness.launch.pool import shared_pool
 
     return shared_pool
+
+
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+@dataclass(frozen=True)
+class Done:
+    """What one ``distdoctor`` command did: its exit code and what it (and its ranks) wrote."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def distdoctor(capfd, monkeypatch):
+    """``distdoctor(*args)``: the command run in this process, from the examples folder,
+    with what it and its ranks wrote to fds 1 and 2. In-process, the ranks are this
+    process's own children, so one left running would show in the process table (a
+    child process's leaked ranks would be reparented to init, out of sight), and no test
+    pays for a second interpreter importing torch."""
+    import proctable  # tests/, on the path once a test module is collected
+
+    from harness.cli.main import main
+
+    monkeypatch.chdir(EXAMPLES)
+
+    def command(*args: str) -> Done:
+        before = proctable.children()
+        capfd.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+        out, err = capfd.readouterr()
+        assert proctable.children() == before
+        return Done(code, out, err)
+
+    return command
 
 
 @pytest.fixture

@@ -20,6 +20,24 @@ def port_number(text: str) -> int:
     return port
 
 
+def _tee(text: str):
+    from harness.doctor.output import parse_tee
+
+    try:
+        return parse_tee(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ranks(text: str) -> frozenset[int]:
+    from harness.doctor.output import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_commands(commands) -> None:
     run = commands.add_parser(
         "run", help="run your own distributed script on N ranks and diagnose it",
@@ -59,6 +77,16 @@ def add_commands(commands) -> None:
                           "reach it; name one only on a network you trust")
     run.add_argument("--master-port", type=port_number, default=0, metavar="PORT",
                      help="the store's port (default: 0, a free one the OS picks)")
+    run.add_argument("--tee", "-t", type=_tee, default=0, metavar="STD",
+                     help="as torchrun's --tee: put [default<rank>]: before each line of "
+                          "the ranks' stdout (1), stderr (2) or both (3); 0 (default) "
+                          "prints them bare. A mapping such as 0:3,1:1 sets it per rank. "
+                          "Either way each rank's lines arrive whole and in order (torchrun "
+                          "also writes log files; distdoctor does not)")
+    run.add_argument("--local-ranks-filter", "--local_ranks_filter", type=_ranks,
+                     default=None, metavar="RANKS",
+                     help="as torchrun's: show only these ranks' output, e.g. 0 or 0,2 "
+                          "(the diagnosis still reads every rank)")
     run.add_argument("script", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(handler=run_command)
@@ -79,6 +107,7 @@ def add_commands(commands) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from harness.doctor.record import script_record
     from harness.doctor.launcher import ScriptStartError, run_script
+    from harness.doctor.output import OutputSpec
     from harness.launch.store import AddressError, addresses, is_loopback
 
     script = Path(args.script)
@@ -91,10 +120,15 @@ def run_command(args: argparse.Namespace) -> int:
     if not is_loopback(args.master_addr):
         print(f"distdoctor run: the rendezvous store listens on {args.master_addr}, open to "
               f"whoever can reach it", file=sys.stderr, flush=True)
+    outside = sorted(r for r in args.local_ranks_filter or () if r >= args.nproc_per_node)
+    if outside:
+        raise UsageError(f"--local-ranks-filter names rank {outside[0]}, but there are only "
+                         f"{args.nproc_per_node} ranks (0-{args.nproc_per_node - 1})")
     try:
         result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
                             host=args.master_addr, port=args.master_port, light=args.light,
-                            start_method=args.start_method)
+                            start_method=args.start_method,
+                            output=OutputSpec(args.tee, args.local_ranks_filter))
     except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     return _diagnose(script_record(result.ends, result.traces, result.wall_s, result.started,

@@ -60,6 +60,7 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         stacks.arm_faulthandler(faulthandler_fd)
         stacks.serve_stacks(ctrl)
         faulthandler.enable(sys.stderr, all_threads=True)
+        _line_buffered(sys.stdout)
         _install(trace_fd, options.light)
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
@@ -70,6 +71,16 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         pass
     finally:
         _exit(code)
+
+
+def _line_buffered(stream) -> None:
+    """stdout is the launcher's pipe, which Python would buffer in blocks: each line goes
+    out as it is printed instead, as on a terminal, so the lines of a rank that is later
+    stopped are seen, in order with its stderr."""
+    try:
+        stream.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass  # not a text stream of ours (closed, or replaced)
 
 
 def _run_into_directory(options: argparse.Namespace) -> None:

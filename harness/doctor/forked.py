@@ -80,18 +80,19 @@ class ForkedProcess:
             self.exitcode  # reap it, if it has ended
 
 
-def fork_rank(argv: list[str], env: dict[str, str], stderr_fd: int,
+def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: int,
               close: list[int]) -> ForkedProcess:
     """Fork a child that runs ``python -m harness.doctor ARGV`` in this interpreter, with
-    ``env`` as its environment, ``stderr_fd`` as its fd 2, and ``close`` (fds of other
-    ranks and of this launcher) closed."""
+    ``env`` as its environment, ``stdout_fd`` and ``stderr_fd`` as its fds 1 and 2, and
+    ``close`` (fds of other ranks and of this launcher) closed."""
     pid = os.fork()
     if pid:
         return ForkedProcess(pid)
     try:  # the child: never returns, whatever happens
         os.setsid()
+        os.dup2(stdout_fd, 1)
         os.dup2(stderr_fd, 2)
-        for fd in [stderr_fd, *close]:
+        for fd in [stdout_fd, stderr_fd, *close]:
             try:
                 os.close(fd)
             except OSError:

@@ -6,7 +6,8 @@ MASTER_PORT, OMP_NUM_THREADS=1). As torchrun's agent does, this process hosts th
 (on loopback only, unless ``--master-addr`` names another address, and on a port the OS
 picks, so no races) and sets TORCHELASTIC_USE_AGENT_STORE, so the script's
 own ``init_process_group`` connects to it. The ranks are then watched like a pool's job:
-calls as they happen, stderr passed through and kept, stacks of ranks that stop, all killed
+calls as they happen, stdout and stderr passed on as whole lines (``output.py``) and
+stderr kept, stacks of ranks that stop, all killed
 and reaped at the end.
 
 A rank is a fork of this process where that is the same as a fresh interpreter (see
@@ -25,6 +26,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
 from harness.doctor.forked import can_fork, fork_rank
+from harness.doctor.output import OutputSpec, RankOutput
 from harness.launch import procs
 from harness.launch.results import JobResult
 from harness.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
@@ -79,9 +81,11 @@ def rank_environment(rank: int, world_size: int, port: int,
 
 def run_script(script: str, args: list[str], world_size: int, deadline: float,
                error_grace: float = 1.0, echo: bool = True, host: str = LOOPBACK,
-               port: int = 0, light: bool = False, start_method: str = "auto") -> JobResult:
+               port: int = 0, light: bool = False, start_method: str = "auto",
+               output: OutputSpec = OutputSpec()) -> JobResult:
     """Run the script on ``world_size`` ranks until every rank ended or was stopped; the
     store listens on ``host:port`` alone (default: loopback, a port the OS picks).
+    ``echo``: pass the ranks' stdout and stderr on, whole lines as ``output`` says.
     ``light``: trace calls only, not the evidence of the silent bugs. ``start_method``:
     "fork" (refused where a fork would not be a fresh rank), "spawn", or "auto" (fork
     where it is safe)."""
@@ -89,6 +93,7 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
         raise ValueError(f"start method must be auto, fork or spawn, got {start_method!r}")
     store = master_store(world_size, STORE_TIMEOUT, host, port)
     handles: list[RankHandle] = []
+    lines = RankOutput(output)
     try:
         for rank in range(world_size):
             env = rank_environment(rank, world_size, store.port, host)
@@ -98,14 +103,16 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
             fork = start_method != "spawn" and why_not is None
             handles.append(_start(rank, env, script, args, light, fork, handles))
         _wait_until_ready(handles)
-        watch = JobWatch(handles, deadline, error_grace, _echo if echo else None)
+        watch = JobWatch(handles, deadline, error_grace, lines.feed if echo else None)
         return watch.run(b"go")
     finally:
         procs.kill([h.process for h in handles])
+        lines.close()
         for h in handles:
             h.conn.close()
             h.ctrl.close()
-            for fd in (h.faulthandler_fd, h.stderr_fd, h.trace_fd, h.process.sentinel):
+            for fd in (h.faulthandler_fd, h.stderr_fd, h.stdout_fd, h.trace_fd,
+                       h.process.sentinel):
                 os.close(fd)
         del store
 
@@ -114,29 +121,34 @@ def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: 
            fork: bool, earlier: list[RankHandle]) -> RankHandle:
     conn_parent, conn_child = mp.Pipe()
     ctrl_parent, ctrl_child = mp.Pipe()
-    pipes = [os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr, trace
-    for read, _ in pipes:
+    pipes = [os.pipe(), os.pipe(), os.pipe(), procs.trace_pipe()]  # faulthandler, stderr,
+    for read, _ in pipes:  # stdout, trace
         os.set_blocking(read, False)
-    (fh_read, fh_write), (err_read, err_write), (trace_read, trace_write) = pipes
+    (fh_read, fh_write), (err_read, err_write), (out_read, out_write), \
+        (trace_read, trace_write) = pipes
     fds = [conn_child.fileno(), ctrl_child.fileno(), fh_write, trace_write]
     argv = ["--fds", ",".join(map(str, fds)), *(["--light"] if light else []), script, *args]
     try:
         if fork:  # the child closes this rank's parent ends and every earlier rank's
             theirs = [fd for h in earlier for fd in (h.conn.fileno(), h.ctrl.fileno(),
                                                     h.faulthandler_fd, h.stderr_fd,
-                                                    h.trace_fd, h.process.sentinel)]
-            process = fork_rank(argv, env, err_write, theirs + [
-                conn_parent.fileno(), ctrl_parent.fileno(), fh_read, err_read, trace_read])
+                                                    h.stdout_fd, h.trace_fd,
+                                                    h.process.sentinel)]
+            process = fork_rank(argv, env, out_write, err_write, theirs + [
+                conn_parent.fileno(), ctrl_parent.fileno(), fh_read, err_read, out_read,
+                trace_read])
         else:
             popen = subprocess.Popen([sys.executable, "-m", "harness.doctor", *argv], env=env,
-                                     pass_fds=fds, stderr=err_write, start_new_session=True)
+                                     pass_fds=fds, stdout=out_write, stderr=err_write,
+                                     start_new_session=True)
             process = PopenProcess(popen, os.pidfd_open(popen.pid))
     finally:
         for end in (conn_child, ctrl_child):
             end.close()
-        for fd in (fh_write, err_write, trace_write):
+        for fd in (fh_write, err_write, out_write, trace_write):
             os.close(fd)
-    return RankHandle(rank, process, conn_parent, ctrl_parent, fh_read, err_read, trace_read)
+    return RankHandle(rank, process, conn_parent, ctrl_parent, fh_read, err_read, trace_read,
+                      stdout_fd=out_read)
 
 
 def _wait_until_ready(handles: list[RankHandle]) -> None:
@@ -168,16 +180,6 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
-
-
-def _echo(rank: int, chunk: bytes) -> None:
-    """Pass a rank's stderr through, as torchrun leaves it on the terminal."""
-    buffer = getattr(sys.stderr, "buffer", None)
-    if buffer is not None:
-        buffer.write(chunk)
-    else:
-        sys.stderr.write(chunk.decode(errors="replace"))
-    sys.stderr.flush()
 
 
 __all__ = ["run_script", "ScriptStartError", "Connection"]

@@ -52,16 +52,19 @@ class RankHandle:
     faulthandler_fd: int
     stderr_fd: int
     trace_fd: int
+    stdout_fd: int | None = None  # a pipe of its own where the launcher passes output on
 
 
 class JobWatch:
     """The parent's side of one job: watch every rank until each has ended or been stopped."""
 
     def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float,
-                 echo_stderr: Callable[[int, bytes], None] | None = None,
+                 echo: Callable[[int, str, bytes], None] | None = None,
                  limit: float | None = None):
         """``limit``: seconds the job may run in all, progress or not (a test's deadline);
-        None: only the no-progress ``deadline`` stops it."""
+        None: only the no-progress ``deadline`` stops it. ``echo(rank, stream, chunk)`` is
+        given what each rank writes to stderr (and stdout, where it has a pipe) as it
+        comes."""
         self.ranks = ranks
         self.deadline = deadline
         self.limit = limit
@@ -74,7 +77,7 @@ class JobWatch:
         self.last_progress = {h.rank: self.started for h in ranks}
         self.stderr = {h.rank: _Tail() for h in ranks}
         self.trace = {h.rank: _Lines() for h in ranks}
-        self.echo_stderr = echo_stderr
+        self.echo = echo
         self.waitfor = WaitFor([h.rank for h in ranks])
         self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
         self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
@@ -82,9 +85,14 @@ class JobWatch:
         self.asked = float("-inf")  # when the Flight Recorder was last asked for
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams = {}  # fd -> (rank, reader), while the rank's end is open
+        self.names: dict[int, str] = {}  # fd -> "stdout" or "stderr", for echo
         for h in ranks:
             self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
             self.streams[h.trace_fd] = (h.rank, self.trace[h.rank])
+            self.names[h.stderr_fd] = "stderr"
+            if h.stdout_fd is not None:
+                self.streams[h.stdout_fd] = (h.rank, _Tail())
+                self.names[h.stdout_fd] = "stdout"
             for fd in (h.stderr_fd, h.trace_fd):
                 _read_available(fd)  # left over from an earlier job: not ours
 
@@ -206,8 +214,8 @@ class JobWatch:
             if chunk and reader is self.trace[rank]:
                 self.last_progress[rank] = self.last_line = procs.now()  # it is moving
                 self.waitfor.feed(rank, chunk)
-            elif chunk and self.echo_stderr is not None:
-                self.echo_stderr(rank, chunk)
+            elif chunk and self.echo is not None:
+                self.echo(rank, self.names[fd], chunk)
             if not reader.add(chunk):
                 del self.streams[fd]  # the rank closed it: it has exited
                 self.resting.pop(fd, None)
