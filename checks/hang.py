@@ -16,11 +16,12 @@ The cause, in order of precedence:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from checks import finding, rank_list
 from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.models.record import user_frame
+from harness.models.record import started_by, user_frame
 from harness.trace.waitfor import cycle_of
 
 NAME = "hang"
@@ -134,6 +135,17 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
         inside = sorted(r for r, c in blocked.items() if c and _same_collective(c, call))
         where = "; ".join(f"rank {r}: {_whereabouts(record.ranks[r], blocked.get(r))}"
                           for r in absent)
+        if _only_some_call(call, absent, record):
+            return _uncatalogued(
+                "unmatched-collective", f"{call.op} #{call.seq} on {rank_list(inside)} only",
+                f"{rank_list(inside)} wait{'s' * (len(inside) == 1)} in {describe(call)}, "
+                f"a call {rank_list(absent)} never made there, while "
+                + "; ".join(f"rank {r} is {_from_stack(record.ranks[r])}" for r in absent),
+                "a collective that only some ranks make (a rank-dependent branch): the others "
+                "went on to the collectives torch makes itself, which never pair with it",
+                f"make every rank of the group make the {call.op} at {_short(call.where)}, "
+                f"or none", inside,
+                {"seq": call.seq, "missing": absent, "waiting": inside})
         return _uncatalogued(
             "missing-from-collective", f"{rank_list(absent)} missing from {call.op} #{call.seq}",
             f"{rank_list(inside)} wait{'s' * (len(inside) == 1)} in {describe(call)} for "
@@ -144,6 +156,17 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
             "make every rank of the group make the same collective calls", absent,
             {"seq": call.seq, "missing": absent, "waiting": inside})
     return None
+
+
+def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:
+    """Is ``call`` the one that differs? Every absent rank is waiting in a collective torch
+    made itself (DDP's, seen by the Flight Recorder), not missing: it waits for the others
+    as they wait for it, and it never made this call at this line. Then the ranks in the
+    call are to blame, not the ranks that only wait."""
+    return all(record.ranks[r].end.status in STOPPED and record.ranks[r].end.collective
+               and not any(c.op == call.op and c.where == call.where
+                           for c in record.ranks[r].evidence.calls)
+               for r in absent)
 
 
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:
@@ -158,22 +181,23 @@ def _from_stack(rank: RankRecord) -> str:
     frame = user_frame(rank.end.stacks)
     place = f"{frame.function} at {_short(frame.file)}:{frame.line}" if frame else ""
     if rank.end.collective:
-        return rank.end.collective + (f", from {place}" if place else "")
+        return rank.end.collective + (
+            f", {started_by(replace(frame, file=_short(frame.file)))}" if frame else "")
     if frame is not None:
         return f"in no collective or send/receive: running {place}"
     return "in no traced call, and no stack of the user's code"
 
 
 def _short(where: str) -> str:
-    """file:line, relative to the working directory when the file is under it."""
+    """file:line (or a file), relative to the working directory when the file is under it."""
     path, _, line = where.rpartition(":")
-    if not path:
-        return where
+    if not path or not line.isdigit():
+        path, line = where, ""
     try:
         path = str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         pass
-    return f"{path}:{line}"
+    return f"{path}:{line}" if line else path
 
 
 def _uncatalogued(kind: str, headline: str, symptom: str, cause: str, fix: str, ranks,

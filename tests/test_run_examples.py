@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,39 +29,7 @@ def line_of(example: str, text: str) -> str:
     return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
 
 
-@dataclass(frozen=True)
-class Done:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture
-def distdoctor(capfd, monkeypatch):
-    """``distdoctor(*args)``: the command run in this process, from the examples folder,
-    with what it and its ranks wrote to fds 1 and 2. In-process, the ranks are this
-    process's own children, so one left running would show in the process table (a
-    child process's leaked ranks would be reparented to init, out of sight), and no test
-    pays for a second interpreter importing torch."""
-    from harness.cli.main import main
-
-    monkeypatch.chdir(EXAMPLES)
-
-    def command(*args: str) -> Done:
-        before = proctable.children()
-        capfd.readouterr()
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code
-        out, err = capfd.readouterr()
-        assert proctable.children() == before
-        return Done(code, out, err)
-
-    return command
-
-
-_RUNS: dict[tuple[str, int, float], tuple[Done, dict]] = {}
+_RUNS: dict[tuple[str, int, float], tuple] = {}
 
 
 def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float = 30.0):
@@ -103,8 +70,11 @@ DEADLINE = 60.0
      {r: "dist.all_reduce(" for r in range(2)}),
     ("rank_raises.py", 2, "rank-crashed", [1], {0: "dist.all_reduce("}),
     ("ddp_unused_params.py", 2, "unused-parameters", [1], {}),
-    # rank 1 is inside DDP's bucket-rebuild broadcast, which only the Flight Recorder sees
-    ("ddp_log_on_rank0.py", 2, "collective-mismatch", [1], {0: "dist.all_reduce("}),
+    # rank 1 waits inside DDP's bucket-rebuild broadcast, which only the Flight Recorder
+    # sees: rank 0's all-reduce, which rank 1 never makes, is to blame
+    ("ddp_log_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.all_reduce("}),
+    # rank 1 waits in DDP's gradient all-reduce: rank 0's barrier is to blame
+    ("ddp_barrier_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.barrier()"}),
 ])
 def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path, example, ranks,
                                                           kind, culprits, where):
@@ -202,9 +172,27 @@ def test_a_rank_inside_ddps_own_collective_is_placed_by_the_flight_recorder(dist
                                deadline=DEADLINE)
     assert "the hang was proven from the calls" in done.stdout
     rank1 = report["ranks"][1]
-    assert rank1["state"] == "running" and rank1["call"] is None
-    assert rank1["collective"].startswith("in broadcast #5 of the default group")
+    assert rank1["state"] == "blocked" and rank1["call"] is None
+    assert rank1["collective"] == ("waiting in DDP's own broadcast in its forward (broadcast "
+                                   "#5 of the default group, by torch's Flight Recorder)")
     assert rank1["running"].endswith(line_of("ddp_log_on_rank0.py", "# FORWARD"))
+
+
+def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(distdoctor,
+                                                                               tmp_path):
+    """Only rank 0 calls barrier(); rank 1 goes on into the next backward, where DDP's
+    gradient all-reduce waits for rank 0. The rank that only waits is not the culprit."""
+    done, report = run_example(distdoctor, tmp_path, "ddp_barrier_on_rank0.py", 2,
+                               deadline=DEADLINE)
+    backward = line_of("ddp_barrier_on_rank0.py", "# BACKWARD")
+    barrier = line_of("ddp_barrier_on_rank0.py", "# BUG")
+    assert done.stdout.startswith("distdoctor run: FAILED: collective-mismatch (rank 0)\n")
+    said = ("rank 1: blocked; waiting in DDP's gradient all-reduce (all_reduce #8 of the "
+            f"default group, by torch's Flight Recorder), started by loss.backward() at "
+            f"{backward}")
+    assert said in done.stdout
+    assert f"look at: {backward}, {barrier}\n" in done.stdout
+    assert f"rank 0 waits in barrier (#0) at {barrier}, a call rank 1 never made" in done.stdout
 
 
 def test_a_deadlock_is_proven_from_the_calls_long_before_the_deadline(distdoctor, tmp_path):

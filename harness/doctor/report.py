@@ -22,7 +22,7 @@ from typing import Literal
 
 from harness.models.jsoncodec import to_json
 from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.models.record import is_peer_echo, user_frame
+from harness.models.record import is_peer_echo, started_by, user_frame
 
 RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
@@ -41,6 +41,7 @@ class ReportCall:
     shape: list[list[int]]
     dtype: str
     where: str
+    reduce_op: str = ""  # SUM, MAX, ... for the reducing collectives
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class ReportRank:
     error: str | None
     stack: str
     running: str | None = None  # "function at file:line", for a rank stopped in no call
-    collective: str | None = None  # the untraced collective it was in, if torch knew one
+    collective: str | None = None  # the untraced collective it waits in, if torch knew one
+    started_by: str | None = None  # "started by loss.backward() at train.py:31", with it
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 # findings that name the cause outright, most specific first: finding -> cause reported
 NAMED_CAUSES: tuple[tuple[str, CauseKind], ...] = (
     ("unused-params", "unused-parameters"), ("collective-mismatch", "collective-mismatch"),
+    ("unmatched-collective", "collective-mismatch"),
     ("send-before-receive", "p2p-cycle"), ("p2p-cycle", "p2p-cycle"))
 
 
@@ -161,11 +164,14 @@ def _rank(rank: RankRecord, failed: bool) -> ReportRank:
     calls = rank.evidence.calls
     blocking = [c for c in calls if c.blocking]
     call = blocking[-1] if blocking else (calls[-1] if calls else None)
-    running = None
+    running = started = None
     if end.status in ("hung", "stopped") and not blocking:
-        state: RankState = "running"  # its last call completed: it is in its own code
+        # its last traced call completed: it is in its own code, or in a collective torch
+        # made itself (DDP's), which the Flight Recorder saw
+        state: RankState = "blocked" if end.collective else "running"
         frame = user_frame(end.stacks)
         running = f"{frame.function} at {frame.file}:{frame.line}" if frame else None
+        started = started_by(frame) if frame and end.collective else None
     elif end.status in ("hung", "stopped"):
         state = "blocked"
     elif end.status in ("raised", "died"):
@@ -175,13 +181,13 @@ def _rank(rank: RankRecord, failed: bool) -> ReportRank:
     stack = "\n".join(str(s) for s in end.stacks) or (end.raw_stack or "")
     error = end.error if end.status in ("raised", "died") else None
     return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running,
-                      end.collective if state == "running" else None)
+                      end.collective if running else None, started)
 
 
 def _call(call: Call) -> ReportCall:
     where = call.wait_where if call.async_op and call.wait_where else call.where
     return ReportCall(call.op, call.peer, call.seq, [list(s) for s in call.shapes], call.dtype,
-                      where)
+                      where, call.reduce_op or "")
 
 
 def _describe(call: Call) -> str:
@@ -211,7 +217,7 @@ def call_text(call: ReportCall | None) -> str:
     shapes = " ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
                       for s in call.shape)
     peer = f" peer {call.peer}" if call.peer is not None else ""
-    detail = ", ".join(filter(None, [f"#{call.seq}", shapes, call.dtype]))
+    detail = ", ".join(filter(None, [f"#{call.seq}", shapes, call.dtype, call.reduce_op]))
     return f"{call.op}{peer} ({detail}) at {call.where}"
 
 
@@ -222,8 +228,8 @@ def ranks_phrase(ranks: list[int]) -> str:
 def look_at(result: ScriptReport) -> list[str]:
     """The user's lines the cause points at, in file and line order: where ranks wait,
     where findings point, where a running rank was, where the root cause raised."""
-    places = {r.call.where for r in result.ranks
-              if r.call and r.state not in ("finished", "running")}
+    places = {r.call.where for r in result.ranks  # (a rank in DDP's collective: its line)
+              if r.call and r.state not in ("finished", "running") and not r.collective}
     places |= {c.where for c in result.findings if c.where}
     places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
     cause = result.cause
@@ -257,10 +263,12 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
             for r in root[:1]:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
     for r in result.ranks:
-        if r.state == "running":
-            inside = f"{r.collective}, from" if r.collective else \
-                "in no collective or send/receive:"
-            lines.append(f"\nrank {r.rank}: running, {inside} "
+        if r.collective:
+            lines.append(f"\nrank {r.rank}: blocked; {r.collective}"
+                         f"{', ' + r.started_by if r.started_by else ''}"
+                         f"{'; last traced call: ' + call_text(r.call) if r.call else ''}")
+        elif r.state == "running":
+            lines.append(f"\nrank {r.rank}: running, in no collective or send/receive: "
                          f"{r.running or 'no stack'}; last call: {call_text(r.call)}")
         else:
             lines.append(f"\nrank {r.rank}: {r.state}; "

@@ -55,6 +55,31 @@ def user_frame(stacks: tuple[ThreadStack, ...]) -> Frame | None:
     return own[-1] if own else None
 
 
+def started_by(frame: Frame) -> str:
+    """How a user's line led where a rank waits: "started by loss.backward() at
+    train.py:31", or "from train at train.py:31" when the line's text is not known."""
+    code = frame.code.split("  #")[0].split(" # ")[0].strip()  # not its comment
+    if code:
+        return f"started by {code} at {frame.file}:{frame.line}"
+    return f"from {frame.function} at {frame.file}:{frame.line}"
+
+
+def _made_by(stacks: tuple[ThreadStack, ...], op: str) -> str:
+    """What made an untraced collective, from the main thread's stack: a backward pass
+    (DDP's gradient hooks), DDP's forward (its buffer and bucket broadcasts), or else torch
+    itself."""
+    main = next((s for s in stacks if s.main), stacks[0] if stacks else None)
+    frames = main.frames if main else ()
+    torch_dir = os.sep + "torch" + os.sep
+    if any(f.function in ("backward", "_engine_run_backward") and torch_dir in f.file
+           for f in frames):
+        return "DDP's gradient all-reduce" if "allreduce" in op.replace("_", "") else \
+            f"a {op} of the backward pass (DDP's or a hook's)"
+    if any(f.file.endswith(os.path.join("nn", "parallel", "distributed.py")) for f in frames):
+        return f"DDP's own {op} in its forward"
+    return f"a {op} torch made itself, not through torch.distributed's Python functions"
+
+
 @dataclass(frozen=True)
 class InFlight:
     """A collective a stopped rank had enqueued and not completed, and not through a traced
@@ -86,13 +111,15 @@ class RankEnd:
 
     @property
     def collective(self) -> str | None:
-        """The last collective it had in flight, by the Flight Recorder, as a phrase."""
+        """The last collective it had in flight that torch made itself (DDP's, from C++),
+        by the Flight Recorder, as a phrase: "waiting in DDP's gradient all-reduce
+        (allreduce #8 of the default group, by torch's Flight Recorder)"."""
         if not self.in_flight:
             return None
         last = self.in_flight[-1]
         group = f"process group {last.pg}" if last.pg else "the default group"
-        return (f"in {last.op} #{last.seq} of {group} by torch's Flight Recorder (made "
-                f"without torch.distributed's Python functions, as DDP makes its own)")
+        return (f"waiting in {_made_by(self.stacks, last.op)} ({last.op} #{last.seq} of "
+                f"{group}, by torch's Flight Recorder)")
 
     @property
     def headline(self) -> str:

@@ -151,13 +151,14 @@ def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int,
     head = f"rank {rank.rank} of {n}:"
     if rank.state in ("finished", "exited"):
         return f"{head} finished"
+    if rank.collective:
+        return f"{head} {rank.collective}" + (f", {rank.started_by}" if rank.started_by else "")
     if rank.state == "blocked":
         return f"{head} waiting in {call_text(rank.call)}"
     if rank.state == "running":
         where = f"running {rank.running}" if rank.running else "running (no stack)"
-        inside = f"in {rank.collective}" if rank.collective else "in no collective"
         last = call_text(rank.call) if rank.call else "none"
-        return f"{head} {where}, {inside} (last call: {last})"
+        return f"{head} {where}, in no collective (last call: {last})"
     if end.status == "died":
         return f"{head} died: {end.error.splitlines()[0] if end.error else 'no reason'}"
     headline = _short(account["headline"] if account else end.headline)
