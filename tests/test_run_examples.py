@@ -375,3 +375,14 @@ def test_fork_is_refused_where_it_would_not_be_a_fresh_rank(distdoctor, monkeypa
     done = distdoctor("run", "--start-method", "fork", "clean.py")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "OMP_NUM_THREADS=4" in done.stderr
+
+
+def test_each_ranks_line_keeps_the_reduce_op_the_summary_names(distdoctor, tmp_path):
+    done, report = run_example(distdoctor, tmp_path, "reduce_op_mismatch.py", 2,
+                               deadline=DEADLINE)
+    where = line_of("reduce_op_mismatch.py", "all_reduce")
+    for rank, op in ((0, "SUM"), (1, "MAX")):
+        said = f"all_reduce (#0, (1,), float32, {op}) at {where}"
+        assert f"rank {rank}: {said}" in done.stdout  # the summary
+        assert f"\nrank {rank}: exited; last call: {said}\n" in done.stdout + "\n"
+        assert report["ranks"][rank]["call"]["reduce_op"] == op
