@@ -214,21 +214,24 @@ def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
-def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) -> None:
+def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
+              flags: tuple[str, ...] = ()) -> tuple[int, str]:
     """Run ``example`` under a real torchrun with the in-rank bootstrap; if it ``hangs``,
     stop it with SIGTERM, as a user would, once every rank has written its stall stacks
-    (each rank does so by itself at its 2 s deadline)."""
+    (each rank does so by itself at its 2 s deadline). torchrun's exit code and stderr."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(ranks), "-m", "harness.doctor", "--trace-dir",
-               str(trace_dir), "--deadline", "2", example]
+               str(trace_dir), "--deadline", "2", *flags, example]
+    stderr = trace_dir.parent / f"{trace_dir.name}.stderr"
     # torchrun's agent leaves its torchelastic_* directory behind when workers fail
     scratch = trace_dir.parent / f"{trace_dir.name}-tmp"
     scratch.mkdir()
     tag = uuid.uuid4().hex  # every process torchrun starts inherits it: leaks are found
-    process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True,
-                               env=dict(os.environ, TMPDIR=str(scratch),
-                                        DISTDOCTOR_TEST_TAG=tag))
+    with stderr.open("w") as err:
+        process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
+                                   stderr=err, start_new_session=True,
+                                   env=dict(os.environ, TMPDIR=str(scratch),
+                                            DISTDOCTOR_TEST_TAG=tag))
     stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
 
     def stalled() -> bool:
@@ -236,8 +239,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
 
     try:
         if not hangs:
-            process.wait(120)
-            return
+            return process.wait(120), stderr.read_text()
         give_up = time.monotonic() + 60
         while not stalled() and time.monotonic() < give_up:
             try:
@@ -251,6 +253,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False) ->
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(30)
         assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+    return process.returncode, stderr.read_text()
 
 
 def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
@@ -312,8 +315,32 @@ def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor
     report = json.loads((tmp_path / "r.json").read_text())
     assert done.returncode == 1 and report["cause"]["kind"] == "p2p-cycle"
     assert [r["state"] for r in report["ranks"]] == ["blocked", "blocked"]
-    assert all(r["call"]["where"].endswith(line_of("p2p_cycle.py", "dist.send(").split(":")[1])
-               for r in report["ranks"])
+    send = line_of("p2p_cycle.py", "dist.send(").split(":")[1]
+    assert all(r["call"]["where"].endswith(send) for r in report["ranks"])
+    for rank in (0, 1):  # dumped at the deadline and again at SIGTERM: shown once, by name
+        assert (tmp_path / "hang" / f"rank-{rank}.stacks").read_text().count("p2p_cycle") == 2
+        shown = report["ranks"][rank]["stack"]
+        assert shown.startswith("Thread MainThread (main), most recent call last:\n"
+                                f'  File "p2p_cycle.py", line {send}, in <module>\n')
+        assert shown.count("most recent call last") == 1 and "distributed_c10d.py" not in shown
+        assert "frames of torch, Python and distdoctor" in shown
+    every = distdoctor("analyze", "--all-frames", str(tmp_path / "hang"))
+    assert every.stdout.count("distributed_c10d.py") == 2  # rank 0's and rank 1's, once each
+    assert "Thread distdoctor-stall-watch" in every.stdout
+
+
+def test_under_torchrun_a_hung_rank_says_so_and_exit_on_hang_ends_the_job(distdoctor,
+                                                                           tmp_path):
+    """With the flag a stalled rank exits once its stacks are written, says so on stderr,
+    and torchrun ends the job by itself (without it, the job waits on until stopped)."""
+    code, stderr = _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, flags=("--exit-on-hang",))
+    assert code != 0
+    # the first rank to stall exits; torchrun may stop the other before its own deadline
+    assert any(f"distdoctor: rank {rank} made no collective or point-to-point call for 2 s; "
+               f"its stacks are in {tmp_path / 'hang' / f'rank-{rank}.stacks'}. This rank "
+               f"now exits with code 124" in stderr for rank in (0, 1))
+    done = distdoctor("analyze", str(tmp_path / "hang"))
+    assert done.returncode == 1 and "p2p-cycle (ranks 0, 1)" in done.stdout
 
 
 def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdoctor, tmp_path):

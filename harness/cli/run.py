@@ -38,6 +38,10 @@ def _ranks(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+ALL_FRAMES = ("show every frame and thread of a stopped rank (torch's, Python's and "
+              "distdoctor's too); by default only your own code's frames, each thread once")
+
+
 def add_commands(commands) -> None:
     run = commands.add_parser(
         "run", help="run your own distributed script on N ranks and diagnose it",
@@ -87,6 +91,7 @@ def add_commands(commands) -> None:
                      default=None, metavar="RANKS",
                      help="as torchrun's: show only these ranks' output, e.g. 0 or 0,2 "
                           "(the diagnosis still reads every rank)")
+    run.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
     run.add_argument("script", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(handler=run_command)
@@ -99,6 +104,7 @@ def add_commands(commands) -> None:
                     "each wrote its own; their ranks are read as one job.")
     analyze.add_argument("directories", metavar="DIR", nargs="+")
     analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    analyze.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
     analyze.add_argument("--run", metavar="ID", help="analyse this run's traces, where a "
                          "folder holds several runs' (each trace names its run)")
     analyze.set_defaults(handler=analyze_command)
@@ -132,7 +138,8 @@ def run_command(args: argparse.Namespace) -> int:
     except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     return _diagnose(script_record(result.ends, result.traces, result.wall_s, result.started,
-                             args.deadline), args.script, args.report)
+                                   args.deadline), args.script, args.report,
+                     all_frames=args.all_frames)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -146,18 +153,19 @@ def analyze_command(args: argparse.Namespace) -> int:
     for note in job.notes:
         print(f"distdoctor analyze: partial evidence: {note}", flush=True)
     return _diagnose(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
-                     " ".join(args.directories), args.report, "analyze", job.partial)
+                     " ".join(args.directories), args.report, "analyze", job.partial,
+                     args.all_frames)
 
 
 def _diagnose(record, script: str, report_path: str | None, command: str = "run",
-              partial: bool = False) -> int:
+              partial: bool = False, all_frames: bool = False) -> int:
     import time
 
     from harness.doctor.record import diagnose
     from harness.doctor.report import render
     from harness.cli.tables import hang_timing
 
-    result = diagnose(record, script)
+    result = diagnose(record, script, all_frames)
     print(render(result, command, partial), flush=True)
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:

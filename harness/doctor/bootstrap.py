@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection
 
 from harness.launch import procs, stacks
 
+HANG_EXIT = 124  # what --exit-on-hang ends a stalled rank with (timeout(1)'s code)
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.doctor")
@@ -37,6 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deadline", type=float, default=60.0,
                         help="with --trace-dir: seconds without a call before this rank "
                              "writes its stacks (default: %(default)s)")
+    parser.add_argument("--exit-on-hang", action="store_true",
+                        help="with --trace-dir: once this rank has written its stacks at the "
+                             "deadline, end it (exit code %d), so torchrun stops the job and "
+                             "the other ranks write theirs; without it the job waits on, "
+                             "as it would without distdoctor" % HANG_EXIT)
     parser.add_argument("--light", action="store_true",
                         help="trace calls only (hangs, crashes, mismatches), not the evidence "
                              "of the silent bugs (gradients, batches, non-finite values)")
@@ -98,9 +105,9 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
+    _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang)
     tracer.write(ev="start", t=procs.now(), run=_run_id(), rank=int(rank),
-                 world=int(os.environ.get("WORLD_SIZE", "0") or 0))
-    _watch_for_stalls(tracer, options.deadline, stack_file)
+                 world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
     tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
     _exit(_exit_code(error))
@@ -170,20 +177,41 @@ def _run_script(script: str, args: list[str]) -> str | None:
     return None
 
 
-def _watch_for_stalls(tracer, deadline: float, stack_file) -> None:
+def thread_names() -> dict[str, str]:
+    """Each thread's name by the id faulthandler prints for it ("0x00007f..."), so the
+    stacks it writes can be read by name, and distdoctor's own threads left out."""
+    return {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}
+
+
+def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool) -> None:
     """Under torchrun nobody watches from outside: a rank that makes no call for
-    ``deadline`` seconds writes down its own stacks once, and notes the moment."""
+    ``deadline`` seconds writes down its own stacks once, notes the moment, and says so on
+    stderr once (the job itself waits on, unless ``exit_on_hang``)."""
 
     def watch() -> None:
         while True:
             time.sleep(min(1.0, deadline / 4))
             if procs.now() - tracer.last_event >= deadline:
-                tracer.write(ev="stalled", t=procs.now())
+                tracer.write(ev="stalled", t=procs.now(), threads=thread_names())
                 faulthandler.dump_traceback(stack_file, all_threads=True)
                 stack_file.flush()
+                _say_stalled(deadline, stack_file.name, exit_on_hang)
+                if exit_on_hang:
+                    _exit(HANG_EXIT)
                 return
 
     threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
+
+
+def _say_stalled(deadline: float, stack_path: str, exiting: bool) -> None:
+    rank = os.environ.get("RANK", "?")
+    then = (f"This rank now exits with code {HANG_EXIT}, so torchrun stops the job" if exiting
+            else "The job is still waiting and will not end by itself: stop it (Ctrl-C, or "
+                 "kill torchrun), or pass --exit-on-hang next time")
+    sys.stderr.write(f"distdoctor: rank {rank} made no collective or point-to-point call "
+                     f"for {deadline:g} s; its stacks are in {stack_path}. {then}; then run "
+                     f"'distdoctor analyze {os.path.dirname(stack_path) or '.'}'\n")
+    sys.stderr.flush()
 
 
 def _exit(code: int) -> None:

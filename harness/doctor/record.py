@@ -20,8 +20,8 @@ def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: flo
     return RunRecord(spec=spec, ranks=ranks, wall_s=wall_s, started=started)
 
 
-def diagnose(record: RunRecord, script: str) -> ScriptReport:
+def diagnose(record: RunRecord, script: str, all_frames: bool = False) -> ScriptReport:
     """Every detector on the record, folded into the causes a user is told."""
     import checks
 
-    return report(record, checks.run_all(record), script)
+    return report(record, checks.run_all(record), script, all_frames)

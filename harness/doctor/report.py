@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from harness.doctor.stacktext import stack_text
 from harness.models.jsoncodec import to_json
 from harness.models import Call, Finding, RankRecord, RunRecord
 from harness.models.record import is_peer_echo, started_by, user_frame
@@ -81,10 +82,12 @@ class ScriptReport:
         Path(path).write_text(json.dumps(to_json(self), indent=1) + "\n")
 
 
-def report(record: RunRecord, findings: tuple[Finding, ...], script: str) -> ScriptReport:
+def report(record: RunRecord, findings: tuple[Finding, ...], script: str,
+           all_frames: bool = False) -> ScriptReport:
+    """``all_frames``: each stopped rank's every frame and thread, not only the user's."""
     ended = classify(record, findings)
     causes = ([ended] if ended else []) + silent_causes(findings)
-    ranks = [_rank(r, ended is not None) for r in record.ranks]
+    ranks = [_rank(r, ended is not None, all_frames) for r in record.ranks]
     return ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
                         ranks, script, record.wall_s, causes)
 
@@ -159,7 +162,7 @@ def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
                  "on every rank (pad or drop the last batches), and no rank returning early")
 
 
-def _rank(rank: RankRecord, failed: bool) -> ReportRank:
+def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRank:
     end = rank.end
     calls = rank.evidence.calls
     blocking = [c for c in calls if c.blocking]
@@ -178,7 +181,7 @@ def _rank(rank: RankRecord, failed: bool) -> ReportRank:
         state = "crashed"
     else:
         state = "exited" if failed else "finished"
-    stack = "\n".join(str(s) for s in end.stacks) or (end.raw_stack or "")
+    stack = stack_text(end.stacks, end.raw_stack, all_frames)
     error = end.error if end.status in ("raised", "died") else None
     return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running,
                       end.collective if running else None, started)

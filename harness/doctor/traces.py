@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.models import RankEnd
+from harness.models.record import is_peer_echo
 
 NO_TRACE = "no trace: its node may have died before it wrote"
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
@@ -133,7 +134,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
             ends.append(RankEnd(rank, "died", at=0.0, error=KILLED))
         elif exit_event is None:
             ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
-                                stacks=parse_faulthandler(raw), raw_stack=raw or None))
+                                stacks=parse_faulthandler(raw, _thread_names(trace.events)),
+                                raw_stack=raw or None))
         elif exit_event.get("status") == "raised":
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
@@ -141,7 +143,33 @@ def load(directories: list[str], run: str | None = None) -> Job:
         else:
             ends.append(RankEnd(rank, "finished"))
         events.append(trace.events)
+    if any(end.status == "hung" for end in ends):
+        for rank, end in enumerate(ends):
+            if is_peer_echo(end):
+                ends[rank], events[rank] = _still_waiting(end, events[rank])
     return Job(tuple(ends), tuple(events), tuple(notes))
+
+
+def _still_waiting(end: RankEnd, events: tuple[dict, ...]) -> tuple[RankEnd, tuple[dict, ...]]:
+    """A rank whose call failed only because a stalled peer went away (it exited with
+    --exit-on-hang, or torchrun stopped it) was waiting in that call like the others:
+    as evidence, its last call is still open and the rank was stopped in it."""
+    failed = next((e for e in reversed(events) if e.get("ev") == "error"), None)
+    kept = tuple(e for e in events if e is not failed)
+    return RankEnd(end.rank, "stopped", at=end.at,
+                   error=f"its call failed only once a stalled peer was gone: {end.headline}"
+                   ), kept
+
+
+def _thread_names(events: tuple[dict, ...]) -> dict[str, str]:
+    """The names each rank wrote for its threads' ids (at its start and its stall)."""
+    names: dict[str, str] = {}
+    for event in events:
+        threads = event.get("threads") if event.get("ev") in ("start", "stalled") else None
+        if isinstance(threads, dict):
+            names.update({k: v for k, v in threads.items()
+                          if isinstance(k, str) and isinstance(v, str)})
+    return names
 
 
 def _one_run(traces: list[RankTrace], run: str | None) -> list[RankTrace]:

@@ -152,11 +152,16 @@ def _read_until_quiet(fd: int, first: float, quiet: float) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+def parse_faulthandler(text: str, names: dict[str, str] | None = None
+                       ) -> tuple[ThreadStack, ...]:
     """Turn faulthandler's text (innermost frame first) into ThreadStacks, main thread
-    first. faulthandler names threads by id alone; every thread but the main one starts in
-    threading's ``_bootstrap``, so the one that does not is the main thread."""
-    stacks = []
+    first, each distinct stack once (a rank that dumped at its deadline and again when
+    stopped wrote the same stacks twice). faulthandler names threads by id alone:
+    ``names`` maps ids ("0x00007f...") to thread names where the rank wrote them down;
+    else every thread but the main one starts in threading's ``_bootstrap``, so the one
+    that does not is the main thread."""
+    names = names or {}
+    stacks: list[ThreadStack] = []
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip()):
         lines = block.splitlines()
         if not lines or "0x" not in lines[0]:
@@ -166,12 +171,17 @@ def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
             for m in map(_FAULTHANDLER_FRAME.search, lines[1:])
             if m
         ]))
-        name = lines[0].split("(")[0].replace("Current thread", "").replace("Thread", "")
-        name = name.strip()  # the id: ThreadStack's text says "Thread" itself
-        started = bool(frames) and frames[0].function == "_bootstrap" and \
-            os.path.basename(frames[0].file) == "threading.py"
-        stacks.append(ThreadStack(name, main=not started, frames=_below_rank_loop(frames)))
-    if sum(s.main for s in stacks) > 1:  # not told apart: claim none rather than guess
+        ident = lines[0].split("(")[0].replace("Current thread", "").replace("Thread", "")
+        ident = ident.strip()
+        if ident in names:
+            main = names[ident] == "MainThread"
+        else:
+            main = not (bool(frames) and frames[0].function == "_bootstrap"
+                        and os.path.basename(frames[0].file) == "threading.py")
+        stack = ThreadStack(names.get(ident, ident), main, _below_rank_loop(frames))
+        if stack not in stacks:
+            stacks.append(stack)
+    if len({s.name for s in stacks if s.main}) > 1:  # not told apart: claim none, not guess
         stacks = [ThreadStack(s.name, False, s.frames) for s in stacks]
     stacks.sort(key=lambda s: not s.main)
     return tuple(stacks)

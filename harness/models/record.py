@@ -45,13 +45,17 @@ _NOT_USER = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
              os.sep + "dist-packages" + os.sep)
 
 
+def is_user_frame(frame: Frame) -> bool:
+    """Is this frame the user's own code (not distdoctor's, the standard library's or an
+    installed package's)?"""
+    return not frame.file.startswith("<") and not any(part in frame.file for part in _NOT_USER)
+
+
 def user_frame(stacks: tuple[ThreadStack, ...]) -> Frame | None:
-    """The innermost frame of the main thread in the user's own code (not distdoctor's,
-    the standard library's or an installed package's): where a rank that is in no call
-    was running."""
+    """The innermost frame of the main thread in the user's own code: where a rank that
+    is in no call was running."""
     main = next((s for s in stacks if s.main), stacks[0] if stacks else None)
-    own = [f for f in (main.frames if main else ())
-           if not f.file.startswith("<") and not any(part in f.file for part in _NOT_USER)]
+    own = [f for f in (main.frames if main else ()) if is_user_frame(f)]
     return own[-1] if own else None
 
 
