@@ -189,7 +189,7 @@ def test_pipeline_simulate_prints_the_bubble_simulated_and_closed(micro, bubble,
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
             if line.split()[:1] and line.split()[0] in ("gpipe", "1f1b", "zb", "dualpipe")}
     assert rows["gpipe"][2] == rows["gpipe"][3] == rows["1f1b"][2] == bubble
-    assert rows["zb"][4] == rows["zb"][5] == "3.00"  # (PP-1)(F+B-2W) at F=B=W=1
+    assert rows["zb"][4] == rows["zb"][5] == "3.00"  # (PP-1)(F+B-W) at F=B=W=1
     assert rows["dualpipe"][-1] == "2x"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -145,3 +146,34 @@ def test_without_matplotlib_the_png_chart_is_refused_and_nothing_written(tmp_pat
     path = tmp_path / "g.png"
     assert png_gantt(run_schedule("zb", 2, 4), str(path)) is False
     assert not path.exists()
+
+
+def _evaluate(formula: str, values: dict[str, float]) -> float:
+    """A printed formula, such as (PP/2-1)(F&B+B-2W), evaluated with the printed values."""
+    text = formula.replace("F&B", "FB").replace(")(", ")*(")
+    text = re.sub(r"(\d)([A-Z(a-z])", r"\1*\2", text)
+    assert re.fullmatch(r"[\d.()+\-*/ A-Za-z]+", text), formula
+    return eval(text, {"__builtins__": {}}, values)  # noqa: S307 (our own printed text)
+
+
+@pytest.mark.parametrize("costs", [[], ["--f", "1", "--b", "2", "--w", "0.5"],
+                                   ["--f", "2", "--b", "1", "--w", "1", "--fb", "3.5"]])
+def test_each_printed_formula_gives_its_printed_closed_form(capsys, costs):
+    """One notation throughout: the values in the header, put into each row's formula (and
+    the footer's bubble share), give the number printed beside it."""
+    from harness.cli.main import main
+
+    assert main(["pipeline", "simulate", "--stages", "4", "--microbatches", "8", *costs]) == 0
+    out = capsys.readouterr().out
+    values = {name.replace("&", ""): float(value) for name, value in
+              re.findall(r"\b(PP|M|v|F&B|F|B|W)=([\d.]+)", out.splitlines()[0])}
+    assert set(values) == {"PP", "M", "v", "F", "B", "W", "FB"}
+    rows = re.findall(r"^(\w+) +[\d.]+ +[\d.]+% +(\S+) +\S+ +([\d.]+)  (\([^\s,]+)", out, re.M)
+    assert {name for name, *_ in rows} == {"gpipe", "1f1b", "interleaved", "zb", "dualpipe",
+                                           "dualpipev"}
+    share = re.search(r"closed: (\(\S+\)/\(\S+\)) for GPipe", out)[1]
+    for name, closed, form_value, formula in rows:
+        assert _evaluate(formula, values) == pytest.approx(float(form_value), abs=0.006), name
+        if name in ("gpipe", "1f1b"):
+            assert _evaluate(share, values) == pytest.approx(float(closed.rstrip("%")) / 100,
+                                                             abs=0.00006)

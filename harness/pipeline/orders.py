@@ -19,6 +19,8 @@ from typing import Literal
 Kind = Literal["F", "B", "W", "BW", "FB"]
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "dualpipe", "dualpipev")
 
+CHUNKS = 2  # model chunks per rank in the interleaved schedule (v)
+
 
 @dataclass(frozen=True)
 class Action:
@@ -70,7 +72,7 @@ def chain(ranks: int, stages_per_rank: int = 1) -> Layout:
                   stage_units=1 / stages_per_rank)
 
 
-def build(name: str, ranks: int, micro: int, chunks: int = 2) -> Schedule:
+def build(name: str, ranks: int, micro: int, chunks: int = CHUNKS) -> Schedule:
     """The action lists of schedule ``name`` for ``ranks`` ranks and ``micro`` micro-batches."""
     builders = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb": zb_h1,
                 "dualpipe": dualpipe, "dualpipev": dualpipev}
@@ -112,7 +114,7 @@ def zb_h1(ranks: int, micro: int) -> Schedule:
                      "whenever its next F or B is not ready, and the rest at the end",))
 
 
-def interleaved(ranks: int, micro: int, chunks: int = 2) -> Schedule:
+def interleaved(ranks: int, micro: int, chunks: int = CHUNKS) -> Schedule:
     """Megatron's interleaved 1F1B: each rank holds ``chunks`` stages of a looped chain."""
     if micro % ranks:
         raise ValueError(f"interleaved 1F1B needs micro-batches divisible by stages "

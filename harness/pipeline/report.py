@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from harness.models import RunRecord
 from harness.text import ranks_line
+from harness.pipeline.orders import CHUNKS
 from harness.pipeline.simulate import (
     Costs, Timeline, closed_form, gpipe_bubble_fraction, run_schedule,
 )
@@ -28,9 +29,11 @@ def simulation_table(names: list[str], stages: int, micro: int, costs: Costs) ->
     header = (f"{'schedule':<12}{'makespan':>9}{'bubble':>9}{'closed':>9}  "
               f"{'bubble/rank sim':>16}{'closed form':>13}  {'formula':<24}"
               f"{'peak act':>9}{'params':>7}")
-    rows = [f"S={stages} M={micro} F={costs.f:g} B={costs.b:g} W={costs.w:g} "
-            f"F&B={costs.of('FB'):g} comm={costs.comm:g} (B is backward for inputs; a full "
-            f"backward is B+W)",
+    rows = [f"PP={stages} M={micro} v={CHUNKS} F={costs.f:g} B={costs.b:g} W={costs.w:g} "
+            f"F&B={costs.of('FB'):g} comm={costs.comm:g}",
+            "(PP stages, M micro-batches, v chunks per rank when interleaved; F forward, B "
+            "backward for inputs, W backward for weights, so a full backward is B+W; F&B an "
+            "overlapped forward and full backward)",
             header, "-" * len(header)]
     notes = []
     for name in names:
@@ -56,7 +59,7 @@ def simulation_table(names: list[str], stages: int, micro: int, costs: Costs) ->
                          f"simulated schedule idles {spread}: the formula's assumptions "
                          f"(uniform overlap) do not hold for these costs")
         notes += [f"{name}: {note}" for note in timeline.schedule.notes]
-    rows.append("bubble: idle share of all ranks over the step; closed: (N-1)/(M+N-1) for "
+    rows.append("bubble: idle share of all ranks over the step; closed: (PP-1)/(M+PP-1) for "
                 "GPipe and 1F1B; peak act: micro-batch activations held at once, in "
                 "units of one 1F1B stage's; params: parameter copies")
     return "\n".join(rows + notes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.pipeline.orders import Action, Schedule, build
+from harness.pipeline.orders import CHUNKS, Action, Schedule, build
 
 
 @dataclass(frozen=True)
@@ -167,30 +167,32 @@ class ClosedForm:
 
 
 def closed_form(name: str, ranks: int, micro: int, costs: Costs,
-                chunks: int = 2) -> ClosedForm | None:
-    f, b_full, w = costs.f, costs.full_backward, costs.w
+                chunks: int = CHUNKS) -> ClosedForm | None:
+    """In this tool's notation: B is the backward for inputs alone, W the backward for
+    weights, so a full backward is B+W. (DeepSeek-V3's table, where these come from, writes
+    B for the full backward: its (PP-1)(F+B-2W) is (PP-1)(F+B-W) here.)"""
+    f, b, w = costs.f, costs.b, costs.w
     fb = costs.of("FB")
     if name in ("gpipe", "1f1b"):
-        return ClosedForm((ranks - 1) * (f + b_full), "(PP-1)(F+B)")
+        return ClosedForm((ranks - 1) * (f + b + w), "(PP-1)(F+B+W)")
     if name == "interleaved":
-        return ClosedForm((ranks - 1) * (f + b_full) / chunks, "(PP-1)(F+B)/v")
+        return ClosedForm((ranks - 1) * (f + b + w) / chunks, "(PP-1)(F+B+W)/v")
     if name == "zb":
-        return ClosedForm((ranks - 1) * (f + b_full - 2 * w), "(PP-1)(F+B-2W)")
+        return ClosedForm((ranks - 1) * (f + b - w), "(PP-1)(F+B-W)")
     if name == "dualpipe":
-        return ClosedForm((ranks / 2 - 1) * (fb + b_full - 3 * w), "(PP/2-1)(F&B+B-3W)")
+        return ClosedForm((ranks / 2 - 1) * (fb + b - 2 * w), "(PP/2-1)(F&B+B-2W)")
     if name == "dualpipev":  # not published: DualPipe over 2*PP half-size stages
-        return ClosedForm((ranks - 1) * (fb + b_full - 3 * w) / 2,
-                          "(PP-1)(F&B+B-3W)/2, derived")
+        return ClosedForm((ranks - 1) * (fb + b - 2 * w) / 2, "(PP-1)(F&B+B-2W)/2, derived")
     return None
 
 
 def gpipe_bubble_fraction(ranks: int, micro: int) -> float:
-    """GPipe's and 1F1B's bubble as a share of the step: (N-1)/(M+N-1)."""
+    """GPipe's and 1F1B's bubble as a share of the step: (PP-1)/(M+PP-1)."""
     return (ranks - 1) / (micro + ranks - 1)
 
 
 def run_schedule(name: str, ranks: int, micro: int, costs: Costs = Costs(),
-                 chunks: int = 2) -> Timeline:
+                 chunks: int = CHUNKS) -> Timeline:
     return simulate(build(name, ranks, micro, chunks), costs)
 
 
