@@ -154,3 +154,37 @@ def test_a_deadlock_is_closed_from_a_stopped_rank_s_reported_wait():
     assert ("rank 0 in send to rank 1 at /u/impl.py:44; rank 1 in send to rank 0 at "
             "/u/impl.py:44") in text
     assert wait_cycle(ends, ((), ())) == []  # without rank 1's report there is no cycle
+
+
+def test_a_call_the_transport_does_not_take_fails_on_the_first_example(capsys):
+    """A torch-style recv(buffer, src) fails alike on every example: said at once, with
+    the transport's methods, instead of shrinking over a hundred examples (25 s)."""
+    code, printed = check(capsys, "torch_style_recv", "allreduce", "--examples", "200")
+    assert code == 1 and "FAILED (after 1 example, counting" in printed
+    line = f"collective_impls.py:{_line('MISUSE-LINE')}"
+    assert ("your function calls the transport with arguments it does not take, on the "
+            "first example:\n  rank ") in printed
+    assert ("recv(<tensor (" in printed and "does not fit the transport's recv(src) -> "
+            f"tensor (too many positional arguments) at ") in printed and line in printed
+    assert "the transport's methods: send(tensor, dst); recv(src) -> tensor;" in printed
+
+
+def test_help_lists_the_transport_and_a_check_leaves_no_hypothesis_folder(tmp_path):
+    """Run as a user would, from their own folder: --help names each method, and checking
+    leaves nothing behind (hypothesis keeps caches in ./.hypothesis by default)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "mine.py").write_text(Path(collective_impls.__file__).read_text())
+    shown = subprocess.run([sys.executable, "-m", "harness", "check-collective", "--help"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    for call in ("t.send(tensor, dst)", "t.recv(src) -> tensor", "t.isend(tensor, dst)",
+                 "t.exchange(tensor, dst, src) -> tensor", "t.rank, t.world_size"):
+        assert call in shown.stdout
+    done = subprocess.run([sys.executable, "-m", "harness", "check-collective",
+                           "mine:ring_allreduce", "--kind", "allreduce", "--examples", "5",
+                           "--world-sizes", "2"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.py"]

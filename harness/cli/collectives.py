@@ -19,6 +19,26 @@ def _sizes(text: str) -> tuple[int, int]:
     return bounds
 
 
+def _transport_help() -> str:
+    """The transport a user's function is given, method by method, and an example."""
+    from harness.collectives.transport import USER_API
+
+    calls = [f"t.{text}" if "(" in text else ", ".join(f"t.{part}" for part in text.split(", "))
+             for text, _ in USER_API]
+    width = max(map(len, calls))
+    lines = ["the transport (the function's first argument):"]
+    lines += [f"  {call:<{width}}  {what}" for call, (_, what) in zip(calls, USER_API)]
+    lines += ["", "example (a correct all-reduce, one message per peer):",
+              "  def allreduce(t, x):",
+              "      out = x.clone()",
+              "      for peer in range(t.world_size):",
+              "          if peer != t.rank:",
+              "              out += t.exchange(x, peer, peer)",
+              "      return out",
+              "", "  distdoctor check-collective mymodule:allreduce --kind allreduce"]
+    return "\n".join(lines)
+
+
 def add_commands(commands) -> None:
     checker = commands.add_parser(
         "check-collective", help="test your own collective against the reference properties",
@@ -28,7 +48,8 @@ def add_commands(commands) -> None:
                     "in the input's dtype (avg of integers truncates toward zero; "
                     "reduce_scatter gives rank r elements [r*c, (r+1)*c) with "
                     "c = ceil(T/N)). Prints the smallest failing example; a hang fails "
-                    "too. Exit 0 when every property holds, 1 when not.")
+                    "too. Exit 0 when every property holds, 1 when not.",
+        epilog=_transport_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     checker.add_argument("target", metavar="MODULE:FUNCTION")
     checker.add_argument("--kind", required=True, choices=KINDS)
     checker.add_argument("--op", default="sum", choices=OPS,
@@ -80,7 +101,7 @@ def check_command(args: argparse.Namespace) -> int:
     if failure is None:
         print(f"OK: every property held on {ran} examples")
         return 0
-    print(f"FAILED (after {ran} examples, counting hypothesis's shrinking)")
+    print(f"FAILED (after {ran} example{'s' * (ran != 1)}, counting hypothesis's shrinking)")
     print(describe(failure, args.kind))
     return 1
 

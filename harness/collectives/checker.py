@@ -13,17 +13,20 @@ cycle with every rank's line and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
+from typing import Iterator
 
 from hypothesis import HealthCheck, given, settings
 
 from harness.collectives import KINDS  # noqa: F401 (part of this module's interface)
 
-from harness.collectives.jobs import run_user
+from harness.collectives.jobs import TransportMisuse, run_user
 from harness.collectives.properties import Case, cases, mismatch, reduced
 from harness.launch.pool import shared_pool
 from harness.launch.watch import PROVEN
@@ -64,6 +67,8 @@ def load(target: str):
     return function
 
 
+# a call of the transport with arguments its methods do not take
+MISUSE = "your function calls the transport with arguments it does not take"
 HANG_BUDGET = 8  # proven hangs (each a fraction of a second) to shrink before stopping
 WAIT_BUDGET_S = 10.0  # deadlines waited out shrinking hangs the calls cannot prove (>= one)
 # after one rank raised (a receive's deadline), how long the others get before the pool
@@ -97,6 +102,8 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
                         if (f := evaluate(target, kind, case, deadline, wire)) is not None), None)
         if failure is not None:
             failures.append(failure)
+            if failure.what == MISUSE:
+                raise _StopShrinking()  # every example fails alike: nothing to search for
             waited = deadline * sum(f.timed_out for f in failures)
             if waited + deadline > max(WAIT_BUDGET_S, deadline) or \
                     sum(f.what in ("hang", "deadlock") for f in failures) > HANG_BUDGET:
@@ -104,12 +111,29 @@ def check(target: str, kind: str, op: str, world_sizes: tuple[int, int], example
             raise AssertionError(failure.detail)
 
     try:
-        holds()
+        with _hypothesis_home():
+            holds()
     except AssertionError:
         return failures[-1], count  # hypothesis replays the shrunk example last
     except _StopShrinking:
         return min(failures, key=lambda f: (f.case.world_size, len(f.case.values[0]))), count
     return None, count
+
+
+@contextlib.contextmanager
+def _hypothesis_home() -> Iterator[None]:
+    """Hypothesis keeps caches in ./.hypothesis (its constants, even with no example
+    database): in a temporary folder instead, removed afterwards, so checking someone's
+    function leaves nothing in their working directory."""
+    from hypothesis import configuration
+
+    before = getattr(configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="distdoctor-hypothesis-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before)
 
 
 def evaluate(target: str, kind: str, case: Case, deadline: float,
@@ -120,6 +144,12 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     result = pool.run(run_user, target, kind, case.tensors(), case.src, deadline, wire,
                       deadline=deadline, error_grace=ERROR_GRACE_S)
     if not result.ok:
+        misused = [end for end in result.ends if "TransportMisuse: " in (end.error or "")]
+        if misused:
+            said = [rank_text(end, ()).replace(f"{TransportMisuse.__module__}."
+                                               f"{TransportMisuse.__name__}: ", "")
+                    for end in misused]
+            return Failure(case, MISUSE, "; ".join(said), wire)
         hung = [end for end in result.ends
                 if "Timeout" in (end.error or "") or end.status in ("hung", "stopped")]
         timed_out = any(not (end.error or "").startswith(PROVEN) for end in hung)
@@ -203,6 +233,11 @@ def describe(failure: Failure, kind: str) -> str:
     case = failure.case
     numel = len(case.values[0]) if case.values else 0
     on = f" on the {failure.wire} transport" if failure.wire != "buffered" else ""
+    if failure.what == MISUSE:
+        from harness.collectives.transport import USER_API
+
+        return "\n".join([f"{MISUSE}, on the first example:", f"  {failure.detail}",
+                          "  the transport's methods: " + "; ".join(t for t, _ in USER_API)])
     lines = [f"smallest failing example (shrunk by hypothesis): {failure.what}{on}",
              f"  world size {case.world_size}, {numel} {case.dtype} element"
              f"{'s' * (numel != 1)} per rank"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -11,7 +12,7 @@ import torch.distributed as dist
 
 from harness.collectives import algorithms
 from harness.collectives.rendezvous import RendezvousTransport
-from harness.collectives.transport import GlooTransport, QueueTransport
+from harness.collectives.transport import USER_API, GlooTransport, QueueTransport
 
 # name -> (function, takes an op, takes a source rank)
 OURS: dict[str, tuple[Callable, bool, bool]] = {
@@ -87,16 +88,43 @@ def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
         return result
 
 
+class TransportMisuse(TypeError):
+    """A user's function called the transport with arguments its methods do not take (a
+    torch-style ``recv(buffer, src)``): the same on every example, so reported at once."""
+
+
 class _FirstCallNoted:
     """A transport that tells the parent when this rank first sends or receives, so a rank
-    stopped later can be said to have never entered either (its stack says where it was)."""
+    stopped later can be said to have never entered either (its stack says where it was),
+    and that checks each call's arguments against the method's signature first."""
 
     def __init__(self, transport, ctx):
         self._transport, self._ctx, self._noted = transport, ctx, False
 
     def __getattr__(self, name: str):
         attribute = getattr(self._transport, name)
-        if name in ("send", "recv", "isend", "exchange") and not self._noted:
+        if name not in USER_METHODS:
+            return attribute
+        if not self._noted:
             self._noted = True
             self._ctx.emit(("transport-call", name))
-        return attribute
+
+        def checked(*args, **kwargs):
+            try:
+                inspect.signature(attribute).bind(*args, **kwargs)
+            except TypeError as exc:
+                shown = ", ".join([*map(_shown, args),
+                                   *(f"{k}={_shown(v)}" for k, v in kwargs.items())])
+                raise TransportMisuse(
+                    f"{name}({shown}) does not fit the transport's "
+                    f"{USER_METHODS[name]} ({exc})") from None
+            return attribute(*args, **kwargs)
+
+        return checked
+
+
+USER_METHODS = {text.split("(")[0]: text for text, _ in USER_API if "(" in text}
+
+
+def _shown(value) -> str:
+    return f"<tensor {tuple(value.shape)}>" if isinstance(value, torch.Tensor) else repr(value)
