@@ -98,6 +98,30 @@ def test_output_into_a_closed_pipe_ends_quietly_without_torch(argv):
     assert done.returncode == 141 and done.stderr == ""
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["diagnose", "--strategy", "ddp", "--fault", "nope"], "unknown fault 'nope'; choose from"),
+    (["demo", "nope"], "unknown fault 'nope'; choose from"),
+    (["diagnose", "--strategy", "zero3", "--fault", "divergent-init"],
+     "divergent-init does not apply to zero3: sharding cuts one model out of the ranks' own "
+     "inits"),
+    (["diagnose", "--strategy", "pipe-gpipe", "--fault", "unused-params"],
+     "unused-params does not apply to pipe-gpipe: it is not a failure mode of that strategy; "
+     "it applies to ddp, torch-ddp,"),
+])
+def test_a_fault_unknown_or_not_applicable_is_refused_before_torch_loads(argv, said):
+    """Exit 2 with one line, at once: the fault is checked before torch is imported (it
+    took 3 s to say a name was unknown); a fault that does not apply is not run at all (it
+    ran, printed NOT REPRODUCED and blamed an unhealthy run: the single-process reference
+    starts from rank 0's init, which a model cut from every rank's own init is not)."""
+    probe = ("import runpy, sys; sys.argv = ['distdoctor', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('harness', run_name='__main__')\n"
+             "finally:\n    sys.stderr.write('torch' if 'torch' in sys.modules else '')")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith("\n")  # and no "torch"
+
+
 def test_diagnose_prints_before_and_after_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "d.json"
     code = main(["diagnose", "--strategy", "ddp", "--fault", "sum-without-mean",

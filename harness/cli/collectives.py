@@ -21,7 +21,7 @@ def _sizes(text: str) -> tuple[int, int]:
 
 def _transport_help() -> str:
     """The transport a user's function is given, method by method, and an example."""
-    from harness.collectives.transport import USER_API
+    from harness.collectives import USER_API
 
     calls = [f"t.{text}" if "(" in text else ", ".join(f"t.{part}" for part in text.split(", "))
              for text, _ in USER_API]

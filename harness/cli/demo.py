@@ -31,10 +31,6 @@ def add_commands(commands) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
-    from harness.cli.tables import diagnosis_text
-    from harness.diagnosis.diagnose import diagnose
-
     if args.all and args.variant:
         raise UsageError("--variant goes with one FAULT, not --all")
     chosen = sweep_faults(args.strategy) if args.all else [fault_named(args.fault)]
@@ -42,6 +38,10 @@ def demo_command(args: argparse.Namespace) -> int:
         check_variant(fault, args.variant)
         if args.strategy and args.strategy not in fault.strategies:
             raise UsageError(f"fault {fault.id} does not apply to {args.strategy}")
+    from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
+    from harness.cli.tables import diagnosis_text
+    from harness.diagnosis.diagnose import diagnose
+
     rows: list[DemoRow] = []
     started = time.monotonic()
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.cli.args import EVERY_STRATEGY, EVERY_STRATEGY_TEXT, run_options, spec_from
+from harness.cli.args import (
+    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, run_options, spec_from,
+)
 from harness.cli.faults import check_variant, fault_named
 from harness.text import wrap
 
@@ -29,22 +31,22 @@ def add_commands(commands) -> None:
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
+    fault = fault_named(args.fault)  # refused before torch is imported: at once
+    check_variant(fault, args.variant)
+    if args.strategy not in fault.strategies:
+        why = fault.excluded.get(args.strategy, "it is not a failure mode of that strategy")
+        raise UsageError(f"{fault.id} does not apply to {args.strategy}: {why}; it applies "
+                         f"to {', '.join(fault.strategies)}")
     from harness.cli import tables
     from harness.diagnosis.diagnose import diagnose
     from harness.models import dump_report
 
-    fault = fault_named(args.fault)
-    check_variant(fault, args.variant)
     spec = spec_from(args, args.strategy)
     variant = fault.variant(args.variant)
     print(f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}, "
           f"{spec.world_size} {spec.backend} ranks\n"
           f"injected: {tables.changes_text(variant.knobs)} ({variant.description})\n",
           flush=True)
-    if spec.strategy in fault.excluded:
-        print(wrap(f"note: {fault.id} does not apply to {spec.strategy}: "
-                   f"{fault.excluded[spec.strategy]}; running it anyway to show what "
-                   f"happens") + "\n", flush=True)
     report = diagnose(fault, spec, args.variant)
     print(tables.diagnosis_text(report), flush=True)
     timing = tables.hang_timing(report.record, time.monotonic())

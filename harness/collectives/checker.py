@@ -234,7 +234,7 @@ def describe(failure: Failure, kind: str) -> str:
     numel = len(case.values[0]) if case.values else 0
     on = f" on the {failure.wire} transport" if failure.wire != "buffered" else ""
     if failure.what == MISUSE:
-        from harness.collectives.transport import USER_API
+        from harness.collectives import USER_API
 
         return "\n".join([f"{MISUSE}, on the first example:", f"  {failure.detail}",
                           "  the transport's methods: " + "; ".join(t for t, _ in USER_API)])

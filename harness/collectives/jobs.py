@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from harness.collectives import algorithms
 from harness.collectives.rendezvous import RendezvousTransport
-from harness.collectives.transport import USER_API, GlooTransport, QueueTransport
+from harness.collectives import USER_API
+from harness.collectives.transport import GlooTransport, QueueTransport
 
 # name -> (function, takes an op, takes a source rank)
 OURS: dict[str, tuple[Callable, bool, bool]] = {
