@@ -258,3 +258,30 @@ def test_the_collectives_table_measures_each_collective_against_its_formula(caps
     assert [int(v) for v in rows["allgather"][1:5]] == [2 * 4 * 4] * 2 + [2, 2]
     assert [int(v) for v in rows["reduce-scatter"][1:5]] == [2 * 4 * 4] * 2 + [2, 2]
     assert all(row[1] == row[2] and row[3] == row[4] for row in rows.values())
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--schedule", "zb"], "--png needs matplotlib, which is not installed here"),
+    ([], "--png draws one schedule's chart: name it with --schedule"),
+])
+def test_a_png_that_cannot_be_drawn_is_refused_before_anything_runs(argv, said, tmp_path,
+                                                                    monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    path = tmp_path / "g.png"
+    code = main(["pipeline", "simulate", "--png", str(path), *argv])
+    printed = capsys.readouterr()
+    assert code == 2 and said in printed.err and printed.out == ""
+    assert not path.exists()
+
+
+def test_memory_says_what_the_largest_layer_it_was_not_given_would_add(capsys):
+    """70B at 1/80 per block: L = 875M parameters, 4 bytes each gathered (bf16 parameter
+    and gradient) = 3.5 GB on top of ZeRO-3's 105 GB."""
+    assert main(["memory", "--params", "70e9", "--world-size", "8"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("--largest-layer not given, so L = 0 and ZeRO-3's total leaves out the largest "
+            "layer") in said
+    assert "L = 875M adds 3.5 GB per rank, 108.5 GB in all" in said
+    assert main(["memory", "--params", "70e9", "--largest-layer", "875M"]) == 0
+    given = capsys.readouterr().out
+    assert "not given" not in given and "108.5 GB" in given

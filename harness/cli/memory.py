@@ -57,7 +57,7 @@ def add_commands(commands) -> None:
                         help="memory per rank, decimal GB (default: %(default)s, an 80 GB card)")
     memory.add_argument("--largest-layer", type=parameter_count, default=None, metavar="L",
                         help="parameters of the largest layer, which ZeRO-3 gathers whole "
-                             "(default: 0)")
+                             "(default: 0, and the output says what a typical layer adds)")
     memory.add_argument("--activations-gb", type=gigabytes, default=0.0, metavar="A",
                         help="activation memory per rank (default: %(default)s)")
     memory.add_argument("--gpus-per-node", type=count(1), default=8, metavar="G",
@@ -78,6 +78,8 @@ def memory_command(args: argparse.Namespace) -> int:
                f"rank") + "\n")
     rows = {s: model.at(s, n, precision) for s in stages}
     print(table(rows, budget, args.params))
+    if 3 in stages and args.largest_layer is None:
+        print(wrap(layer_assumed_note(model, n, precision)))
     print()
     if precision.name != "fp32":
         print(wrap(precision_note(model, stages[0], n, precision)))
@@ -114,6 +116,22 @@ def table(rows: dict[int, StageBytes], budget: float, params: float) -> str:
     return "\n".join("  ".join(cell.ljust(w) if i in (0, len(head) - 1) else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
                      for row in lines)
+
+
+TYPICAL_LAYER_SHARE = 1 / 80  # one block of Llama-2-70B's 80 (GPT-3 175B: 1/96)
+
+
+def layer_assumed_note(model: Model, n: int, precision: Precision) -> str:
+    """What ZeRO-3's total leaves out when the largest layer was not given."""
+    layer = model.params * TYPICAL_LAYER_SHARE
+    extra = (precision.param + precision.grad) * layer
+    total = model.at(3, n, precision).total
+    return (f"gathered: --largest-layer not given, so L = 0 and ZeRO-3's total leaves out the "
+            f"largest layer, which it gathers whole (its parameters and gradient: "
+            f"{precision.param + precision.grad:g} bytes per parameter). A transformer block is "
+            f"typically 1-2% of the model (one of Llama-2-70B's 80 is 1.2%): at 1/80, L = "
+            f"{count_text(layer)} adds {size(extra)} per rank, {size(total + extra)} in all. "
+            f"Give --largest-layer for your model.")
 
 
 def precision_note(model: Model, stage: int, n: int, precision: Precision) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 
 from harness.cli.args import Parser, UsageError, cost, count, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
@@ -53,6 +55,13 @@ def simulate_command(args: argparse.Namespace) -> int:
     from harness.pipeline.report import simulation_table
     from harness.pipeline.simulate import Costs, run_schedule
 
+    if args.png and args.schedule == "all":
+        raise UsageError("--png draws one schedule's chart: name it with --schedule")
+    if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+        raise UsageError(f"--png {args.png}: no such directory")
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--png needs matplotlib, which is not installed here (pip install "
+                         "matplotlib); the text chart is printed without it")
     costs = Costs(args.f, args.b, args.w, args.fb, args.comm)
     names = list(SIMULATED) if args.schedule == "all" else [args.schedule]
     print(simulation_table(names, args.stages, args.microbatches, costs))
@@ -64,8 +73,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         print()
         print(text_gantt(timeline))
         if args.png:
-            print(f"wrote {args.png}" if png_gantt(timeline, args.png)
-                  else "no PNG: matplotlib is not installed")
+            png_gantt(timeline, args.png)
+            print(f"wrote {args.png}")
     return 0
 
 
