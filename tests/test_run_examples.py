@@ -51,6 +51,20 @@ def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
     assert (report["status"], report["cause"], report["findings"]) == ("ok", None, [])
     assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
     assert report["ranks"][0]["call"]["op"] == "barrier"
+    ran = float(done.stdout.split("the script ran ")[1].split(" s once every rank was up")[0])
+    assert ran == pytest.approx(report["wall_s"], abs=0.006)  # what the time measures, said
+
+
+def test_a_rank_the_backend_aborted_is_explained_after_the_report(distdoctor, tmp_path):
+    """gloo aborts a rank whose all-reduce got the wrong size: its 'Fatal Python error' and
+    thread dump reach stderr, and the report says what they are."""
+    done, report = run_example(distdoctor, tmp_path, "shape_mismatch.py", 2,
+                               deadline=DEADLINE)
+    assert "Fatal Python error: Aborted" in done.stderr
+    aborted = [r["rank"] for r in report["ranks"] if "SIGABRT" in (r["error"] or "")]
+    assert aborted and done.stdout.split("\n\nwrote ")[0].splitlines()[-1].startswith(
+        f"note: rank {aborted[0]} was aborted (SIGABRT" if len(aborted) == 1 else
+        "note: ranks 0, 1 were aborted (SIGABRT")
 
 
 # Every hang among these is proven from the calls (or ends in an error): the deadline is

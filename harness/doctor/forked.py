@@ -25,6 +25,7 @@ launcher's on every rank. So a fork is used only when it is safe (see :func:`can
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import random
@@ -121,6 +122,11 @@ def _make_fresh(env: dict[str, str]) -> None:
             signal.signal(sig, _PYTHON_DEFAULTS.get(sig, signal.SIG_DFL))
         except (OSError, ValueError):
             pass
+    # faulthandler left enabled by the launcher (pytest's plugin, python -X faulthandler)
+    # would stay "enabled" in name only: its handlers were just reset above, and enabling it
+    # again while it counts as enabled installs none. Off, as in a fresh interpreter; the
+    # rank enables it afresh, so a fatal error (gloo's abort) still dumps the stacks.
+    faulthandler.disable()
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))

@@ -249,7 +249,9 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
     based = " (from partial evidence)" if partial else ""
     if result.cause is None:
         lines.append(f"distdoctor {command}: OK{based}: all {len(result.ranks)} ranks of "
-                     f"{result.script} finished ({result.wall_s:.2f} s)")
+                     f"{result.script} finished"
+                     + (f" (the script ran {result.wall_s:.2f} s once every rank was up; "
+                        f"starting them is not counted)" if result.wall_s else ""))
     else:
         cause = result.cause
         lines += [f"distdoctor {command}: FAILED{based}: {cause.kind} "
@@ -281,4 +283,12 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
             lines.append("  " + r.error.strip().splitlines()[-1][:300])
         if r.stack and r.state in ("blocked", "running"):
             lines.append("  " + r.stack.replace("\n", "\n  "))
+    aborted = [r.rank for r in result.ranks if r.error and "by signal SIGABRT" in r.error]
+    if aborted:
+        lines.append(f"\nnote: {ranks_phrase(aborted)} {'was' if len(aborted) == 1 else 'were'} "
+                     f"aborted (SIGABRT: gloo and NCCL abort a process on a fatal error, such "
+                     f"as a collective mismatch): the 'Fatal Python error: Aborted' and thread "
+                     f"dump{'s' * (len(aborted) > 1)} on stderr are "
+                     f"{'its' if len(aborted) == 1 else 'their'} last words, an effect of "
+                     f"the cause above, not a second problem")
     return "\n".join(lines)

@@ -240,7 +240,9 @@ class JobWatch:
         if rank not in self.ends and not handle.process.is_alive():
             handle.process.join()
             tail = self.stderr[rank]
-            tail.add(_read_available(handle.stderr_fd))
+            # its last words, all written before it died: kept, and passed on like the rest
+            self._read_streams([fd for fd in (handle.stderr_fd, handle.stdout_fd)
+                                if fd in self.streams])
             last_words = f"; its stderr ended with:\n{tail.last_lines(60)}" if str(tail) else ""
             self._end(RankEnd(rank, "died", at=procs.now() - self.started,
                               error=describe_exit(handle.process) + last_words,
