@@ -207,6 +207,10 @@ def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(d
     assert said in done.stdout
     assert f"look at: {backward}, {barrier}\n" in done.stdout
     assert f"rank 0 waits in barrier (#0) at {barrier}, a call rank 1 never made" in done.stdout
+    # the README shows this run: its lines are this output's, word for word
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    shown = readme.split("ddp_barrier_on_rank0.py\n", 1)[1].split("```")[0]
+    assert shown.splitlines() == done.stdout.splitlines()[:len(shown.splitlines())]
 
 
 def test_a_deadlock_is_proven_from_the_calls_long_before_the_deadline(distdoctor, tmp_path):

@@ -34,8 +34,8 @@ def lesson(fault: Fault, report: RunReport) -> str:
     paragraphs = [
         f"== {fault.id}: {fault.title} ==",
         wrap(f"What goes wrong: {fault.symptom}. Injected into {spec.strategy} on "
-             f"{spec.world_size} {spec.backend} ranks as {changes_text(variant.knobs)} "
-             f"({variant.description})."),
+             f"{spec.world_size} {spec.backend} ranks by flipping the built-in workload's "
+             f"switches (its knobs): {changes_text(variant.knobs)} ({variant.description})."),
     ]
     if not before.decided:
         undecided = " ".join(f.symptom.rstrip(".") + "." for f in before.undecided)
