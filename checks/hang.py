@@ -34,7 +34,7 @@ def check(record: RunRecord) -> list[Finding]:
     if not stopped:
         return []
     blocked = {r.rank: _blocking_call(r) for r in stopped}
-    edges = {rank: _waits_for(call, record) for rank, call in blocked.items() if call}
+    edges = wait_edges(record)
     calls = {r.rank: describe(blocked[r.rank]) if blocked[r.rank] else _from_stack(r)
              for r in stopped}
     measured = {"blocked_in": {str(k): v for k, v in calls.items()},
@@ -71,6 +71,14 @@ def check(record: RunRecord) -> list[Finding]:
         f"no rank made progress and no cycle or missing rank explains it. "
         f"Every blocked rank: {listing}", "unknown from the calls alone",
         "look at the lines each rank is blocked on", [r.rank for r in stopped], measured)]
+
+
+def wait_edges(record: RunRecord) -> dict[int, set[int]]:
+    """Whom each stopped rank waits for, from the call it is blocked in (the wait-for
+    graph the hang is judged on; the pictures draw it)."""
+    stopped = [r for r in record.ranks if r.end.status in STOPPED]
+    blocked = {r.rank: _blocking_call(r) for r in stopped}
+    return {rank: _waits_for(call, record) for rank, call in blocked.items() if call}
 
 
 def describe(call: Call) -> str:

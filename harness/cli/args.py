@@ -7,6 +7,7 @@ Bad input is reported as one line and exit code 2: argparse's own errors through
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import NoReturn
 
 from harness.models.strategies import DATA_PARALLEL
@@ -84,6 +85,29 @@ def run_options(world_size: int, deadline: float = DEADLINE) -> argparse.Argumen
                             "the calls prove is stopped within a fraction of a second, "
                             "whatever this is")
     return options
+
+
+def html_file(text: str) -> str:
+    """Where an HTML report goes: a file, whose folder is made if missing."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name such as "
+                                         f"{path / 'report.html'}")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: a file stands where a folder "
+                                         f"should be")
+    return text
+
+
+def html_folder(text: str) -> str:
+    """Where one HTML page per case goes: a folder, made if missing."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise argparse.ArgumentTypeError(f"cannot write into {text}: a file stands where a "
+                                         f"folder should be")
+    return text
 
 
 def zero_or_more(what: str):

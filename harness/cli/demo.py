@@ -5,10 +5,13 @@ strategy and print one summary table."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from harness.cli.args import EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, run_options, spec_from
+from harness.cli.args import (
+    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_folder, run_options, spec_from,
+)
 from harness.cli.faults import check_variant, fault_named
 
 
@@ -27,6 +30,8 @@ def add_commands(commands) -> None:
                            "fault); with --all, every fault that applies to it, on it "
                            "alone; " + EVERY_STRATEGY_TEXT)
     demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
+    demo.add_argument("--html", type=html_folder, metavar="DIR", help="also write one self-contained HTML page "
+                      "per case into DIR, and DIR/index.html listing them")
     demo.set_defaults(handler=demo_command)
 
 
@@ -75,7 +80,24 @@ def demo_command(args: argparse.Namespace) -> int:
             if not row.report.verdict.passed:
                 print(f"\n== did not pass: {row.fault} ({row.variant}) on {row.strategy} ==\n"
                       + diagnosis_text(row.report))
+    if args.html:
+        _write_pages(args.html, rows)
     return 0 if all(r.report.verdict.passed for r in rows) else 1
+
+
+def _write_pages(directory: str, rows: list) -> None:
+    """One page per case, and an index of them."""
+    from harness.pictures import page, reports
+
+    entries = []
+    for row in rows:
+        name = f"{row.fault}-{row.variant}-{row.strategy}.html"
+        title = f"distdoctor demo: {row.fault} ({row.variant}) on {row.strategy}"
+        page.write(os.path.join(directory, name), reports.diagnosis_page(row.report, title))
+        entries.append((name, f"{row.fault} ({row.variant}) on {row.strategy}",
+                        row.report.verdict.outcome))
+    page.write(os.path.join(directory, "index.html"), reports.index_page(entries))
+    print(f"wrote {len(entries)} pages and {os.path.join(directory, 'index.html')}")
 
 
 def sweep_faults(strategy: str | None) -> list:

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from harness.cli.args import (
-    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, run_options, spec_from,
+    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_file, run_options, spec_from,
 )
 from harness.cli.faults import check_variant, fault_named
 from harness.text import wrap
@@ -27,6 +27,9 @@ def add_commands(commands) -> None:
     diagnose.add_argument("--variant", metavar="NAME", help="one of the fault's variants "
                           "(default: its first)")
     diagnose.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    diagnose.add_argument("--html", type=html_file, metavar="PATH", help="also write the report as one "
+                          "self-contained HTML page (verdict, training curves, and what "
+                          "else fits the run: hang, memory, pipeline)")
     diagnose.set_defaults(handler=diagnose_command)
 
 
@@ -55,4 +58,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
     if args.json:
         dump_report(report, args.json)
         print(f"wrote {args.json}")
+    if args.html:
+        from harness.pictures import page, reports
+
+        page.write(args.html, reports.diagnosis_page(
+            report, f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}"))
+        print(f"wrote {args.html}")
     return 0 if report.verdict.passed else 1

@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import os
 
-from harness.cli.args import Parser, UsageError, cost, count, run_options, spec_from
+from harness.cli.args import Parser, UsageError, cost, count, html_file, run_options, spec_from
 from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
 from harness.pipeline.orders import SCHEDULES as SIMULATED
 
@@ -36,6 +36,8 @@ def add_commands(commands) -> None:
                           help="time of an overlapped forward+backward (default: f+b+w)")
     simulate.add_argument("--png", metavar="PATH", help="also draw the chart as PNG "
                           "(needs matplotlib)")
+    simulate.add_argument("--html", type=html_file, metavar="PATH", help="also write the table and each "
+                          "schedule's chart as one self-contained HTML page")
     simulate.set_defaults(handler=simulate_command)
     pipe_run = pipeline_commands.add_parser(
         "run", parents=[run_options(2)], help="train a pipeline on real ranks",
@@ -46,6 +48,9 @@ def add_commands(commands) -> None:
                           metavar="SCHEDULE", help=", ".join(PIPELINES))
     pipe_run.add_argument("--seq-len", type=count(1), default=32)
     pipe_run.add_argument("--d-model", type=count(1), default=16)
+    pipe_run.add_argument("--html", type=html_file, metavar="PATH", help="also write the report as one "
+                          "self-contained HTML page: the measured Gantt chart beside the "
+                          "simulated one, training curves, the verdict")
     pipe_run.set_defaults(handler=run_command)
 
 
@@ -64,7 +69,8 @@ def simulate_command(args: argparse.Namespace) -> int:
                          "matplotlib); the text chart is printed without it")
     costs = Costs(args.f, args.b, args.w, args.fb, args.comm)
     names = list(SIMULATED) if args.schedule == "all" else [args.schedule]
-    print(simulation_table(names, args.stages, args.microbatches, costs))
+    table_text = simulation_table(names, args.stages, args.microbatches, costs)
+    print(table_text)
     if args.schedule != "all":
         try:
             timeline = run_schedule(args.schedule, args.stages, args.microbatches, costs)
@@ -75,6 +81,17 @@ def simulate_command(args: argparse.Namespace) -> int:
         if args.png:
             png_gantt(timeline, args.png)
             print(f"wrote {args.png}")
+    if args.html:
+        from harness.pictures import page, reports
+
+        timelines = []
+        for name in names:
+            try:
+                timelines.append(run_schedule(name, args.stages, args.microbatches, costs))
+            except ValueError:
+                pass  # the table says it is not defined here
+        page.write(args.html, reports.simulate_page(timelines, table_text))
+        print(f"wrote {args.html}")
     return 0
 
 
@@ -117,4 +134,11 @@ def run_command(args: argparse.Namespace) -> int:
     label = {"healthy": "PASS", "unhealthy": "FAIL"}.get(verdict.outcome, "INCONCLUSIVE")
     print(f"verdict: {label}: " + tables.numbers_line(assessment)
           + (f"; {verdict.note}" if verdict.note else ""))
+    if args.html:
+        from harness.models import RunReport
+        from harness.pictures import page, reports
+
+        page.write(args.html, reports.diagnosis_page(
+            RunReport(record, verdict), f"distdoctor pipeline run: {spec.strategy}"))
+        print(f"wrote {args.html}")
     return 0 if verdict.passed else 1

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.args import DEADLINE, UsageError, count, seconds
+from harness.cli.args import DEADLINE, UsageError, count, html_file, seconds
 
 
 def port_number(text: str) -> int:
@@ -40,6 +40,10 @@ def _ranks(text: str) -> frozenset[int]:
 
 ALL_FRAMES = ("show every frame and thread of a stopped rank (torch's, Python's and "
               "distdoctor's too); by default only your own code's frames, each thread once")
+
+
+HTML = ("also write the report as one self-contained HTML page: the verdict, a hang's "
+        "wait-for graph and each rank's calls on a timeline (no network needed to view it)")
 
 
 def add_commands(commands) -> None:
@@ -92,6 +96,7 @@ def add_commands(commands) -> None:
                      help="as torchrun's: show only these ranks' output, e.g. 0 or 0,2 "
                           "(the diagnosis still reads every rank)")
     run.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
+    run.add_argument("--html", type=html_file, metavar="PATH", help=HTML)
     run.add_argument("script", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(handler=run_command)
@@ -105,6 +110,7 @@ def add_commands(commands) -> None:
     analyze.add_argument("directories", metavar="DIR", nargs="+")
     analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
     analyze.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
+    analyze.add_argument("--html", type=html_file, metavar="PATH", help=HTML)
     analyze.add_argument("--run", metavar="ID", help="analyse this run's traces, where a "
                          "folder holds several runs' (each trace names its run)")
     analyze.set_defaults(handler=analyze_command)
@@ -139,7 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc).splitlines()[0]) from None
     return _diagnose(script_record(result.ends, result.traces, result.wall_s, result.started,
                                    args.deadline), args.script, args.report,
-                     all_frames=args.all_frames)
+                     all_frames=args.all_frames, html=args.html)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -154,11 +160,11 @@ def analyze_command(args: argparse.Namespace) -> int:
         print(f"distdoctor analyze: partial evidence: {note}", flush=True)
     return _diagnose(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
                      " ".join(args.directories), args.report, "analyze", job.partial,
-                     args.all_frames)
+                     args.all_frames, args.html)
 
 
 def _diagnose(record, script: str, report_path: str | None, command: str = "run",
-              partial: bool = False, all_frames: bool = False) -> int:
+              partial: bool = False, all_frames: bool = False, html: str | None = None) -> int:
     import time
 
     from harness.doctor.record import diagnose
@@ -173,4 +179,9 @@ def _diagnose(record, script: str, report_path: str | None, command: str = "run"
     if report_path:
         result.write(report_path)
         print(f"\nwrote {report_path}")
+    if html:
+        from harness.pictures import page, reports
+
+        page.write(html, reports.script_page(record, result, command))
+        print(f"\nwrote {html}")
     return 0 if result.status == "ok" else 1
