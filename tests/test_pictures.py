@@ -34,6 +34,11 @@ def test_a_hang_report_shows_the_cycle_and_each_ranks_blocked_call(distdoctor, t
     assert dom.count('class="blocked"') == 3  # each rank's open send, drawn and marked
     assert dom.count("p2p_cycle.py:9") >= 6  # on hover and in the table below
     assert "send to 1: blocked" in dom
+    ddp = tmp_path / "ddp.html"  # ranks waiting in DDP's own all-reduce, which is untraced
+    assert distdoctor("run", "--html", str(ddp), "ddp_barrier_on_rank0.py").returncode == 1
+    dom = seen(ddp, tmp_path)
+    assert "FAILED: collective-mismatch (rank 0)" in dom and "barrier: blocked" in dom
+    assert "waiting in DDP's gradient all-reduce (untraced)" in dom
 
 
 @needs_browser

@@ -78,14 +78,20 @@ def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
             marks.append((float(step), f"{f.fault} from step {step}"))
     html = line_chart(losses, "loss per rank per step", marks=marks)
     spread = spreads(record)
-    if spread:
+    if spread and max(spread) > 0:
         html += line_chart([("spread", list(enumerate(spread)))],
                            "parameter spread across ranks per step (log)", log=True,
                            marks=marks)
-    if reference_per_step:
+    elif spread:
+        html += page.paragraph(f"Parameter spread across ranks: 0 at every step "
+                               f"(0 to {len(spread) - 1}): the replicas agree.", "note")
+    if reference_per_step and max(reference_per_step) > 0:
         html += line_chart([("difference", [(i + 1, d) for i, d in
                                             enumerate(reference_per_step)])],
                            "largest difference from the single-process run (log)", log=True)
+    elif reference_per_step:
+        html += page.paragraph("Largest difference from the single-process run: 0 at every "
+                               "step.", "note")
     return page.Section("Training", "training", html)
 
 

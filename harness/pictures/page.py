@@ -22,6 +22,7 @@ h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding
 .finding .kind { font-weight: 600; }
 .note { color: #666; font-size: 13px; }
 .figure { overflow-x: auto; margin: 8px 0; }
+.figure svg { max-width: 100%; height: auto; }
 .figure.small { display: inline-block; vertical-align: top; margin-right: 16px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }

@@ -117,6 +117,19 @@ def picture(record: RunRecord) -> page.Section | None:
         if x(bar.end) - x(bar.start) > 7 * len(words) + 8 and lane >= 20:
             body.append(text(x(bar.start) + 4, y + lane * 0.6, words, 10, "start", "#ffffff",
                              "bold"))
+    for rank in range(n):  # waiting in a collective torch made itself (DDP's): untraced
+        end = record.ranks[rank].end
+        if end.collective and end.status in ("hung", "stopped"):
+            mine = [b.end for b in all_bars if b.rank == rank]
+            start = max(mine) if mine else t0
+            y = top + rank * lane
+            body.append(rect(x(start), y + 3, x(t1) - x(start), lane - 8, "#f3d6d7",
+                             f"rank {rank}: {end.collective}", "blocked",
+                             stroke=COLOURS["blocked"]))
+            words = end.collective.split(" (")[0]
+            if lane >= 20:
+                body.append(text(x(start) + 6, y + lane * 0.6, words + " (untraced)", 10,
+                                 colour=COLOURS["blocked"], weight="bold"))
     for send, recv in pairs(drawn):
         body.append(line(x(send.start), top + send.rank * lane + lane / 2,
                          x(recv.end), top + recv.rank * lane + lane / 2, "#555555", 1, "3,2",
