@@ -14,13 +14,14 @@ KINDS = {"F": "F forward", "B": "B backward", "W": "W weight backward",
 
 
 def chart(lanes: dict[int, list[tuple[float, float, str, int]]], label: str,
-          unit: str) -> str:
-    """``lanes``: rank -> (start, end, kind, micro) bars."""
+          unit: str, span: float | None = None) -> str:
+    """``lanes``: rank -> (start, end, kind, micro) bars. ``span``: the time the full width
+    stands for, so that charts drawn one above the other compare by length."""
     bars = [b for bs in lanes.values() for b in bs]
     if not bars:
         return ""
     t0, t1 = min(b[0] for b in bars), max(b[1] for b in bars)
-    scale = (WIDTH - LEFT - 20) / max(t1 - t0, 1e-12)
+    scale = (WIDTH - LEFT - 20) / max(span or (t1 - t0), 1e-12)
     ranks = sorted(lanes)
     height = 40 + LANE * len(ranks) + 24
     body = [text(LEFT, 14, label, 12, weight="bold")]
@@ -37,17 +38,18 @@ def chart(lanes: dict[int, list[tuple[float, float, str, int]]], label: str,
             if w > 14:
                 body.append(text(x + w / 2, y + LANE * 0.6, str(micro), 10, "middle",
                                  "#ffffff"))
-    body.append(text(WIDTH - 20, height - 6, f"{t1 - t0:.3g} {unit}", 11, "end"))
+    body.append(text(LEFT + (t1 - t0) * scale, height - 6, f"{t1 - t0:.3g} {unit}", 11,
+                     "end"))
     return f'<div class="figure">{svg(WIDTH, height, body, label)}</div>'
 
 
-def simulated(timeline) -> str:
+def simulated(timeline, span: float | None = None) -> str:
     lanes: dict[int, list] = {r: [] for r in range(timeline.ranks)}
     for slot in timeline.slots:
         action = slot.action
         micro = action.parts[0].micro if action.parts else action.micro
         lanes[slot.rank].append((slot.start, slot.end, action.kind, micro))
-    return chart(lanes, f"simulated: {timeline.schedule.name}", "time units")
+    return chart(lanes, f"simulated: {timeline.schedule.name}", "time units", span)
 
 
 def measured(record: RunRecord) -> str:

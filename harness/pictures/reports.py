@@ -93,7 +93,10 @@ def _pipeline(record: RunRecord) -> page.Section | None:
 def simulate_page(timelines: list, table_text: str) -> str:
     """``pipeline simulate``: the table, then each schedule's chart."""
     html = f"<pre>{escape(table_text)}</pre>"
-    charts_html = "".join(gantt.simulated(t) for t in timelines)
+    span = max((t.makespan for t in timelines), default=None)  # one scale: lengths compare
+    charts_html = "".join(gantt.simulated(t, span) for t in timelines)
+    charts_html += page.paragraph("All charts share one time scale, so a shorter chart is a "
+                                  "faster schedule.", "note")
     return page.page("distdoctor pipeline simulate", "schedules simulated from per-action "
                      "costs", [page.Section("Bubbles", "findings", html),
                                page.Section("Schedules", "pipeline", charts_html)])
