@@ -342,6 +342,11 @@ def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor
                                 f'  File "p2p_cycle.py", line {send}, in <module>\n')
         assert shown.count("most recent call last") == 1 and "distributed_c10d.py" not in shown
         assert "frames of torch, Python and distdoctor" in shown
+    page = tmp_path / "hang.html"  # the same analysis drawn: the cycle and the blocked sends
+    assert distdoctor("analyze", "--html", str(page), str(tmp_path / "hang")).returncode == 1
+    drawn = page.read_text()
+    assert "A cycle of waits: ranks 0 -&gt; 1 -&gt; 0" in drawn
+    assert drawn.count('class="blocked"') == 2
     every = distdoctor("analyze", "--all-frames", str(tmp_path / "hang"))
     assert every.stdout.count("distributed_c10d.py") == 2  # rank 0's and rank 1's, once each
     assert "Thread distdoctor-stall-watch" in every.stdout
