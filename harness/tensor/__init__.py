@@ -1,0 +1,12 @@
+"""Tensor parallelism written out (Megatron-style), the seed's fourth strategy: each weight
+matrix split across the ranks of a tensor-parallel group, which all see the same batch.
+
+``layers`` holds the two conjugate autograd functions and the column- and row-parallel
+linear layers built on them, with a log of the all-reduces they issue; ``mlp`` cuts the
+built-in MLP into them (first layer by columns, second by rows: one all-reduce forward and
+one backward per pair); ``steps`` trains it, or torch's ``parallelize_module`` version, for
+a few steps on a rank and hands back what the tests compare with one process.
+
+It imports ``training`` (the built-in model and data); nothing in ``harness`` imports it
+yet: the ``tp`` strategies, faults and detectors of issue 21 are still to come.
+"""

@@ -1,0 +1,80 @@
+"""Tensor parallelism, written out and torch's, against one process: the same batches, the
+same init, SGD; parameters after three steps and the first step's gradients put back
+together from every rank's slices; and the all-reduces and weight bytes per rank against
+the formulas (issue 21's first part: the layers, before the strategy, faults and
+detectors)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from harness.models import RunSpec
+from harness.tensor.mlp import TensorParallelMLP, allreduce_bytes, full_tensors, weight_bytes
+from harness.tensor.steps import train_steps
+from harness.training.workload import build_model, loss_fn, make_dataset
+
+SPEC = RunSpec(strategy="ddp", world_size=1)
+STEPS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def one_process() -> tuple[dict, dict]:
+    """The parameters after STEPS steps and the first step's gradients, in one process."""
+    torch.manual_seed(SPEC.seed)
+    model = build_model(SPEC, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=SPEC.learning_rate)
+    x, y = make_dataset(SPEC)
+    grads = {}
+    for step in range(STEPS):
+        ids = list(range(step * SPEC.batch_size, (step + 1) * SPEC.batch_size))
+        optimizer.zero_grad()
+        out, aux = model(x[ids])
+        loss_fn(out, aux, y[ids]).backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, grads
+
+
+def gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["tp", "torch-tp"])
+def test_tensor_parallel_training_matches_one_process(pools, kind, world_size):
+    result = pools(world_size).run(train_steps, kind, SPEC, STEPS, deadline=60)
+    result.raise_for_status()
+    ranks = list(result.values)
+    params, grads = one_process()
+    model = TensorParallelMLP(build_model(SPEC, 0), 0, world_size)
+    assert gap(full_tensors(model, [r["params"] for r in ranks]), params) <= 1e-5
+    assert gap(full_tensors(model, [r["grads"] for r in ranks]), grads) <= 1e-5
+    if world_size > 1:  # each rank holds a slice of fc1 and fc2, not the whole
+        assert ranks[0]["params"]["fc1.weight"].shape[0] == SPEC.hidden_features // world_size
+
+
+@pytest.mark.parametrize("input_grad", [True, False], ids=["inner-block", "first-block"])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_one_allreduce_each_way_per_block_and_a_slice_of_the_weights(pools, world_size,
+                                                                    input_grad):
+    """The digest: an all-reduce after each matmul pair. Forward sums fc2's partial outputs
+    (batch x hidden); backward sums the gradient of fc1's input (batch x inputs) when that
+    input asks for one (a block above others; the data itself does not, and autograd skips
+    it). Each rank holds 1/TP of the split layers and the replicated ones whole."""
+    result = pools(world_size).run(train_steps, "tp", SPEC, 1, input_grad, deadline=60)
+    result.raise_for_status()
+    expected = allreduce_bytes(SPEC.batch_size, SPEC.hidden_features, SPEC.in_features,
+                               input_grad)
+    for rank in result.values:
+        if world_size == 1:
+            assert rank["traffic"]["calls"] == {"forward": 0, "backward": 0}
+        else:
+            assert rank["traffic"] == {"calls": {"forward": 1, "backward": int(input_grad)},
+                                       "bytes": expected}
+        assert rank["held"] == weight_bytes(SPEC.hidden_features, SPEC.in_features,
+                                            world_size)
