@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.cli.main import main
@@ -97,3 +99,28 @@ def test_memory_command_rejects_bad_input_in_one_line(argv, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "error:" in err
+
+
+@pytest.mark.parametrize("world_size, tp, stage, total_gb", [
+    # 12 bytes per parameter (mixed): tensor parallelism over 8 splits every weight 8 ways,
+    # 12P/8 = 105 GB, as ZeRO-3 over 8 data-parallel ranks does
+    (8, 8, "0", 70e9 * 12 / 8 / 1e9),
+    # TP 8 x DP 2, ZeRO-1: parameters and gradients 4P/8, Adam's m and v 8P/(8 x 2)
+    (16, 8, "1", (70e9 * 4 / 8 + 70e9 * 8 / 16) / 1e9),
+    # TP 2 x DP 4, ZeRO-3: all 12P/(2 x 4)
+    (8, 2, "3", 70e9 * 12 / 8 / 1e9),
+])
+def test_a_tensor_parallel_degree_splits_the_weights_before_zero_shards_them(
+        world_size, tp, stage, total_gb, capsys):
+    assert main(["memory", "--params", "70e9", "--world-size", str(world_size), "--tp", str(tp),
+                 "--stage", stage]) == 0
+    printed = capsys.readouterr().out
+    assert f"tensor-parallel over {tp}" in " ".join(printed.split())
+    row = next(line for line in printed.splitlines() if line.startswith(stage + " "))
+    total = re.search(r"([\d.]+) GB\s+[\d.]+P\s", row)[1]  # the column before "per param"
+    assert float(total) == pytest.approx(total_gb, abs=0.05)
+
+
+def test_a_tensor_parallel_degree_that_leaves_a_node_is_refused(capsys):
+    assert main(["memory", "--params", "70e9", "--world-size", "8", "--tp", "16"]) == 2
+    assert "--tp 16 must divide --world-size 8" in capsys.readouterr().err

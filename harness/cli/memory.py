@@ -8,7 +8,7 @@ import math
 import re
 import textwrap
 
-from harness.cli.args import count, zero_or_more
+from harness.cli.args import UsageError, count, zero_or_more
 from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
 from harness.memory.planner import Model, cheapest_fit, fits, round_up, smallest_world_size
 from harness.text import wrap
@@ -60,6 +60,10 @@ def add_commands(commands) -> None:
                              "(default: 0, and the output says what a typical layer adds)")
     memory.add_argument("--activations-gb", type=gigabytes, default=0.0, metavar="A",
                         help="activation memory per rank (default: %(default)s)")
+    memory.add_argument("--tp", type=count(1), default=1, metavar="T",
+                        help="tensor-parallel degree: each layer's weights split over T ranks "
+                             "of a node, the ZeRO stages sharding over the N/T data-parallel "
+                             "ranks (default: 1, none)")
     memory.add_argument("--gpus-per-node", type=count(1), default=8, metavar="G",
                         help="rank counts are also rounded up to whole nodes of G "
                              "(default: %(default)s)")
@@ -68,14 +72,24 @@ def add_commands(commands) -> None:
 
 def memory_command(args: argparse.Namespace) -> int:
     precision = PRECISIONS[args.precision]
-    model = Model(args.params, args.largest_layer or 0.0, args.activations_gb * GB)
+    tp = args.tp
+    if args.world_size % tp or args.gpus_per_node % tp:
+        raise UsageError(f"--tp {tp} must divide --world-size {args.world_size} and "
+                         f"--gpus-per-node {args.gpus_per_node}: a tensor-parallel group "
+                         f"stays inside one node, and the data-parallel ranks are N/T")
+    # each rank holds 1/T of every split layer; ZeRO shards that over the N/T data-parallel
+    # ranks (the norms and biases tensor parallelism replicates are left out: a fraction of
+    # a percent of a transformer)
+    model = Model(args.params / tp, (args.largest_layer or 0.0) / tp, args.activations_gb * GB)
     budget = args.budget_gb * GB
     stages = [0, 1, 2, 3] if args.stage == "all" else [int(args.stage)]
-    n = args.world_size
-    print(wrap(f"distdoctor memory: {count_text(args.params)} parameters on {n} "
-               f"rank{'s' if n > 1 else ''}, {precision.name} precision ({precision.per_param} "
-               f"bytes per parameter: {precision.summary}), budget {args.budget_gb:g} GB per "
-               f"rank") + "\n")
+    n = args.world_size // tp
+    split = (f", tensor-parallel over {tp} (each rank holds 1/{tp} of every layer's weights; "
+             f"the ZeRO stages shard over the {n} data-parallel ranks)" if tp > 1 else "")
+    print(wrap(f"distdoctor memory: {count_text(args.params)} parameters on "
+               f"{args.world_size} rank{'s' if args.world_size > 1 else ''}{split}, "
+               f"{precision.name} precision ({precision.per_param} bytes per parameter: "
+               f"{precision.summary}), budget {args.budget_gb:g} GB per rank") + "\n")
     rows = {s: model.at(s, n, precision) for s in stages}
     print(table(rows, budget, args.params))
     if 3 in stages and args.largest_layer is None:
@@ -83,19 +97,20 @@ def memory_command(args: argparse.Namespace) -> int:
     print()
     if precision.name != "fp32":
         print(wrap(precision_note(model, stages[0], n, precision)))
-    print(wrap(deepspeed_note(model, n, precision)))
+    if tp == 1:  # DeepSpeed's estimators are for data parallelism alone
+        print(wrap(deepspeed_note(model, n, precision)))
     if len(stages) == 1:
         stage = stages[0]
         if not fits(rows[stage], budget):
             print()
-            print(fixes(model, stage, n, precision, budget, args.gpus_per_node))
+            print(fixes(model, stage, n, precision, budget, args.gpus_per_node, tp))
     else:
         fitting = [s for s in stages if fits(rows[s], budget)]
-        print(f"\nlowest stage that fits on {n} ranks: "
+        print(f"\nlowest stage that fits on {args.world_size} ranks: "
               + (f"{STAGE_NAMES[fitting[0]]} ({size(rows[fitting[0]].total)})" if fitting
                  else "none"))
         if not fitting:
-            print(fixes(model, 3, n, precision, budget, args.gpus_per_node))
+            print(fixes(model, 3, n, precision, budget, args.gpus_per_node, tp))
     return 0
 
 
@@ -159,13 +174,15 @@ def deepspeed_note(model: Model, n: int, precision: Precision) -> str:
 
 
 def fixes(model: Model, stage: int, n: int, precision: Precision, budget: float,
-          per_node: int) -> str:
+          per_node: int, tp: int = 1) -> str:
+    """``n``: the data-parallel ranks; with tensor parallelism over ``tp`` each of them is
+    ``tp`` GPUs, and rank counts are said in GPUs, whole nodes of ``per_node``."""
     held = model.at(stage, n, precision)
     lines = [f"{STAGE_NAMES[stage]} needs {size(held.total)} per rank, over {size(budget)} by "
              f"{size(held.total - budget)}. Fixes:"]
     higher = cheapest_fit(model, stage, n, precision, budget, max_world_size=n)
     if stage < 3:
-        lines.append(f"  - a higher stage on {n} ranks: " + (
+        lines.append(f"  - a higher stage on {n * tp} ranks: " + (
             f"{STAGE_NAMES[higher.stage]} ({size(higher.bytes.total)} per rank)"
             if higher is not None else "none fits"))
     more = smallest_world_size(model, stage, precision, budget, start=n + 1)
@@ -173,11 +190,11 @@ def fixes(model: Model, stage: int, n: int, precision: Precision, budget: float,
         lines.append(f"  - more ranks: none helps; the unsharded states alone exceed "
                      f"{size(budget)}")
     else:
-        nodes = round_up(more, per_node)
-        line = (f"  - more ranks at {STAGE_NAMES[stage]}: {more} ranks fit "
+        nodes = round_up(more, per_node // tp)
+        line = (f"  - more ranks at {STAGE_NAMES[stage]}: {more * tp} ranks fit "
                 f"({size(model.at(stage, more, precision).total)} per rank)")
         if nodes != more:
-            line += (f"; in whole nodes of {per_node}: {nodes} ranks "
+            line += (f"; in whole nodes of {per_node}: {nodes * tp} ranks "
                      f"({size(model.at(stage, nodes, precision).total)} per rank)")
         lines.append(line)
     states = held.total - held.activations
@@ -191,9 +208,9 @@ def fixes(model: Model, stage: int, n: int, precision: Precision, budget: float,
                 f"{freed}; the {size(states)} of model states stay, over {size(budget)} on "
                 f"their own")
         if more is not None:
-            spare = budget - (model.at(stage, round_up(more, per_node), precision).total
-                              - held.activations)
-            line += (f"; it pays once the states fit, e.g. on {round_up(more, per_node)} "
+            nodes = round_up(more, per_node // tp)
+            spare = budget - (model.at(stage, nodes, precision).total - held.activations)
+            line += (f"; it pays once the states fit, e.g. on {nodes * tp} "
                      f"ranks, leaving {size(spare)} per rank for activations")
         lines.append(line)
     return "\n".join(wrap(line, "    ", first="") for line in lines)
