@@ -30,8 +30,9 @@ def add_commands(commands) -> None:
                            "fault); with --all, every fault that applies to it, on it "
                            "alone; " + EVERY_STRATEGY_TEXT)
     demo.add_argument("--variant", metavar="NAME", help="the fault's variant (default: first)")
-    demo.add_argument("--html", type=html_folder, metavar="DIR", help="also write one self-contained HTML page "
-                      "per case into DIR, and DIR/index.html listing them")
+    demo.add_argument("--html", type=html_folder, metavar="DIR",
+                      help="also write one self-contained HTML page per case into DIR, and "
+                           "DIR/index.html listing them")
     demo.set_defaults(handler=demo_command)
 
 

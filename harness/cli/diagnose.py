@@ -27,9 +27,10 @@ def add_commands(commands) -> None:
     diagnose.add_argument("--variant", metavar="NAME", help="one of the fault's variants "
                           "(default: its first)")
     diagnose.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    diagnose.add_argument("--html", type=html_file, metavar="PATH", help="also write the report as one "
-                          "self-contained HTML page (verdict, training curves, and what "
-                          "else fits the run: hang, memory, pipeline)")
+    diagnose.add_argument("--html", type=html_file, metavar="PATH",
+                          help="also write the report as one self-contained HTML page "
+                               "(verdict, training curves, and what else fits the run: hang, "
+                               "memory, pipeline)")
     diagnose.set_defaults(handler=diagnose_command)
 
 

@@ -36,8 +36,9 @@ def add_commands(commands) -> None:
                           help="time of an overlapped forward+backward (default: f+b+w)")
     simulate.add_argument("--png", metavar="PATH", help="also draw the chart as PNG "
                           "(needs matplotlib)")
-    simulate.add_argument("--html", type=html_file, metavar="PATH", help="also write the table and each "
-                          "schedule's chart as one self-contained HTML page")
+    simulate.add_argument("--html", type=html_file, metavar="PATH",
+                          help="also write the table and each schedule's chart as one "
+                               "self-contained HTML page")
     simulate.set_defaults(handler=simulate_command)
     pipe_run = pipeline_commands.add_parser(
         "run", parents=[run_options(2)], help="train a pipeline on real ranks",
@@ -48,9 +49,10 @@ def add_commands(commands) -> None:
                           metavar="SCHEDULE", help=", ".join(PIPELINES))
     pipe_run.add_argument("--seq-len", type=count(1), default=32)
     pipe_run.add_argument("--d-model", type=count(1), default=16)
-    pipe_run.add_argument("--html", type=html_file, metavar="PATH", help="also write the report as one "
-                          "self-contained HTML page: the measured Gantt chart beside the "
-                          "simulated one, training curves, the verdict")
+    pipe_run.add_argument("--html", type=html_file, metavar="PATH",
+                          help="also write the report as one self-contained HTML page: the "
+                               "measured Gantt chart beside the simulated one, training "
+                               "curves, the verdict")
     pipe_run.set_defaults(handler=run_command)
 
 
