@@ -5,7 +5,9 @@ bucket all-reduces and its bucket-rebuild broadcast are made from C++, so a rank
 looks to the tracer as if it were computing, and no proof can include it. The Flight
 Recorder (on for gloo and nccl, 2000 entries by default) numbers every collective of a
 process group as the backend pairs them. So a rank's entry #k tells which op it put at the
-k-th place of that group, whoever made the call. Read in a rank's stack thread while the
+k-th place of that group, whoever made the call. (The recorder's status counts sends and
+receives among its operations, which ranks make in different numbers: a pipeline's middle
+stages twice an end stage's; it is translated into the collectives' own numbering.) Read in a rank's stack thread while the
 main thread is blocked (about a millisecond), only when the parent asks.
 """
 
@@ -27,20 +29,34 @@ def in_flight() -> dict[str | None, dict]:
         default = c10d._get_default_group().group_name
     except Exception:
         return {}
-    names, ops = {}, {}
+    names, ops, op_ids = {}, {}, {}
     for entry in dump.get("entries", ()):
         pg = str(entry.get("pg_id"))
         name = (entry.get("process_group") or [None])[0]
         names[pg] = None if name == default else name
         if not entry.get("is_p2p"):
-            op = str(entry.get("profiling_name", "")).partition(":")[2]
-            ops.setdefault(pg, {})[int(entry["collective_seq_id"])] = op
+            seq = int(entry["collective_seq_id"])
+            ops.setdefault(pg, {})[seq] = str(entry.get("profiling_name", "")).partition(":")[2]
+            op_ids.setdefault(pg, {})[seq] = int(entry.get("op_id", seq))
     found = {}
     for pg, status in (dump.get("pg_status") or {}).items():
         if pg not in names:
             continue
-        enqueued = int(status["last_enqueued_collective"])
-        completed = int(status["last_completed_collective"])
+        # the status counts every operation, sends and receives too, which ranks make in
+        # different numbers; collectives are numbered apart (collective_seq_id), the same
+        # on every rank: the status is translated into that numbering
+        by_op = op_ids.get(pg, {})
+        enqueued = _last(by_op, int(status["last_enqueued_collective"]))
+        completed = _last(by_op, int(status["last_completed_collective"]))
         found[names[pg]] = {"enqueued": enqueued, "completed": completed,
                             "ops": {k: v for k, v in ops.get(pg, {}).items() if k > completed}}
     return found
+
+
+def _last(by_op: dict[int, int], op_id: int) -> int:
+    """The last collective number whose operation id is at most ``op_id`` (the collectives
+    older than the recorder's buffer counted as done: it keeps the newest)."""
+    done = [seq for seq, op in by_op.items() if op <= op_id]
+    if done:
+        return max(done)
+    return min(by_op) - 1 if by_op else 0
