@@ -29,16 +29,20 @@ def check(record: RunRecord) -> list[Finding]:
 def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
     """Per data loader, epoch -> rank -> [batch, ...] in the order drawn, and whether those
     ranks are data-parallel peers (so must draw disjoint samples). The built-in workload's
-    steps say their epoch, and its ranks are replicas. A user's script's batches come from
+    steps say their epoch, and its ranks holding the same part of the model (all of it, or
+    the same tensor-parallel slice) are replicas: the ranks of a tensor-parallel group
+    hold different slices and read the same batch by design; the replicas of the first
+    slice speak for all (every slice's replicas read alike). A user's script's batches come from
     the tracer, one loader at a time and only loaders an optimiser stepped during
     (evaluation loaders read the same samples on every rank by design), grouped by the DDP
     group each rank averages over: pipeline stages or tensor-parallel shards read the same
     batches by design, and only ranks that share a DDP are known to be replicas."""
-    steps = defaultdict(dict)
+    steps = defaultdict(lambda: defaultdict(dict))  # what a rank holds -> epoch -> rank
     for rank in record.ranks:
         for step in rank.evidence.steps:
-            steps[step.epoch].setdefault(rank.rank, []).append(step.sample_ids)
-    found = [(steps, None, True)] if steps else []
+            steps[rank.evidence.holds][step.epoch].setdefault(rank.rank, []).append(
+                step.sample_ids)
+    found = [(steps[min(steps)], None, True)] if steps else []
     loaders = defaultdict(lambda: defaultdict(dict))  # (loader, group) -> epoch -> rank
     loops: dict[int, Loop] = {}
     for rank in record.ranks:

@@ -10,14 +10,16 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from harness.models.strategies import DATA_PARALLEL
+from harness.models.strategies import DATA_PARALLEL, TENSOR_HELP, TENSOR_PARALLEL
 from harness.models.strategies import HELP as STRATEGY_HELP
 from harness.pipeline import PIPELINE_STRATEGIES
 
-# --strategy's choices and help: the data-parallel strategies, and those plus the pipelines
-STRATEGY_CHOICES = list(DATA_PARALLEL)
+# --strategy's choices and help: the data- and tensor-parallel strategies (one training
+# workload), and those plus the pipelines
+STRATEGY_CHOICES = list(DATA_PARALLEL) + list(TENSOR_PARALLEL)
 EVERY_STRATEGY = STRATEGY_CHOICES + list(PIPELINE_STRATEGIES)
-STRATEGY_TEXT = "; ".join(f"{name}: {text}" for name, text in STRATEGY_HELP.items())
+STRATEGY_TEXT = "; ".join(f"{name}: {text}" for name, text in
+                          {**STRATEGY_HELP, **TENSOR_HELP}.items())
 EVERY_STRATEGY_TEXT = STRATEGY_TEXT + ("; pipe-gpipe, pipe-1f1b: hand-rolled pipelines over "
                                        "send/recv; torch-pipe-*: torch.distributed.pipelining")
 

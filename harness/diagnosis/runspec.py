@@ -19,6 +19,7 @@ from harness.pipeline.train import pipeline_job
 from harness.launch.pool import RankPool, shared_pool
 from harness.models.distance import spreads
 from harness.training.reference import compare, reference_params
+from harness.tensor.train import tensor_job
 from harness.training.train import train_job
 
 
@@ -28,7 +29,7 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
         pool = shared_pool(spec.world_size, spec.backend)
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, the spec asks for {spec.world_size}")
-    job = pipeline_job if spec.is_pipeline else train_job
+    job = pipeline_job if spec.is_pipeline else tensor_job if spec.is_tensor else train_job
     result = pool.run(job, spec, deadline=spec.deadline)
     traces = result.traces or ((),) * len(result.ends)
     ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, events, trace))

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.models.strategies import SHARDED
+from harness.models.strategies import SHARDED, TENSOR_PARALLEL, tensor_degree
 
 SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
@@ -93,6 +93,13 @@ class RunSpec:
         if self.world_size >= 1 and self.batch_size >= 1 and self.num_samples < self.global_batch:
             yield (f"num-samples {self.num_samples} is smaller than one global batch "
                    f"({self.global_batch} samples)")
+        if self.is_tensor and self.world_size >= 1 and self.hidden_features >= 1:
+            tp = self.tp_degree
+            if self.world_size % tp:
+                yield f"{self.strategy} needs an even world size, got {self.world_size}"
+            elif self.hidden_features % tp:
+                yield (f"hidden-features {self.hidden_features} do not split over {tp} "
+                       f"tensor-parallel ranks")
         if not (self.deadline > 0 and math.isfinite(self.deadline)):
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
@@ -102,6 +109,20 @@ class RunSpec:
     def is_pipeline(self) -> bool:
         """Pipeline strategies are named pipe-* (hand-rolled) or torch-pipe-*."""
         return "pipe-" in self.strategy
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.strategy in TENSOR_PARALLEL
+
+    @property
+    def tp_degree(self) -> int:
+        """Ranks that share one batch and split the layers between them (1: none)."""
+        return tensor_degree(self.strategy, self.world_size)
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel replicas, each reading its own batches: the ranks over tp_degree."""
+        return max(self.world_size // self.tp_degree, 1)
 
     @property
     def optimizer_name(self) -> str:
@@ -123,13 +144,14 @@ class RunSpec:
 
     @property
     def global_batch(self) -> int:
-        """Samples per optimiser step: batch-size per rank for data parallelism, batch-size
-        in all for a pipeline (its ranks hold stages, not replicas)."""
-        return self.batch_size if self.is_pipeline else self.world_size * self.batch_size
+        """Samples per optimiser step: batch-size per replica for data parallelism (a
+        tensor-parallel group is one replica), batch-size in all for a pipeline (its ranks
+        hold stages, not replicas)."""
+        return self.batch_size if self.is_pipeline else self.dp_degree * self.batch_size
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.num_samples // (self.world_size * self.batch_size)
+        return self.num_samples // (self.dp_degree * self.batch_size)
 
     def uses_aux(self, rank: int) -> bool:
         skip = self.knobs.aux_skipped_on

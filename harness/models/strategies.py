@@ -41,3 +41,22 @@ def stage_of(strategy: str) -> int:
 def family_of(strategy: str) -> dict[int, str] | None:
     """The strategies of ``strategy``'s family by stage (None for pipelines)."""
     return next((f for f in FAMILIES if strategy in f.values()), None)
+
+
+# tensor parallelism (every rank of a tensor-parallel group reads the same batch and holds
+# a slice of each split layer), with its degree: "tp-dp" is 2-way tensor parallel inside
+# each pair of ranks, data parallel across the pairs
+TENSOR_HELP = {
+    "tp": "hand-rolled Megatron tensor parallelism over every rank (column then row layers)",
+    "torch-tp": "torch parallelize_module, ColwiseParallel then RowwiseParallel, every rank",
+    "tp-dp": "hand-rolled tensor parallelism in pairs of ranks, data parallel across them",
+}
+TENSOR_PARALLEL = tuple(TENSOR_HELP)
+
+
+def tensor_degree(strategy: str, world_size: int) -> int:
+    """Ranks in one tensor-parallel group (1: no tensor parallelism)."""
+    if strategy == "tp-dp":
+        return 2
+    return world_size if strategy in TENSOR_PARALLEL else 1
+

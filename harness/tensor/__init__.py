@@ -5,8 +5,9 @@ matrix split across the ranks of a tensor-parallel group, which all see the same
 linear layers built on them, with a log of the all-reduces they issue; ``mlp`` cuts the
 built-in MLP into them (first layer by columns, second by rows: one all-reduce forward and
 one backward per pair); ``steps`` trains it, or torch's ``parallelize_module`` version, for
-a few steps on a rank and hands back what the tests compare with one process.
+a few steps on a rank and hands back what the tests compare with one process; ``train`` is
+the rank job of the ``tp``, ``torch-tp`` and ``tp-dp`` strategies.
 
-It imports ``training`` (the built-in model and data); nothing in ``harness`` imports it
-yet: the ``tp`` strategies, faults and detectors of issue 21 are still to come.
+It imports ``training`` (the built-in model and data); ``diagnosis`` imports it. The
+tensor-parallel faults and their detectors are still to come.
 """

@@ -24,7 +24,7 @@ def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = Fa
     if kind == "tp":
         model = TensorParallelMLP(full, ctx.rank, size)
     else:
-        model = _torch_tp(full, size)
+        model = torch_tp(full, size)
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.learning_rate)
     x, y = make_dataset(spec)
     grads, traffic = {}, None
@@ -43,7 +43,7 @@ def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = Fa
                                            for p in model.parameters())}
 
 
-def _torch_tp(full, size: int):
+def torch_tp(full, size: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel, RowwiseParallel, parallelize_module,

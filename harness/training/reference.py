@@ -30,11 +30,11 @@ def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
     for step in range(1, clean.num_steps + 1):
         optimizer.zero_grad(set_to_none=True)
         losses = []
-        for rank in range(clean.world_size):
+        for rank in range(0, clean.world_size, clean.tp_degree):  # one rank per replica
             ids = batch_ids(clean, rank, step)
             out, aux = model(x[ids], use_aux=clean.uses_aux(rank))
             losses.append(loss_fn(out, aux, y[ids]))
-        (sum(losses) / clean.world_size).backward()
+        (sum(losses) / len(losses)).backward()
         optimizer.step()
         prints.append(fingerprint(params, clean.fingerprint_values))
     return tuple(prints)

@@ -67,15 +67,17 @@ def batch_ids(spec: RunSpec, rank: int, step: int) -> list[int]:
     """The sample ids ``rank`` trains on at ``step`` (1-based), per the spec's sampler knobs.
 
     The distributed sampler shuffles with a seed every rank shares (seed + epoch), drops the
-    ragged tail, and deals the order out round-robin, so an epoch's shares are disjoint.
+    ragged tail, and deals the order out round-robin to the replicas, so an epoch's shares
+    are disjoint; the ranks of one tensor-parallel group are one replica and read the same.
     """
     knobs = spec.knobs
     epoch = epoch_of(spec, step)
     shuffle_epoch = epoch if knobs.sampler_set_epoch else 0
     gen = torch.Generator().manual_seed(spec.seed + shuffle_epoch)
     order = torch.randperm(spec.num_samples, generator=gen)
-    usable = order[: spec.steps_per_epoch * spec.world_size * spec.batch_size]
-    shard = rank if knobs.sampler == "distributed" else 0
-    mine = usable[shard:: spec.world_size]
+    replicas = spec.dp_degree
+    usable = order[: spec.steps_per_epoch * replicas * spec.batch_size]
+    shard = rank // spec.tp_degree if knobs.sampler == "distributed" else 0
+    mine = usable[shard:: replicas]
     within = (step - 1) % spec.steps_per_epoch
     return mine[within * spec.batch_size: (within + 1) * spec.batch_size].tolist()
