@@ -34,10 +34,15 @@ def numbering(ctx) -> dict:
 
 
 def test_ranks_that_sent_more_still_number_the_collectives_alike(pools):
+    """The last collective enqueued has one number on every rank (what the proofs compare
+    across ranks). Completion is marked by gloo's own thread a moment after the call
+    returns, so a rank may still count its last collective as running: at most that."""
     pool = pools(4)
     pool.run(uneven_sends, deadline=30).raise_for_status()
     seen = pool.run(numbering, deadline=30).raise_for_status().values
-    assert len({tuple(sorted(v.items())) for v in seen}) == 1, seen
+    enqueued = {pg: {v[pg][0] for v in seen} for pg in seen[0]}
+    assert all(len(numbers) == 1 for numbers in enqueued.values()), seen
+    assert all(v[pg][0] - 1 <= v[pg][1] <= v[pg][0] for v in seen for pg in v), seen
 
 
 def test_a_ddp_hang_after_uneven_sends_on_the_same_pool_is_still_proven(pools):
