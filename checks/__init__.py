@@ -58,3 +58,27 @@ def gradient_steps_on_every_rank(record: RunRecord) -> list[list]:
 def rank_list(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def group_disagreements(record: RunRecord, kind: str) -> list[dict]:
+    """Per step, the tensors of ``kind`` that a tensor-parallel group must hold alike and
+    does not: step, name, group, the largest difference between two ranks' values, the
+    ranks differing from the group's first, and the user's line. In step order."""
+    from harness.models.distance import spread
+
+    held: dict[tuple, dict[int, object]] = {}
+    for rank in record.ranks:
+        for t in rank.evidence.group_tensors:
+            if t.kind == kind and t.alike and len(t.group) > 1:
+                held.setdefault((t.step, t.name, t.group), {})[rank.rank] = t
+    found = []
+    for (step, name, group), by_rank in sorted(held.items()):
+        if len(by_rank) < 2 or len({t.value.numel for t in by_rank.values()}) != 1:
+            continue  # a rank that never got there, or shapes that do not compare
+        first = by_rank[min(by_rank)]
+        differ = [r for r, t in sorted(by_rank.items()) if t.value.digest != first.value.digest]
+        if differ:
+            found.append({"step": step, "name": name, "group": list(group),
+                          "spread": spread([t.value for t in by_rank.values()]),
+                          "ranks": differ, "where": first.where})
+    return found

@@ -35,6 +35,7 @@ class Fault:
     scenario: Callable[[RunSpec], RunSpec] = field(default=lambda spec: spec)
     masked_by: dict[str, str] = field(default_factory=dict)  # strategy -> why it cannot occur
     excluded: dict[str, str] = field(default_factory=dict)  # strategy -> why it does not apply
+    min_world_size: int = 1  # fewer ranks cannot show it (e.g. one node holds them all)
 
     def __post_init__(self) -> None:
         for variant in self.variants:

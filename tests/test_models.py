@@ -78,7 +78,9 @@ def specs(draw):
         lr=draw(st.none() | st.floats(1e-6, 10)),
         optimizer=draw(st.sampled_from(["auto", "sgd", "adam"])), seed=draw(SIMPLE[int]),
         deadline=draw(st.floats(0.01, 1e4)), fingerprint_values=draw(st.integers(1, 4096)),
-        knobs=draw(instances(Knobs)), pipe=pipe)
+        knobs=draw(instances(Knobs).filter(lambda k: 0 <= k.dropout < 1 and not (
+            k.dropout and k.sequence_parallel))),
+        ranks_per_node=draw(st.integers(0, 8)), pipe=pipe)
 
 
 RECORDS = {RunSpec: specs()}

@@ -12,7 +12,8 @@ It imports nothing of the project, torch included, and every other package impor
 """
 
 from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
-                                     Evidence, Fingerprint, GradientEvidence, MemoryEvidence,
+                                     Evidence, Fingerprint, GradientEvidence, GroupTensor,
+                                     GroupTraffic, MemoryEvidence,
                                      NonFiniteEvidence, PipeStepEvidence, StageCost, StageEvent, StepEvidence)
 from harness.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord,
                                    RankStatus, RunRecord, ThreadStack)
@@ -25,7 +26,7 @@ from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
 __all__ = [
     "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
     "Evidence",
-    "Fingerprint", "Finding", "Frame", "GradientEvidence", "Knobs", "MemoryEvidence",
+    "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic", "Knobs", "MemoryEvidence",
     "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
     "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord",
     "RankStatus",

@@ -195,6 +195,36 @@ class Call:
 
 
 @dataclass(frozen=True)
+class GroupTensor:
+    """A tensor one rank of a tensor-parallel group held at one step, and what the group
+    must hold of it: ``alike`` (every rank the same: a row-parallel layer's output after
+    its all-reduce, a replicated parameter, a dropout mask on replicated activations) or
+    not (each rank its own slice: a dropout mask on a column-parallel output, which must
+    differ from the other slices' or the slices are not independent)."""
+
+    step: int  # parameters: after this optimiser step; activations and masks: during it
+    name: str  # the layer or parameter, e.g. "fc2" or "head.weight"
+    kind: str  # "activation" | "parameter" | "mask"
+    alike: bool
+    group: tuple[int, ...]  # the tensor-parallel group's ranks
+    value: Fingerprint  # this rank's local tensor (a sample of it in users' scripts)
+    where: str = ""  # the user's file:line, when known
+
+
+@dataclass(frozen=True)
+class GroupTraffic:
+    """Bytes one rank handed to one process group's collectives in one optimiser step, by
+    what they were for: "tensor" (a tensor-parallel layer's all-reduces, in forward and
+    backward) or "data" (the replicas' gradient average)."""
+
+    step: int
+    purpose: str
+    group: tuple[int, ...]
+    calls: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class MemoryEvidence:
     """Bytes of training state one rank held in one step, summed over the storages of the
     tensors it actually held (each storage once, padding included), after the optimiser
@@ -245,3 +275,7 @@ class Evidence:
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
     nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf
+    group_tensors: tuple[GroupTensor, ...] = ()  # tensors a tensor-parallel group must
+    # hold alike (or apart), per step
+    traffic: tuple[GroupTraffic, ...] = ()  # collective bytes per step and purpose
+    node: int = 0  # the machine this rank runs on (rank // ranks per node)

@@ -18,6 +18,7 @@ AuxSkip = Literal["none", "odd-ranks", "all-ranks"]
 P2POrder = Literal["even-odd", "send-first", "batched"]
 StageSplit = Literal["flops", "params", "time"]
 OptimizerName = Literal["auto", "sgd", "adam"]
+DropoutRNG = Literal["tracked", "per-rank", "same-for-slices"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,19 @@ class Knobs:
     # CPU time measured on every rank and averaged, torch-counted FLOPs, or parameter counts
     memory_budget: float = 0.0  # bytes each rank may hold per model parameter, as a device
     # of fixed size would allow (0: no limit); a rank over it stops with out-of-memory
+    # tensor parallelism
+    tp_output_allreduce: bool = True  # a row-parallel layer sums its ranks' partial outputs
+    sequence_parallel: bool = False  # the workload's choice: after fc2 each rank of a
+    # tensor-parallel group keeps 1/T of the batch rows (a reduce-scatter), and the
+    # replicated layers above (fc2's bias, the heads) see only those rows
+    tp_sync_replicated_grads: bool = True  # sum those replicated layers' gradients over
+    # the group (each rank's holds only its rows' share)
+    dropout: float = 0.0  # the workload's choice: dropout after each tanh (0: none)
+    tp_dropout_rng: DropoutRNG = "tracked"  # Megatron's RNG tracker: one state shared by the
+    # group for replicated activations, one per slice for sharded ones; "per-rank": every
+    # rank its own state everywhere; "same-for-slices": one state everywhere
+    tp_inside_node: bool = True  # tensor-parallel groups are ranks of one node, data
+    # parallelism across nodes (False: the mesh's dimensions swapped)
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,7 @@ class RunSpec:
     seed: int = 0
     deadline: float = 30.0  # seconds without progress before the ranks count as hung
     fingerprint_values: int = 4096  # values kept per fingerprint (all, for these models)
+    ranks_per_node: int = 0  # consecutive ranks that share a machine (0: all of them)
     knobs: Knobs = field(default_factory=Knobs)
     pipe: PipeShape = field(default_factory=PipeShape)
 
@@ -100,6 +115,17 @@ class RunSpec:
             elif self.hidden_features % tp:
                 yield (f"hidden-features {self.hidden_features} do not split over {tp} "
                        f"tensor-parallel ranks")
+            elif self.knobs.sequence_parallel and (
+                    self.batch_size // max(self.micro_batches, 1)) % tp:
+                yield (f"sequence parallelism splits each micro-batch's "
+                       f"{self.batch_size // max(self.micro_batches, 1)} rows over {tp} "
+                       f"tensor-parallel ranks: they must divide evenly")
+        if self.ranks_per_node < 0:
+            yield f"ranks-per-node must be 0 (all on one node) or more, got {self.ranks_per_node}"
+        if not 0.0 <= self.knobs.dropout < 1.0:
+            yield f"dropout must be in [0, 1), got {self.knobs.dropout}"
+        if self.knobs.dropout and self.knobs.sequence_parallel:
+            yield "dropout and sequence parallelism are not combined in the built-in workload"
         if not (self.deadline > 0 and math.isfinite(self.deadline)):
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
@@ -152,6 +178,31 @@ class RunSpec:
     @property
     def steps_per_epoch(self) -> int:
         return self.num_samples // (self.dp_degree * self.batch_size)
+
+    def tp_slice(self, rank: int) -> int:
+        """Which slice of the split layers ``rank`` holds: its place in its tensor-parallel
+        group. The mesh is (data, tensor) with tensor-parallel groups of consecutive ranks,
+        or, with the dimensions swapped, (tensor, data): groups strided by dp_degree."""
+        tp = self.tp_degree
+        return rank % tp if self.knobs.tp_inside_node else rank // self.dp_degree
+
+    def replica(self, rank: int) -> int:
+        """Which data-parallel replica (tensor-parallel group) ``rank`` belongs to."""
+        tp = self.tp_degree
+        return rank // tp if self.knobs.tp_inside_node else rank % self.dp_degree
+
+    def tp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks of ``rank``'s tensor-parallel group, by slice."""
+        return tuple(r for r in range(self.world_size) if self.replica(r) == self.replica(rank))
+
+    def dp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks holding the same slice as ``rank``: its data-parallel group."""
+        return tuple(r for r in range(self.world_size) if self.tp_slice(r) == self.tp_slice(rank))
+
+    def node_of(self, rank: int) -> int:
+        """The machine ``rank`` runs on: consecutive ranks fill a node, as torchrun's
+        LOCAL_WORLD_SIZE places them."""
+        return rank // self.ranks_per_node if self.ranks_per_node else 0
 
     def uses_aux(self, rank: int) -> bool:
         skip = self.knobs.aux_skipped_on

@@ -32,6 +32,27 @@ class TrafficLog:
             dist.all_reduce(tensor, group=group)
         return tensor
 
+    def reduce_scatter_rows(self, tensor: torch.Tensor, group) -> torch.Tensor:
+        """Sum over the group and keep this rank's 1/size of the rows."""
+        size = dist.get_world_size(group)
+        if size == 1:
+            return tensor
+        out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
+        self.calls["forward"] += 1
+        self.bytes["forward"] += tensor.numel() * tensor.element_size()
+        dist.reduce_scatter_tensor(out, tensor.contiguous(), group=group)
+        return out
+
+    def all_gather_rows(self, tensor: torch.Tensor, group) -> torch.Tensor:
+        size = dist.get_world_size(group)
+        if size == 1:
+            return tensor
+        out = tensor.new_empty((tensor.shape[0] * size, *tensor.shape[1:]))
+        self.calls["backward"] += 1
+        self.bytes["backward"] += out.numel() * out.element_size()
+        dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+        return out
+
 
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
@@ -52,6 +73,20 @@ class _ReduceFromGroup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None, None
+
+
+class _ReduceScatterRows(torch.autograd.Function):
+    """Sequence parallelism's exit from a row-parallel layer: sum the partial outputs and
+    keep this rank's rows; backward, every rank's row gradients gathered back."""
+
+    @staticmethod
+    def forward(ctx, x, log, group):
+        ctx.log, ctx.group = log, group
+        return log.reduce_scatter_rows(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.log.all_gather_rows(grad, ctx.group), None, None
 
 
 def copy_to_group(x: torch.Tensor, log: TrafficLog, group=None) -> torch.Tensor:
@@ -85,15 +120,24 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """This rank's slice of ``full``'s input features (columns of its weight); the bias is
-    whole on every rank and added once, after the partial sums are summed."""
+    whole on every rank and added once, after the partial sums are summed.
 
-    def __init__(self, full: nn.Linear, rank: int, size: int, log: TrafficLog, group=None):
+    ``reduce``: "sum" all-reduces the partial outputs (every rank gets the whole output);
+    "rows" reduce-scatters them (sequence parallelism: each rank gets its rows of it);
+    "none" leaves each rank its partial sum, the bug a forgotten all-reduce makes."""
+
+    def __init__(self, full: nn.Linear, rank: int, size: int, log: TrafficLog, group=None,
+                 reduce: str = "sum"):
         super().__init__()
         part = _rows(full.in_features, rank, size)
         self.weight = nn.Parameter(full.weight.detach()[:, part].clone())
         self.bias = nn.Parameter(full.bias.detach().clone())
-        self.log, self.group = log, group
+        self.log, self.group, self.reduce = log, group, reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = nn.functional.linear(x, self.weight)
+        if self.reduce == "rows":
+            return _ReduceScatterRows.apply(partial, self.log, self.group) + self.bias
+        if self.reduce == "none":
+            return partial + self.bias
         return reduce_from_group(partial, self.log, self.group) + self.bias

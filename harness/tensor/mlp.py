@@ -12,19 +12,33 @@ from harness.tensor.layers import ColumnParallelLinear, RowParallelLinear, Traff
 from harness.training.workload import MLP
 
 SPLIT = {"fc1": "column", "fc2": "row"}  # the rest is replicated
+REPLICATED = ("fc2.bias", "head.weight", "head.bias", "aux.weight", "aux.bias")
 
 
 class TensorParallelMLP(nn.Module):
-    def __init__(self, full: MLP, rank: int, size: int, group=None):
+    """``reduce``: how fc2 ends (RowParallelLinear's "sum", "rows" or "none"). With "rows"
+    (sequence parallelism) fc2's bias and the heads see only this rank's rows, so their
+    gradients are this rank's share and must be summed over the group (``REPLICATED``)."""
+
+    def __init__(self, full: MLP, rank: int, size: int, group=None, reduce: str = "sum"):
         super().__init__()
         self.log = TrafficLog()
         self.fc1 = ColumnParallelLinear(full.fc1, rank, size, self.log, group)
-        self.fc2 = RowParallelLinear(full.fc2, rank, size, self.log, group)
+        self.fc2 = RowParallelLinear(full.fc2, rank, size, self.log, group, reduce)
         self.head, self.aux = full.head, full.aux
         self.rank, self.size = rank, size
+        self.row_output: torch.Tensor | None = None  # fc2's output in the last forward
 
-    def forward(self, x: torch.Tensor, use_aux: bool = True):
-        h = torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
+    def forward(self, x: torch.Tensor, use_aux: bool = True, masks=None):
+        """``masks``: this rank's dropout keep-masks, fc1's slice and fc2's whole."""
+        h = torch.tanh(self.fc1(x))
+        if masks is not None:
+            h = h * masks[0]
+        out = self.fc2(h)
+        self.row_output = out.detach()
+        h = torch.tanh(out)
+        if masks is not None:
+            h = h * masks[1]
         return self.head(h), (self.aux(h) if use_aux else None)
 
 

@@ -43,14 +43,19 @@ def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = Fa
                                            for p in model.parameters())}
 
 
-def torch_tp(full, size: int):
+def torch_tp(full, size: int, partial_output: bool = False):
+    """``partial_output``: fc2's plan declares its output Partial, so torch never sums it
+    and ``use_local_output`` hands each rank its own partial sum (a forgotten all-reduce,
+    written as a plan)."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel, RowwiseParallel, parallelize_module,
     )
 
     mesh = init_device_mesh("cpu", (size,))
-    return parallelize_module(full, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    row = RowwiseParallel(output_layouts=Partial() if partial_output else Replicate())
+    return parallelize_module(full, mesh, {"fc1": ColwiseParallel(), "fc2": row})
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,10 @@ Evidence is the data-parallel loop's: per step the loss, the sample ids, and fin
 of the whole model's parameters and gradients, put back together from the group's slices
 on every rank (so the ranks of a group, and all replicas, must agree, and the reference
 compares as it does for DDP). ``holds`` says which slice a rank holds: ranks holding the
-same slice are the replicas that must read disjoint samples.
+same slice are the replicas that must read disjoint samples. Beside it, what only tensor
+parallelism has: the tensors a group must hold alike (fc2's output, the replicated
+parameters, the dropout mask on replicated activations) or apart (the mask on fc1's
+slices), the bytes each group's collectives moved, and the node each rank runs on.
 """
 
 from __future__ import annotations
@@ -16,41 +19,76 @@ import time
 import torch
 import torch.distributed as dist
 
-from harness.models import RunSpec, StepEvidence
-from harness.tensor.mlp import SPLIT, TensorParallelMLP
+from harness.models import GroupTensor, GroupTraffic, RunSpec, StepEvidence
+from harness.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
 from harness.tensor.steps import torch_tp
+from harness.training.dropout import mask
 from harness.training.fingerprint import fingerprint
 from harness.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
 
 def tensor_job(ctx, spec: RunSpec) -> None:
-    tp, dp = spec.tp_degree, spec.dp_degree
-    tp_group, dp_group = _groups(ctx.rank, ctx.world_size, tp)
-    full = build_model(spec, ctx.rank - ctx.rank % tp)  # one init per replica, then cut
+    tp, knobs = spec.tp_degree, spec.knobs
+    part = spec.tp_slice(ctx.rank)
+    tp_ranks, dp_ranks = spec.tp_group(ctx.rank), spec.dp_group(ctx.rank)
+    tp_group, dp_group = _groups(ctx.rank, spec)
+    full = build_model(spec, tp_ranks[0])  # one init per replica, then cut
     ctx.emit(("built", fingerprint(full.parameters(), spec.fingerprint_values)))
+    ctx.emit(("node", spec.node_of(ctx.rank)))
     if spec.strategy == "torch-tp":
-        model = torch_tp(full, ctx.world_size)
+        model = torch_tp(full, ctx.world_size, partial_output=not knobs.tp_output_allreduce)
+        model.fc2.register_forward_hook(lambda m, i, out: setattr(model, "row_output",
+                                                                   _plain(out)))
     else:
-        model = TensorParallelMLP(full, ctx.rank % tp, tp, tp_group)
-    ctx.emit(("holds", f"tensor slice {ctx.rank % tp} of {tp}"))
+        reduce = ("rows" if knobs.sequence_parallel else
+                  "sum" if knobs.tp_output_allreduce else "none")
+        model = TensorParallelMLP(full, part, tp, tp_group, reduce)
+    log = getattr(model, "log", None)
+    ctx.emit(("holds", f"tensor slice {part} of {tp}"))
     ctx.emit(("initial", fingerprint(whole(model, tp_group, tp), spec.fingerprint_values)))
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.learning_rate)
     x, y = make_dataset(spec)
-    use_aux = spec.uses_aux(ctx.rank - ctx.rank % tp)
+    use_aux = spec.uses_aux(tp_ranks[0])
     k = spec.micro_batches
+    rows = tp if knobs.sequence_parallel else 1  # sequence parallelism: a rank's rows
+
+    def held(step, name, kind, alike, tensor):
+        ctx.emit(("group_tensor", GroupTensor(step, name, kind, alike, tp_ranks,
+                                              fingerprint([_plain(tensor)],
+                                                          spec.fingerprint_values))))
+
     for step in range(1, spec.num_steps + 1):
         ids = batch_ids(spec, ctx.rank, step)
         started = time.perf_counter()
+        before = (sum(log.calls.values()), sum(log.bytes.values())) if log else (0, 0)
         optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         for i in range(k):
             micro = ids[i * len(ids) // k: (i + 1) * len(ids) // k]
-            out, aux = model(x[micro], use_aux=use_aux)
-            loss = loss_fn(out, aux, y[micro]) / k
+            masks = _masks(spec, step, micro, part) if knobs.dropout else None
+            out, aux = (model(x[micro], use_aux=use_aux, masks=masks) if masks is not None
+                        else model(x[micro], use_aux=use_aux))
+            mine = len(micro) // rows
+            target = y[micro][part * mine:(part + 1) * mine] if rows > 1 else y[micro]
+            loss = loss_fn(out, aux, target) / (k * rows)
             loss.backward()
             loss_total += loss.item()
+            if i == 0 and not knobs.sequence_parallel:
+                held(step, "fc2", "activation", True, model.row_output)
+            if i == 0 and masks is not None:
+                held(step, "dropout after fc1", "mask", False, masks[0])
+                held(step, "dropout after fc2", "mask", True, masks[1])
+        if knobs.sequence_parallel:
+            total = torch.tensor([loss_total])
+            dist.all_reduce(total, group=tp_group)
+            loss_total = float(total)
+            if knobs.tp_sync_replicated_grads:
+                named = dict(model.named_parameters())
+                for name in REPLICATED:  # each rank's share of the rows' gradient
+                    if named[name].grad is not None:
+                        log.all_reduce(named[name].grad, "backward", tp_group)
         local = whole(model, tp_group, tp, grads=True)
-        calls, sent = _average(model, dp_group, dp)
+        calls, sent = _average(model, dp_group, spec.dp_degree)
         optimizer.step()
         seconds = time.perf_counter() - started
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -62,17 +100,50 @@ def tensor_job(ctx, spec: RunSpec) -> None:
                                     spec.fingerprint_values),
             allreduce_calls=calls, allreduce_bytes=sent, gradient_bytes=grad_bytes,
             seconds=seconds)))
+        named = dict(model.named_parameters())
+        for name in REPLICATED:
+            held(step, name, "parameter", True, named[name].detach())
+        if log:
+            ctx.emit(("traffic", GroupTraffic(step, "tensor", tp_ranks,
+                                              sum(log.calls.values()) - before[0],
+                                              sum(log.bytes.values()) - before[1])))
+        ctx.emit(("traffic", GroupTraffic(step, "data", dp_ranks, calls, sent)))
 
 
-def _groups(rank: int, world: int, tp: int):
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """This rank's values as a plain tensor: a DTensor's local part, an async collective's
+    result waited for."""
+    t = t.detach()
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    if hasattr(t, "trigger_wait"):
+        t = t.trigger_wait()
+    return torch.tensor(t.tolist()) if type(t) is not torch.Tensor else t.clone()
+
+
+def _masks(spec: RunSpec, step: int, ids, part: int):
+    """This rank's dropout masks: its slice of fc1's, and fc2's whole. Megatron's tracker
+    draws fc1's from one state per slice (here: that slice's columns of one full mask) and
+    fc2's from the state the group shares; "per-rank" draws both from the rank's own state,
+    "same-for-slices" gives every slice the same columns."""
+    rng = spec.knobs.tp_dropout_rng
+    width = spec.hidden_features // spec.tp_degree
+    stream = part + 1 if rng == "per-rank" else 0
+    first = 0 if rng == "same-for-slices" else part * width
+    return (mask(spec, step, ids, 0, stream)[:, first:first + width],
+            mask(spec, step, ids, 1, stream))
+
+
+def _groups(rank: int, spec: RunSpec):
     """This rank's tensor-parallel and data-parallel groups (None: the whole world). Every
     rank creates every group, in the same order, as torch requires."""
-    if tp == world:
+    if spec.tp_degree == spec.world_size:
         return None, None
     mine = {}
-    for kind, members in ([("tp", list(range(g * tp, (g + 1) * tp))) for g in range(world // tp)]
-                          + [("dp", list(range(s, world, tp))) for s in range(tp)]):
-        group = dist.new_group(members)
+    tensor = sorted({spec.tp_group(r) for r in range(spec.world_size)})
+    data = sorted({spec.dp_group(r) for r in range(spec.world_size)})
+    for kind, members in [("tp", g) for g in tensor] + [("dp", g) for g in data]:
+        group = dist.new_group(list(members))
         if rank in members:
             mine[kind] = group
     return mine["tp"], mine["dp"]
@@ -113,4 +184,3 @@ def whole(model, group, tp: int, grads: bool = False) -> list[torch.Tensor]:
         dist.all_gather(parts, t.contiguous(), group=group)
         out.append(torch.cat(parts, dim=0 if split == "column" else 1))
     return out
-

@@ -11,9 +11,10 @@ from harness.trace.tracer import fold, fold_ddp_forwards
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
            "stage_event": "stage_events", "pipe_step": "pipe_steps",
-           "memory": "memory"}
+           "memory": "memory", "group_tensor": "group_tensors", "traffic": "traffic"}
 # event kind -> Evidence field, for records that happen once
-_ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds"}
+_ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds",
+         "node": "node"}
 
 
 def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidence:

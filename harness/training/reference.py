@@ -5,7 +5,8 @@ share of the global batch (as a correct distributed sampler deals it), minimisin
 of the per-rank losses: the objective data parallelism is meant to optimise, with the
 optimiser the spec names (ZeRO and FSDP shard it, but must not change its result). It
 ignores the spec's knobs, which is the point (they are what a fault breaks), except the
-workload's own choice of which ranks' losses include the aux head.
+workload's own choices: which ranks' losses include the aux head, and dropout (drawn as
+``dropout.py`` keys it, so the masks are the ones a correct run draws).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from harness.training.dropout import reference_masks
 from harness.training.fingerprint import fingerprint
 from harness.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
 from harness.models.distance import max_abs_diff, param_history
@@ -21,7 +23,8 @@ from harness.training.workload import batch_ids, build_model, loss_fn, make_data
 
 def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
     """Parameter fingerprints after construction (index 0) and after every step."""
-    clean = dataclasses.replace(spec, knobs=Knobs(aux_skipped_on=spec.knobs.aux_skipped_on))
+    clean = dataclasses.replace(spec, knobs=Knobs(aux_skipped_on=spec.knobs.aux_skipped_on,
+                                                  dropout=spec.knobs.dropout))
     model = build_model(clean, rank=0)
     params = list(model.parameters())
     optimizer = make_optimizer(params, clean)
@@ -32,7 +35,8 @@ def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:
         losses = []
         for rank in range(0, clean.world_size, clean.tp_degree):  # one rank per replica
             ids = batch_ids(clean, rank, step)
-            out, aux = model(x[ids], use_aux=clean.uses_aux(rank))
+            masks = reference_masks(clean, step, ids) if clean.knobs.dropout else None
+            out, aux = model(x[ids], use_aux=clean.uses_aux(rank), masks=masks)
             losses.append(loss_fn(out, aux, y[ids]))
         (sum(losses) / len(losses)).backward()
         optimizer.step()

@@ -25,8 +25,14 @@ class MLP(nn.Module):
         self.head = nn.Linear(hidden_features, 1)
         self.aux = nn.Linear(hidden_features, 1)
 
-    def forward(self, x: torch.Tensor, use_aux: bool = True):
-        h = torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
+    def forward(self, x: torch.Tensor, use_aux: bool = True, masks=None):
+        """``masks``: dropout after each tanh, as two scaled keep-masks (see dropout.py)."""
+        h = torch.tanh(self.fc1(x))
+        if masks is not None:
+            h = h * masks[0]
+        h = torch.tanh(self.fc2(h))
+        if masks is not None:
+            h = h * masks[1]
         return self.head(h), (self.aux(h) if use_aux else None)
 
 
@@ -77,7 +83,7 @@ def batch_ids(spec: RunSpec, rank: int, step: int) -> list[int]:
     order = torch.randperm(spec.num_samples, generator=gen)
     replicas = spec.dp_degree
     usable = order[: spec.steps_per_epoch * replicas * spec.batch_size]
-    shard = rank // spec.tp_degree if knobs.sampler == "distributed" else 0
+    shard = spec.replica(rank) if knobs.sampler == "distributed" else 0
     mine = usable[shard:: replicas]
     within = (step - 1) % spec.steps_per_epoch
     return mine[within * spec.batch_size: (within + 1) * spec.batch_size].tolist()

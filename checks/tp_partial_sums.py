@@ -1,0 +1,44 @@
+"""Do the ranks of a tensor-parallel group agree on a row-parallel layer's output?
+
+After its all-reduce, a row-parallel layer's output is one tensor held whole on every rank
+of the group. Ranks that hold different values were each handed their own partial sum:
+the all-reduce never happened, and the model trains on without an error. Outputs that
+part only after the group's replicated parameters (fc2's own bias among them) or shared
+masks did are explained by those, which other checks report.
+"""
+
+from __future__ import annotations
+
+from checks import finding, group_disagreements, rank_list
+from harness.models import Finding, RunRecord
+
+NAME = "tp_partial_sums"
+
+
+def check(record: RunRecord) -> list[Finding]:
+    found = group_disagreements(record, "activation")
+    if not found:
+        return []
+    first = found[0]
+    earlier = [d for kind in ("parameter", "mask") for d in group_disagreements(record, kind)
+               if d["step"] < first["step"]]
+    if earlier:
+        return []
+    layers = sorted({d["name"] for d in found if d["step"] == first["step"]})
+    per_step = {}
+    for d in found:
+        per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
+    groups = sorted({tuple(d["group"]) for d in found})
+    at = f" (at {first['where']})" if first["where"] else ""
+    measured = {"layer": first["name"], "layers": layers, "first_step": first["step"],
+                "spread": first["spread"], "groups": [list(g) for g in groups],
+                "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
+                "ranks": first["ranks"], "where": first["where"]}
+    return [finding(
+        "missing-tp-allreduce", NAME, f"{first['name']}'s output differs across its "
+        f"tensor-parallel group by {first['spread']:.3g}",
+        f"the output of row-parallel layer {first['name']}{at} should be the same on every "
+        f"rank of tensor-parallel group {tuple(first['group'])} and is not, from step "
+        f"{first['step']}: largest difference {first['spread']:.3g}; "
+        f"{rank_list(first['ranks'])} differ from rank {first['group'][0]} (each holds its own "
+        f"partial sum)", {"knobs.tp_output_allreduce": True}, first["ranks"], measured)]

@@ -1,0 +1,44 @@
+"""Do the ranks of a tensor-parallel group hold the same replicated parameters?
+
+A parameter replicated across the group (a norm, a bias, a head) must get the same update
+on every rank. If its copies part while everything the group shares upstream (a row-
+parallel layer's output, a shared dropout mask) agreed up to then, the copies were given
+different gradients: each rank's share, never summed. A disagreement upstream explains the
+drift by itself and is reported by its own check instead.
+"""
+
+from __future__ import annotations
+
+from checks import finding, group_disagreements, rank_list
+from harness.models import Finding, RunRecord
+
+NAME = "tp_replica_drift"
+
+
+def check(record: RunRecord) -> list[Finding]:
+    drift = group_disagreements(record, "parameter")
+    if not drift:
+        return []
+    first = drift[0]
+    upstream = [d for kind in ("activation", "mask") for d in group_disagreements(record, kind)
+                if d["step"] <= first["step"]]
+    if upstream:
+        return []
+    names = sorted({d["name"] for d in drift if d["step"] == first["step"]})
+    per_step = {}
+    for d in drift:
+        per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
+    trail = ", ".join(f"{v:.3g}" for _, v in sorted(per_step.items()))
+    at = f" (before the optimiser step at {first['where']})" if first["where"] else ""
+    measured = {"first_step": first["step"], "parameters": names,
+                "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
+                "group": first["group"], "ranks": first["ranks"], "where": first["where"]}
+    return [finding(
+        "replicated-param-drift", NAME,
+        f"{len(names)} replicated parameter{'s' if len(names) > 1 else ''} drift from step "
+        f"{first['step']}",
+        f"parameters replicated across tensor-parallel group {tuple(first['group'])} differ "
+        f"after step {first['step']}{at}: {', '.join(names)}; {rank_list(first['ranks'])} "
+        f"differ from rank {first['group'][0]}, while the activations the group shares "
+        f"agree; largest difference per step: {trail}",
+        {"knobs.tp_sync_replicated_grads": True}, first["ranks"], measured)]
