@@ -23,8 +23,14 @@ def check(record: RunRecord) -> list[Finding]:
     return _collectives(record) or _point_to_point(record)
 
 
+ROOT_LISTS = ("scatter", "gather")  # the root alone passes the list (scatter_list, gather_list)
+
+
 def _signature(call: Call) -> tuple:
-    return (call.op, call.peer, call.shapes, call.dtype, call.reduce_op)
+    """What must agree across ranks. Of a scatter or gather, only the tensor every rank
+    passes: the root's list is its own (torch's distribute_tensor scatters this way)."""
+    shapes = call.shapes[:1] if call.op in ROOT_LISTS else call.shapes
+    return (call.op, call.peer, shapes, call.dtype, call.reduce_op)
 
 
 def _collectives(record: RunRecord) -> list[Finding]:

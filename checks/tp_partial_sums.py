@@ -29,7 +29,7 @@ def check(record: RunRecord) -> list[Finding]:
     for d in found:
         per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
     groups = sorted({tuple(d["group"]) for d in found})
-    at = f" (at {first['where']})" if first["where"] else ""
+    at = f" (parallelized at {first['where']})" if first["where"] else ""
     measured = {"layer": first["name"], "layers": layers, "first_step": first["step"],
                 "spread": first["spread"], "groups": [list(g) for g in groups],
                 "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
@@ -40,5 +40,5 @@ def check(record: RunRecord) -> list[Finding]:
         f"the output of row-parallel layer {first['name']}{at} should be the same on every "
         f"rank of tensor-parallel group {tuple(first['group'])} and is not, from step "
         f"{first['step']}: largest difference {first['spread']:.3g}; "
-        f"{rank_list(first['ranks'])} differ from rank {first['group'][0]} (each holds its own "
-        f"partial sum)", {"knobs.tp_output_allreduce": True}, first["ranks"], measured)]
+        f"{rank_list(first['ranks'])} {'differs' if len(first['ranks']) == 1 else 'differ'} "
+        f"from rank {first['group'][0]} (each holds its own partial sum)", {"knobs.tp_output_allreduce": True}, first["ranks"], measured)]

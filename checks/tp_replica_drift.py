@@ -29,7 +29,7 @@ def check(record: RunRecord) -> list[Finding]:
     for d in drift:
         per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
     trail = ", ".join(f"{v:.3g}" for _, v in sorted(per_step.items()))
-    at = f" (before the optimiser step at {first['where']})" if first["where"] else ""
+    at = f" (the model parallelized at {first['where']})" if first["where"] else ""
     measured = {"first_step": first["step"], "parameters": names,
                 "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
                 "group": first["group"], "ranks": first["ranks"], "where": first["where"]}
@@ -39,6 +39,6 @@ def check(record: RunRecord) -> list[Finding]:
         f"{first['step']}",
         f"parameters replicated across tensor-parallel group {tuple(first['group'])} differ "
         f"after step {first['step']}{at}: {', '.join(names)}; {rank_list(first['ranks'])} "
-        f"differ from rank {first['group'][0]}, while the activations the group shares "
+        f"{'differs' if len(first['ranks']) == 1 else 'differ'} from rank {first['group'][0]}, while the activations the group shares "
         f"agree; largest difference per step: {trail}",
         {"knobs.tp_sync_replicated_grads": True}, first["ranks"], measured)]

@@ -24,7 +24,8 @@ FAULT = Fault(
           "tensor-parallel group before the optimiser steps",
     fix="all-reduce the gradients of the parameters in the sequence-parallel region over "
         "the tensor-parallel group before the step (Megatron does this for its norms; with "
-        "parallelize_module, SequenceParallel() on those modules)",
+        "parallelize_module, SequenceParallel(sequence_dim=the split dimension) on those "
+        "modules, which makes their gradients summed)",
     variants=(Variant("unsynced", "the replicated layers' gradients are each rank's share",
                       {"knobs.tp_sync_replicated_grads": False}),),
     scenario=_sequence_parallel,

@@ -54,6 +54,19 @@ def test_broadcasts_from_different_roots_differ_in_root():
     assert "rank 1: broadcast rooted at 1" in found.symptom
 
 
+def test_a_scatter_whose_root_alone_passes_the_list_matches():
+    """torch's distribute_tensor scatters: the root passes its output and the list, the
+    others their output alone (it was reported as a shape mismatch)."""
+    import dataclasses
+
+    root = dataclasses.replace(call(0, "scatter", peer=0), shapes=((8, 8), (8, 8), (8, 8)))
+    assert collective_mismatch.check(calls_record([root], [call(1, "scatter", peer=0,
+                                                                shape=(8, 8))])) == []
+    (found,) = collective_mismatch.check(calls_record([root], [call(1, "scatter", peer=0,
+                                                                    shape=(4, 8))]))
+    assert found.measured["differs"] == ["shape"]
+
+
 def test_matching_sends_and_receives_and_a_hung_run_are_left_alone():
     assert collective_mismatch.check(calls_record(
         [call(0, "send", peer=1)], [call(1, "recv", peer=0)])) == []

@@ -124,6 +124,11 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
      {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,
       "bytes_per_step": 2576, "wasted_share": 0.75}),
     # record 21 of 64, unshuffled over 2 ranks: rank 1's 11th sample, its 3rd batch of 4
+    # torch's tensor parallelism: the plan's line is where the fix goes
+    ("tp_partial_output.py", 2, "tp-partial-sums", [1], "= parallelize_module(",
+     {"first_step": 1, "layer": "2", "groups": [[0, 1]]}),
+    ("tp_sequence_parallel_head.py", 2, "tp-replica-drift", [1], "= parallelize_module(",
+     {"first_step": 1, "parameters": ["4.bias", "4.weight"], "group": [0, 1]}),
     ("nan_in_one_shard.py", 2, "non-finite", [1], "# BACKWARD",
      {"first_step": 3, "origin_ranks": [1], "loss_ranks": [1], "gradient_ranks": [1],
       "reached": {"0": 4}, "params": ["0.bias", "0.weight", "2.bias", "2.weight"]}),
@@ -156,7 +161,7 @@ def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
 
 
 @pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py",
-                                     "accumulate_with_no_sync.py"])
+                                     "accumulate_with_no_sync.py", "tp_clean.py"])
 def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
     done, report = run_example(distdoctor, tmp_path, example, 2)
     assert done.returncode == 0 and report["findings"] == [], done.stdout
@@ -436,3 +441,51 @@ def test_each_ranks_line_keeps_the_reduce_op_the_summary_names(distdoctor, tmp_p
         assert f"rank {rank}: {said}" in done.stdout  # the summary
         assert f"\nrank {rank}: exited; last call: {said}\n" in done.stdout + "\n"
         assert report["ranks"][rank]["call"]["reduce_op"] == op
+
+
+def _tp_model():
+    """The tensor-parallel examples' model and first batch, built as their rank 0 builds
+    them (parallelize_module scatters rank 0's weights)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 1))
+    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    return model, data[:8]
+
+
+def test_a_partial_sum_is_measured_as_one_process_computes_it(distdoctor, tmp_path):
+    """Each rank's output of layer 2 is its 8 input columns' share plus the bias; the
+    spread over the 64 sampled positions of the 8 x 16 output is worked out here."""
+    import torch
+
+    model, x = _tp_model()
+    with torch.no_grad():
+        h = torch.tanh(model[0](x))
+        w, b = model[2].weight, model[2].bias
+        parts = [h[:, r * 8:(r + 1) * 8] @ w[:, r * 8:(r + 1) * 8].T + b for r in (0, 1)]
+    at = torch.linspace(0, 127, 64).round().long()
+    expected = float((parts[0].reshape(-1)[at] - parts[1].reshape(-1)[at]).abs().max())
+    _, report = run_example(distdoctor, tmp_path, "tp_partial_output.py", 2)
+    assert report["cause"]["measured"]["spread"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_path):
+    """After step 1, rank r's head took an SGD step (lr 0.05) with the gradient of its own
+    4 rows' mean squared output alone: the two copies differ by 0.05 x the gap."""
+    import torch
+
+    model, x = _tp_model()
+    after = []
+    for r in (0, 1):
+        model.zero_grad()
+        model(x)[r * 4:(r + 1) * 4].pow(2).mean().backward()
+        head = model[4]
+        after.append(torch.cat([(head.weight - 0.05 * head.weight.grad).reshape(-1),
+                                head.bias - 0.05 * head.bias.grad]).detach())
+    expected = float((after[0] - after[1]).abs().max())
+    _, report = run_example(distdoctor, tmp_path, "tp_sequence_parallel_head.py", 2)
+    assert report["cause"]["measured"]["spread_per_step"]["1"] == pytest.approx(expected,
+                                                                                abs=1e-6)

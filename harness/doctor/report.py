@@ -4,8 +4,9 @@ The findings of the checks are folded into causes of the kinds a user meets. A r
 hung or crashed has one of p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed,
 unused-parameters or hang-unknown: a mismatch outranks the crash it caused, and a rank's
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
-that never crash follow, in the order they spoil training: divergent-parameters (the
-replicas are different models), gradient-not-averaged (every
+that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
+tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
+a replicated parameter part), divergent-parameters (the replicas are different models), gradient-not-averaged (every
 step is N times too large), duplicate-samples (the ranks train on the same data), then
 repeated-epoch-order (each epoch replays the last), and last sync-every-microbatch (it
 costs time, not correctness). Every
@@ -27,7 +28,8 @@ from harness.models.record import is_peer_echo, started_by, user_frame
 
 RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
-                    "unused-parameters", "hang-unknown", "divergent-parameters",
+                    "unused-parameters", "hang-unknown", "tp-partial-sums",
+                    "tp-replica-drift", "divergent-parameters",
                     "gradient-not-averaged", "sync-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
@@ -95,6 +97,8 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str,
 # (the finding's fault, a key its measurements carry) -> the cause a user is told, in order
 SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
     ("non-finite", "first_step", "non-finite"),
+    ("missing-tp-allreduce", "layer", "tp-partial-sums"),
+    ("replicated-param-drift", "parameters", "tp-replica-drift"),
     ("divergent-init", "first_divergent_step", "divergent-parameters"),
     ("divergent-updates", "first_divergent_step", "divergent-parameters"),
     ("sum-without-mean", "ratio", "gradient-not-averaged"),

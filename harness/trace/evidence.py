@@ -6,6 +6,7 @@ from harness.models import Evidence
 from harness.trace.batches import fold_batches
 from harness.trace.gradients import fold_gradients
 from harness.trace.nonfinite import fold_nonfinite
+from harness.trace.tensorparallel import fold_group_tensors
 from harness.trace.tracer import fold, fold_ddp_forwards
 
 # event kind -> Evidence field, for records that accumulate
@@ -25,6 +26,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["gradients"] = list(fold_gradients(trace))
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
+    fields["group_tensors"] = list(fold_group_tensors(trace))
     ddp = [event for event in trace if event.get("ev") == "ddp"]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

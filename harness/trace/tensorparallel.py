@@ -1,0 +1,194 @@
+"""What a user's tensor-parallel model shows through torch's DTensor placements: the
+evidence for a forgotten all-reduce and for replicated parameters that drift apart.
+
+``parallelize_module`` is wrapped (once torch's tensor-parallel package is imported: it
+costs half a second, so a script that never imports it never pays). Each row-parallel
+Linear it makes (weight Shard(1) on a mesh dimension) gets a forward hook before torch's
+own output hook, which sees the layer's raw output (a Partial DTensor), and one after,
+which sees what the next layer is handed. When that has the raw output's shape, the plan
+meant the output whole on every rank of the dimension (Replicate), so a sample of it is
+recorded at the first forward of each optimiser step; a sequence-parallel plan (output
+Shard) hands rows instead and is not judged. Before every optimiser step, each parameter
+of a parallelized model that is not sharded (a DTensor replicated on every dimension, or
+a plain tensor beside sharded ones) is sampled. Checks compare the samples across the
+tensor-parallel group: the ranks must agree.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import math
+import sys
+import weakref
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+from harness.models import Fingerprint, GroupTensor
+from harness.trace.steps import step_hooks
+from harness.trace.tracer import user_line
+
+PACKAGE = "torch.distributed.tensor.parallel"
+SAMPLE = 64  # values per tensor
+
+
+def record_tensor_parallel(tracer: Any) -> None:
+    # each parallelized model, weakly; the line that parallelized it; its tensor-parallel ranks
+    models: list[tuple[weakref.ref, str, tuple[int, ...]]] = []
+
+    def before_step(_params) -> None:
+        step = tracer.optimizer_steps  # the parameters as the last step left them
+        for ref, where, group in models:
+            module = ref()
+            if module is None or len(group) < 2:
+                continue
+            for name, p in module.named_parameters():
+                if _replicated(p):
+                    _write(tracer, step, name, "parameter", group, _local(p), where)
+
+    depth = [0]
+
+    def wrap(package) -> None:
+        original = package.parallelize_module
+        if getattr(original, "_distdoctor", False):
+            return
+
+        def parallelize_module(module, device_mesh=None, parallelize_plan=None, *a, **kw):
+            depth[0] += 1  # torch applies a plan by calling itself on each submodule
+            try:
+                out = original(module, device_mesh, parallelize_plan, *a, **kw)
+            finally:
+                depth[0] -= 1
+            if depth[0]:
+                return out
+            try:  # evidence is best effort: never break the user's plan
+                where = user_line()
+                models.append((weakref.ref(out), where, _tp_group(out)))
+                for name, sub in out.named_modules():
+                    dim = _row_parallel_dim(sub)
+                    if dim is not None:
+                        _hook_output(tracer, sub, name, _dim_group(sub.weight, dim), where)
+            except Exception:
+                pass
+            return out
+
+        parallelize_module._distdoctor = True
+        package.parallelize_module = parallelize_module
+        api = sys.modules.get(PACKAGE + ".api")
+        if api is not None:
+            api.parallelize_module = parallelize_module
+
+    step_hooks(tracer).before_step.append(before_step)
+    if PACKAGE in sys.modules:
+        wrap(sys.modules[PACKAGE])
+    else:
+        sys.meta_path.insert(0, _AfterImport(PACKAGE, wrap))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` once ``name`` has been imported, by whoever imports it."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module):
+            run(module)
+            try:
+                then(module)
+            except Exception:
+                pass
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _hook_output(tracer, module, name: str, group: tuple[int, ...], where: str) -> None:
+    seen = {"raw": None, "step": -1}
+
+    def raw(_mod, _inputs, output):
+        seen["raw"] = tuple(output.to_local().shape) if hasattr(output, "to_local") else None
+
+    def handed(_mod, _inputs, output):
+        step = tracer.optimizer_steps + 1
+        if step == seen["step"] or not isinstance(output, torch.Tensor) or len(group) < 2:
+            return
+        if seen["raw"] is None or tuple(output.shape) != seen["raw"] \
+                or hasattr(output, "to_local"):
+            return  # rows (sequence parallel), or a DTensor the user keeps: not judged
+        seen["step"] = step
+        _write(tracer, step, name, "activation", group, output, where)
+
+    module.register_forward_hook(raw, prepend=True)
+    module.register_forward_hook(handed)
+
+
+def _row_parallel_dim(module) -> int | None:
+    """The mesh dimension a Linear's weight is split along its inputs on (Shard(1))."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(module, torch.nn.Linear) or not hasattr(weight, "placements"):
+        return None
+    for dim, placement in enumerate(weight.placements):
+        if placement.is_shard() and placement.dim in (1, -1):
+            return dim
+    return None
+
+
+def _dim_group(p, dim: int) -> tuple[int, ...]:
+    mesh = p.device_mesh
+    if mesh.ndim == 1:
+        return tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    return tuple(dist.get_process_group_ranks(mesh.get_group(dim)))
+
+
+def _tp_group(module) -> tuple[int, ...]:
+    """The ranks along the first mesh dimension some parameter is sharded on."""
+    for p in module.parameters():
+        for dim, placement in enumerate(getattr(p, "placements", ())):
+            if placement.is_shard():
+                return _dim_group(p, dim)
+    return ()
+
+
+def _replicated(p) -> bool:
+    placements = getattr(p, "placements", None)
+    if placements is None:
+        return p.requires_grad
+    return all(placement.is_replicate() for placement in placements)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _write(tracer, step: int, name: str, kind: str, group, tensor, where: str) -> None:
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return
+    at = torch.linspace(0, flat.numel() - 1, min(SAMPLE, flat.numel())).round().long()
+    values = flat[at].to(torch.float64).tolist()
+    tracer.write(ev="tp_tensor", step=step, name=name, kind=kind, group=list(group),
+                 values=values, numel=flat.numel(), where=where)
+
+
+def fold_group_tensors(events: Iterable[dict]) -> tuple[GroupTensor, ...]:
+    found = []
+    for e in events:
+        if e.get("ev") != "tp_tensor":
+            continue
+        values = tuple(e["values"])
+        found.append(GroupTensor(
+            e["step"], e["name"], e["kind"], True, tuple(e["group"]),
+            Fingerprint(e["numel"], repr(values), math.sqrt(sum(v * v for v in values)),
+                        values), e.get("where", "")))
+    return tuple(found)
