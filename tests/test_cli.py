@@ -285,3 +285,12 @@ def test_memory_says_what_the_largest_layer_it_was_not_given_would_add(capsys):
     assert main(["memory", "--params", "70e9", "--largest-layer", "875M"]) == 0
     given = capsys.readouterr().out
     assert "not given" not in given and "108.5 GB" in given
+
+
+def test_train_on_tensor_parallel_ranks_prints_each_groups_bytes(capsys):
+    """tp-dp at N=4: rank 0's pair all-reduces fc2's output, 8 x 16 floats; its replica
+    pair averages the 1000 bytes of weights it holds, one all-reduce per tensor."""
+    assert main(["train", "--strategy", "tp-dp", "--world-size", "4", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert ("bytes per step, rank 0: tensor-parallel group (0, 1): 1 collective, 512 B; "
+            "replicas' average (0, 2): 8 collectives, 1000 B") in out

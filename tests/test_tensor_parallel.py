@@ -120,3 +120,24 @@ def test_replicas_of_a_tensor_parallel_run_that_share_a_seed_are_found():
     (found,) = assessment.findings
     assert found.fault == "shared-shuffle-seed" and found.ranks == (0, 2)
     assert found.measured["max_overlap_share"] == 1.0
+
+
+@pytest.mark.parametrize("strategy, world_size", [("tp", 2), ("tp", 4), ("tp-dp", 4)])
+def test_a_train_run_records_each_groups_bytes_per_step_as_the_formulas_give(strategy,
+                                                                           world_size):
+    """Per step and rank, in a real train run: the tensor-parallel group's all-reduces are
+    fc2's forward one (batch x hidden x 4 bytes; the data asks for no gradient, so the
+    backward one is skipped), the replicas' average moves the weights the rank holds."""
+    record, _ = _trained(strategy, world_size)
+    spec = record.spec
+    tp, dp = spec.tp_degree, spec.dp_degree
+    per_block = allreduce_bytes(spec.batch_size, spec.hidden_features, spec.in_features,
+                                input_grad=False)
+    for rank in record.ranks:
+        traffic = {(t.step, t.purpose): t for t in rank.evidence.traffic}
+        for step in range(1, spec.num_steps + 1):
+            tensor, data = traffic[(step, "tensor")], traffic[(step, "data")]
+            assert (tensor.calls, tensor.bytes) == (1, per_block["forward"])
+            assert tensor.group == spec.tp_group(rank.rank) and len(tensor.group) == tp
+            held = weight_bytes(spec.hidden_features, spec.in_features, tp) if dp > 1 else 0
+            assert data.bytes == held and len(data.group) == dp

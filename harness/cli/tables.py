@@ -180,3 +180,21 @@ def rank_ends(record: RunRecord) -> str:
         for stack in end.stacks:
             lines.append("  " + str(stack).replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def traffic_line(record: RunRecord) -> str | None:
+    """What each process group's collectives moved per step on rank 0, by purpose (the
+    tensor-parallel strategies record it): the mean over the steps it completed."""
+    if not record.ranks or not record.ranks[0].evidence.traffic:
+        return None
+    by_purpose: dict[str, list] = {}
+    for t in record.ranks[0].evidence.traffic:
+        by_purpose.setdefault(t.purpose, []).append(t)
+    names = {"tensor": "tensor-parallel group", "data": "replicas' average"}
+    parts = []
+    for purpose, rows in by_purpose.items():
+        calls = sum(t.calls for t in rows) / len(rows)
+        sent = sum(t.bytes for t in rows) / len(rows)
+        parts.append(f"{names.get(purpose, purpose)} {tuple(rows[0].group)}: "
+                      f"{calls:g} collective{'s' if calls != 1 else ''}, {sent:g} B")
+    return "bytes per step, rank 0: " + "; ".join(parts)

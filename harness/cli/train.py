@@ -43,6 +43,9 @@ def train_command(args: argparse.Namespace) -> int:
     if not record.finished:
         print(tables.rank_ends(record))
     print(tables.verdict_line(verdict))
+    traffic = tables.traffic_line(record)
+    if traffic:
+        print(traffic)
     memory = memory_table(record)
     if memory:
         print(memory)
