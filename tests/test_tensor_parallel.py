@@ -141,3 +141,57 @@ def test_a_train_run_records_each_groups_bytes_per_step_as_the_formulas_give(str
             assert tensor.group == spec.tp_group(rank.rank) and len(tensor.group) == tp
             held = weight_bytes(spec.hidden_features, spec.in_features, tp) if dp > 1 else 0
             assert data.bytes == held and len(data.group) == dp
+
+
+@functools.lru_cache(maxsize=None)
+def one_attention(d: int, heads: int, steps: int) -> tuple[dict, dict]:
+    from harness.tensor.attention import MultiHeadAttention, attention_data
+
+    torch.manual_seed(0)
+    model = MultiHeadAttention(d, heads)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    grads = {}
+    for step, (x, y) in enumerate(attention_data(d, steps)):
+        optimizer.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, grads
+
+
+def _whole_attention(per_rank: list[dict]) -> dict:
+    """q, k, v cut by output rows (heads), o by input columns; o's bias whole."""
+    whole = {}
+    for name in per_rank[0]:
+        parts = [r[name] for r in per_rank]
+        if name.startswith(("q.", "k.", "v.")):
+            whole[name] = torch.cat(parts, dim=0)
+        elif name == "o.weight":
+            whole[name] = torch.cat(parts, dim=1)
+        else:
+            whole[name] = parts[0]
+    return whole
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["tp", "torch-tp"])
+def test_attention_split_by_heads_matches_one_process(pools, kind, world_size):
+    """4 heads of width 4 over 1, 2 or 4 ranks: each rank's heads attend alone, and the
+    block (parameters after 3 steps, the first step's gradients) matches one process; the
+    written-out block all-reduces once forward (2 x 6 x 16 floats: its output) and once
+    backward (its input's gradient, summed once for q, k and v)."""
+    from harness.tensor.attention import attention_steps
+
+    result = pools(world_size).run(attention_steps, kind, 16, 4, STEPS, deadline=60)
+    result.raise_for_status()
+    ranks = list(result.values)
+    params, grads = one_attention(16, 4, STEPS)
+    assert gap(_whole_attention([r["params"] for r in ranks]), params) <= 1e-5
+    assert gap(_whole_attention([r["grads"] for r in ranks]), grads) <= 1e-5
+    assert ranks[0]["params"]["q.weight"].shape[0] == 16 // world_size
+    if kind == "tp" and world_size > 1:
+        for rank in ranks:
+            assert rank["traffic"] == {"calls": {"forward": 1, "backward": 1},
+                                       "bytes": {"forward": 2 * 6 * 16 * 4,
+                                                 "backward": 2 * 6 * 16 * 4}}

@@ -106,16 +106,21 @@ def _rows(n: int, rank: int, size: int) -> slice:
 class ColumnParallelLinear(nn.Module):
     """This rank's slice of ``full``'s output features (rows of its weight, and its bias)."""
 
-    def __init__(self, full: nn.Linear, rank: int, size: int, log: TrafficLog, group=None):
+    def __init__(self, full: nn.Linear, rank: int, size: int, log: TrafficLog, group=None,
+                 copy_input: bool = True):
+        """``copy_input`` False: the caller has passed the input through copy_to_group
+        once for several layers that read it (attention's q, k and v), so its gradient is
+        summed once, not once per layer."""
         super().__init__()
         part = _rows(full.out_features, rank, size)
         self.weight = nn.Parameter(full.weight.detach()[part].clone())
         self.bias = nn.Parameter(full.bias.detach()[part].clone())
-        self.log, self.group = log, group
+        self.log, self.group, self.copy_input = log, group, copy_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(copy_to_group(x, self.log, self.group), self.weight,
-                                    self.bias)
+        if self.copy_input:
+            x = copy_to_group(x, self.log, self.group)
+        return nn.functional.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
