@@ -54,6 +54,10 @@ def test_no_write_leaves_no_file(tmp_path, capsys, monkeypatch):
     ["demo", "--all", "--variant", "sum"],
     ["demo", "--all", "--strategy", "torch-pipe-zbv"],  # no fault applies to it
     ["demo", "nope"],
+    # one node of two ranks holds a tensor-parallel pair whatever the mesh's order
+    ["diagnose", "--strategy", "tp-dp", "--fault", "tp-across-nodes", "--world-size", "2"],
+    ["demo", "tp-across-nodes", "--world-size", "2"],
+    ["train", "--strategy", "tp", "--world-size", "3"],  # 16 hidden features over 3
     ["pipeline", "simulate", "--stages", "0"],
     ["pipeline", "simulate", "--schedule", "dualpipe", "--stages", "3"],
     ["pipeline", "simulate", "--f", "-1"],
@@ -204,7 +208,9 @@ def test_faults_lists_the_catalogue(capsys):
     assert set(faults.catalogue()) == {  # the design table's failure modes, row by row
         "divergent-init", "shared-shuffle-seed", "unused-params",
         "allreduce-every-microbatch", "sum-without-mean", "send-before-receive",
-        "unbalanced-stages", "over-memory-budget"}
+        "unbalanced-stages", "over-memory-budget",
+        # tensor parallelism's (issue 21)
+        "missing-tp-allreduce", "replicated-param-drift", "tp-dropout-rng", "tp-across-nodes"}
 
 
 @pytest.mark.parametrize("micro, bubble", [(8, "27.27%"), (64, "4.48%")])
@@ -294,3 +300,17 @@ def test_train_on_tensor_parallel_ranks_prints_each_groups_bytes(capsys):
     out = capsys.readouterr().out
     assert ("bytes per step, rank 0: tensor-parallel group (0, 1): 1 collective, 512 B; "
             "replicas' average (0, 2): 8 collectives, 1000 B") in out
+
+
+def test_demo_all_leaves_out_what_cannot_show_on_so_few_ranks(capsys, monkeypatch):
+    """At --world-size 2, tp-across-nodes (a tensor-parallel pair on one node of two) is
+    left out of the sweep, and the output says so; the rest are not touched here."""
+    from harness.cli import demo
+
+    monkeypatch.setattr(demo, "sweep_cases", lambda chosen, strategy: [])
+    monkeypatch.setattr("harness.diagnosis.diagnose.diagnose", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("no diagnosis expected")))
+    with pytest.raises(AssertionError, match="no diagnosis expected"):
+        main(["demo", "--all", "--strategy", "tp-dp", "--world-size", "2"])
+    assert "(tp-across-nodes needs at least 4 ranks: left out at --world-size 2)" in \
+        capsys.readouterr().out

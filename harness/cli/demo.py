@@ -12,7 +12,7 @@ import time
 from harness.cli.args import (
     EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_folder, run_options, spec_from,
 )
-from harness.cli.faults import check_variant, fault_named
+from harness.cli.faults import check_variant, check_world_size, fault_named
 
 
 def add_commands(commands) -> None:
@@ -40,6 +40,16 @@ def demo_command(args: argparse.Namespace) -> int:
     if args.all and args.variant:
         raise UsageError("--variant goes with one FAULT, not --all")
     chosen = sweep_faults(args.strategy) if args.all else [fault_named(args.fault)]
+    if args.all:  # a fault that cannot show on this many ranks is left out, and said so
+        fewer = [f for f in chosen if args.world_size < f.min_world_size]
+        chosen = [f for f in chosen if f not in fewer]
+        for fault in fewer:
+            print(f"({fault.id} needs at least {fault.min_world_size} ranks: left out at "
+                  f"--world-size {args.world_size})")
+        if not chosen:
+            raise UsageError(f"no fault applies at --world-size {args.world_size}")
+    else:
+        check_world_size(chosen[0], args.world_size)
     for fault in chosen:
         check_variant(fault, args.variant)
         if args.strategy and args.strategy not in fault.strategies:

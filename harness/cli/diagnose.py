@@ -8,7 +8,7 @@ import time
 from harness.cli.args import (
     EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_file, run_options, spec_from,
 )
-from harness.cli.faults import check_variant, fault_named
+from harness.cli.faults import check_variant, check_world_size, fault_named
 from harness.text import wrap
 
 
@@ -41,6 +41,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         why = fault.excluded.get(args.strategy, "it is not a failure mode of that strategy")
         raise UsageError(f"{fault.id} does not apply to {args.strategy}: {why}; it applies "
                          f"to {', '.join(fault.strategies)}")
+    check_world_size(fault, args.world_size)
     from harness.cli import tables
     from harness.diagnosis.diagnose import diagnose
     from harness.models import dump_report

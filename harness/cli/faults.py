@@ -31,6 +31,12 @@ def check_variant(fault, variant: str | None) -> None:
         raise UsageError(str(exc)) from None
 
 
+def check_world_size(fault, world_size: int) -> None:
+    if world_size < fault.min_world_size:
+        raise UsageError(f"{fault.id} needs at least {fault.min_world_size} ranks to show "
+                         f"(--world-size {fault.min_world_size}), got {world_size}")
+
+
 def faults_command(args: argparse.Namespace) -> int:
     import faults
 
