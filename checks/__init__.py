@@ -24,7 +24,10 @@ def detectors() -> list[ModuleType]:
 
 
 def run_all(record: RunRecord) -> tuple[Finding, ...]:
-    return tuple(finding for module in detectors() for finding in module.check(record))
+    """Every detector's findings; those that carry a fix first (a finding without one, such
+    as parameters that parted, reports a consequence another finding explains)."""
+    found = [finding for module in detectors() for finding in module.check(record)]
+    return tuple(sorted(found, key=lambda f: not f.fix_changes))
 
 
 def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,

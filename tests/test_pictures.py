@@ -126,3 +126,20 @@ def test_the_browser_check_itself_sees_console_errors_and_blank_pages(tmp_path):
     blank.write_text("<!doctype html><body></body>")
     assert any("missing is not defined" in m for m in render(broken, tmp_path / "b.png").console)
     assert render(blank, tmp_path / "blank.png").inked < 10
+
+
+def test_findings_that_start_at_one_step_share_one_mark_and_the_reference_starts_at_0(
+        tmp_path, capsys):
+    """missing-tp-allreduce on tp-dp: the partial sums and the spread they cause both start
+    at step 1, so one mark names both (two labels drawn over each other were unreadable);
+    the reference chart's first point is the model as built, step 0."""
+    page = tmp_path / "tp.html"
+    assert main(["diagnose", "--strategy", "tp-dp", "--fault", "missing-tp-allreduce",
+                 "--world-size", "4", "--html", str(page)]) == 0
+    capsys.readouterr()
+    html = page.read_text()
+    # two charts, each mark with its label and its hover title
+    assert html.count(">divergent-updates, missing-tp-allreduce from step 1<") == 4
+    assert ">missing-tp-allreduce from step 1<" not in html
+    reference = html[html.index("largest difference from the single-process run (log)"):]
+    assert ">step 0<" in reference[:4000]

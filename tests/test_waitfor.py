@@ -221,7 +221,32 @@ def test_an_async_collective_waited_on_is_placed_when_its_open_calls_line_up():
     waits.flight(1, view(6, 3, {4: "broadcast", 5: "broadcast", 6: "broadcast"}))
     proof = waits.proof()
     assert (proof.kind, proof.ranks) == ("mismatch", (1,)) and "rank 0 has all_reduce" in proof.text
-    # one op in flight that no open traced call accounts for: no place, no proof
+    # one op in flight that no open traced call accounts for: no place, and with rank 0's
+    # all-reduce at the number where rank 1 has one too, nothing the recorders prove
+    waits.flight(0, view(5, 4, {5: "all_reduce"}))
     waits.flight(1, view(7, 3, {4: "broadcast", 5: "all_reduce", 6: "broadcast",
                                 7: "broadcast"}))
     assert waits.proof() is None
+
+
+def test_collectives_in_flight_at_one_number_of_different_kinds_are_proven_without_the_trace():
+    """ZeroRedundancyOptimizer with a skipped head, as seen under load: rank 0's all-reduce
+    is waited on from C++ (DDP), so the tracer sees no wait; rank 1 waits on the first of
+    its traced broadcasts, which the recorder's in-flight ones do not line up with (gloo
+    let one of a mismatched run's broadcasts through). The recorders alone still show #67
+    holding an all-reduce on rank 0 and a broadcast on rank 1: neither can complete."""
+    calls = ([enter(1, "all_reduce", 0, async_op=True)],
+             [enter(1, "broadcast", 0, peer=0, async_op=True),
+              enter(2, "broadcast", 1, peer=1, async_op=True),
+              {"ev": "wait", "id": 1, "t": 0.0}])
+    waits = state(*calls)
+    waits.flight(0, view(67, 66, {67: "all_reduce"}))
+    waits.flight(1, view(68, 65, {66: "broadcast", 67: "broadcast", 68: "broadcast"}))
+    proof = waits.proof()
+    assert (proof.kind, proof.ranks, proof.calls) == ("mismatch", (0, 1), ((1, 1),))
+    assert "collective #67 of the default group" in proof.text
+    assert "rank 0 has all_reduce; rank 1 has broadcast" in proof.text
+    same = state(*calls)  # the same kind at every number in flight: nothing proven
+    same.flight(0, view(67, 66, {67: "broadcast"}))
+    same.flight(1, view(68, 65, {66: "broadcast", 67: "broadcast", 68: "broadcast"}))
+    assert same.proof() is None

@@ -70,12 +70,14 @@ def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
               for r in record.ranks if r.evidence.steps]
     if not losses:
         return None
-    marks = []
+    at_step: dict[float, list[str]] = {}  # findings starting at one step share one mark
     for f in findings:
         step = next((f.measured.get(k) for k in START_KEYS
                      if isinstance(f.measured.get(k), (int, float))), None)
-        if step is not None:
-            marks.append((float(step), f"{f.fault} from step {step}"))
+        if step is not None and f.fault not in at_step.setdefault(float(step), []):
+            at_step[float(step)].append(f.fault)
+    marks = [(step, f"{', '.join(names)} from step {step:g}")
+             for step, names in sorted(at_step.items())]
     html = line_chart(losses, "loss per rank per step", marks=marks)
     spread = spreads(record)
     if spread and max(spread) > 0:
@@ -86,8 +88,7 @@ def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
         html += page.paragraph(f"Parameter spread across ranks: 0 at every step "
                                f"(0 to {len(spread) - 1}): the replicas agree.", "note")
     if reference_per_step and max(reference_per_step) > 0:
-        html += line_chart([("difference", [(i + 1, d) for i, d in
-                                            enumerate(reference_per_step)])],
+        html += line_chart([("difference", list(enumerate(reference_per_step)))],  # 0: built
                            "largest difference from the single-process run (log)", log=True)
     elif reference_per_step:
         html += page.paragraph("Largest difference from the single-process run: 0 at every "

@@ -218,7 +218,7 @@ class WaitFor:
                     changed = True
         stuck -= ended
         if not stuck:
-            return None
+            return self._flight_mismatch(blocked)
         calls = tuple((r, blocked[r]["id"]) for r in sorted(stuck))
         cycle = cycle_of({r: waits[r] & stuck for r in stuck if r not in mismatch})
         if cycle:
@@ -237,6 +237,34 @@ class WaitFor:
                         f"rank{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} finished "
                         f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
                                               for r in sorted(stuck)))
+
+    def _flight_mismatch(self, blocked: dict[int, dict]) -> Deadlock | None:
+        """Ranks whose Flight Recorders each hold a collective in flight at the same number
+        of a group, of kinds that cannot pair: neither can ever complete, whether or not
+        the rank waits on it yet (DDP waits on its all-reduce from C++, where the tracer
+        does not see it wait). The traced calls cannot place them when gloo let some of a
+        mismatched run's broadcasts complete and not others (ZeroRedundancyOptimizer with a
+        skipped head, under load), so this is read from the recorders alone. Each view was
+        taken with no call event around it, and an op once enqueued at a number keeps it."""
+        slots: dict[tuple, dict[int, str]] = {}
+        for rank, state in self.ranks.items():
+            if state.flight is None or state.flight_at != state.events or state.unprovable \
+                    or state.finished:
+                continue
+            for pg, view in state.flight.items():
+                for number, op in (view or {}).get("ops", {}).items():
+                    slots.setdefault((pg or "", int(number)), {})[rank] = op
+        for (pg, number), ops in sorted(slots.items()):
+            if len({_family(op) for op in ops.values()}) < 2:
+                continue
+            ranks = tuple(sorted(ops))
+            where = f"collective #{number} of {pg or 'the default group'}"
+            return Deadlock("mismatch", ranks,
+                            tuple((r, blocked[r]["id"]) for r in ranks if r in blocked),
+                            f"collectives that cannot pair at one point of their group, both "
+                            f"still in flight ({where}, by torch's Flight Recorder): "
+                            + "; ".join(f"rank {r} has {ops[r]}" for r in ranks))
+        return None
 
     def _mismatch(self, blocked: dict[int, dict]) -> dict[int, str]:
         """rank -> "" for ranks inside the same traced collective number of a group in calls
