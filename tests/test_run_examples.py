@@ -161,7 +161,8 @@ def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
 
 
 @pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py",
-                                     "accumulate_with_no_sync.py", "tp_clean.py"])
+                                     "accumulate_with_no_sync.py", "tp_clean.py",
+                                     "tp_sequence_parallel_ok.py"])
 def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
     done, report = run_example(distdoctor, tmp_path, example, 2)
     assert done.returncode == 0 and report["findings"] == [], done.stdout
