@@ -85,3 +85,12 @@ def group_disagreements(record: RunRecord, kind: str) -> list[dict]:
                           "spread": spread([t.value for t in by_rank.values()]),
                           "ranks": differ, "where": first.where})
     return found
+
+
+def largest_per_step(found: list[dict]) -> dict[str, float]:
+    """The largest spread of ``group_disagreements``' entries at each step, by step (as
+    JSON keys, in step order)."""
+    per_step: dict[int, float] = {}
+    for d in found:
+        per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
+    return {str(step): value for step, value in sorted(per_step.items())}

@@ -9,7 +9,7 @@ masks did are explained by those, which other checks report.
 
 from __future__ import annotations
 
-from checks import finding, group_disagreements, rank_list
+from checks import finding, group_disagreements, largest_per_step, rank_list
 from harness.models import Finding, RunRecord
 
 NAME = "tp_partial_sums"
@@ -25,14 +25,12 @@ def check(record: RunRecord) -> list[Finding]:
     if earlier:
         return []
     layers = sorted({d["name"] for d in found if d["step"] == first["step"]})
-    per_step = {}
-    for d in found:
-        per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
+    per_step = largest_per_step(found)
     groups = sorted({tuple(d["group"]) for d in found})
     at = f" (parallelized at {first['where']})" if first["where"] else ""
     measured = {"layer": first["name"], "layers": layers, "first_step": first["step"],
                 "spread": first["spread"], "groups": [list(g) for g in groups],
-                "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
+                "spread_per_step": per_step,
                 "ranks": first["ranks"], "where": first["where"]}
     return [finding(
         "missing-tp-allreduce", NAME, f"{first['name']}'s output differs across its "

@@ -9,7 +9,7 @@ drift by itself and is reported by its own check instead.
 
 from __future__ import annotations
 
-from checks import finding, group_disagreements, rank_list
+from checks import finding, group_disagreements, largest_per_step, rank_list
 from harness.models import Finding, RunRecord
 
 NAME = "tp_replica_drift"
@@ -25,13 +25,11 @@ def check(record: RunRecord) -> list[Finding]:
     if upstream:
         return []
     names = sorted({d["name"] for d in drift if d["step"] == first["step"]})
-    per_step = {}
-    for d in drift:
-        per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
-    trail = ", ".join(f"{v:.3g}" for _, v in sorted(per_step.items()))
+    per_step = largest_per_step(drift)
+    trail = ", ".join(f"{v:.3g}" for v in per_step.values())
     at = f" (the model parallelized at {first['where']})" if first["where"] else ""
     measured = {"first_step": first["step"], "parameters": names,
-                "spread_per_step": {str(k): v for k, v in sorted(per_step.items())},
+                "spread_per_step": per_step,
                 "group": first["group"], "ranks": first["ranks"], "where": first["where"]}
     return [finding(
         "replicated-param-drift", NAME,

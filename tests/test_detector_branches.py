@@ -3,6 +3,8 @@ numbers are worked out here."""
 
 from __future__ import annotations
 
+import pytest
+
 from checks import (collective_mismatch, ddp_reduction, hang, memory_budget, param_spread,
                     stage_balance, unused_params)
 from harness.models import (BackwardEvidence, Call, Evidence, Fingerprint, MemoryEvidence,
@@ -212,3 +214,44 @@ def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
     assert not any(r.evidence.backward for r in record.ranks)  # no early return
     assert all(r.evidence.ddp_params == ("weight", "bias") for r in record.ranks)
     assert ddp_reduction.check(record) == [] and checks.run_all(record) == ()
+
+
+def _mask_record(values: tuple[float, ...], steps: int) -> RunRecord:
+    """Two ranks of one tensor-parallel group holding the same sharded-activation mask at
+    every step."""
+    from harness.models import Fingerprint, GroupTensor
+
+    mask = Fingerprint(len(values), repr(values), 1.0, values)
+    ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(r, group_tensors=tuple(
+        GroupTensor(s, "dropout after fc1", "mask", False, (0, 1), mask)
+        for s in range(1, steps + 1)))) for r in (0, 1))
+    return RunRecord(RunSpec(world_size=2), ranks, 1.0)
+
+
+def test_identical_slice_masks_are_judged_by_how_likely_chance_makes_them():
+    """Half the values kept: two independent masks agree on each value with chance 1/2.
+    8 values at 2 steps (chance 2^-16) is left alone; 64 values at 6 steps (2^-384) is the
+    same RNG state on every rank."""
+    from checks import tp_dropout_masks
+
+    half = (0.0, 2.0) * 4
+    assert tp_dropout_masks.check(_mask_record(half, 2)) == []
+    (found,) = tp_dropout_masks.check(_mask_record(half * 8, 6))
+    assert found.measured["log10_chance_if_independent"] == pytest.approx(-384 * 0.30103,
+                                                                           rel=1e-4)
+    assert tp_dropout_masks.check(_mask_record((2.0,) * 64, 6)) == []  # nothing dropped
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_is_not_a_swapped_mesh():
+    """Four tensor-parallel ranks on nodes of two: no layout keeps the group inside one,
+    so there is nothing to swap; on nodes of four, the same group is inside already."""
+    from checks import tp_node_layout
+    from harness.models import GroupTraffic
+
+    def record(per_node: int) -> RunRecord:
+        ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(
+            r, node=r // per_node, traffic=(GroupTraffic(1, "tensor", (0, 1, 2, 3), 1, 512),)))
+            for r in range(4))
+        return RunRecord(RunSpec(world_size=4), ranks, 1.0)
+
+    assert tp_node_layout.check(record(2)) == [] and tp_node_layout.check(record(4)) == []
