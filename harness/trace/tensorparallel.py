@@ -7,11 +7,12 @@ Linear it makes (weight Shard(1) on a mesh dimension) gets a forward hook before
 own output hook, which sees the layer's raw output (a Partial DTensor), and one after,
 which sees what the next layer is handed. When that has the raw output's shape, the plan
 meant the output whole on every rank of the dimension (Replicate), so a sample of it is
-recorded at the first forward of each optimiser step; a sequence-parallel plan (output
-Shard) hands rows instead and is not judged. Before every optimiser step, each parameter
-of a parallelized model that is not sharded (a DTensor replicated on every dimension, or
-a plain tensor beside sharded ones) is sampled. Checks compare the samples across the
-tensor-parallel group: the ranks must agree.
+recorded at the first forward of an optimiser step; a sequence-parallel plan (output
+Shard) hands rows instead and is not judged. Before an optimiser step, each parameter of
+a parallelized model that is not sharded (a DTensor replicated on every dimension, or a
+plain tensor beside sharded ones) is sampled. Both on the steps the gradient recorder
+samples (the first 8, then every 8th), so a long run pays little. Checks compare the
+samples across the tensor-parallel group: the ranks must agree.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from harness.models import Fingerprint, GroupTensor
+from harness.trace.gradients import sampled
 from harness.trace.steps import step_hooks
 from harness.trace.tracer import user_line
 
@@ -40,6 +42,8 @@ def record_tensor_parallel(tracer: Any) -> None:
 
     def before_step(_params) -> None:
         step = tracer.optimizer_steps  # the parameters as the last step left them
+        if not sampled(step + 1):
+            return
         for ref, where, group in models:
             module = ref()
             if module is None or len(group) < 2:
@@ -121,7 +125,8 @@ def _hook_output(tracer, module, name: str, group: tuple[int, ...], where: str) 
 
     def handed(_mod, _inputs, output):
         step = tracer.optimizer_steps + 1
-        if step == seen["step"] or not isinstance(output, torch.Tensor) or len(group) < 2:
+        if step == seen["step"] or not sampled(step) or not isinstance(output, torch.Tensor) \
+                or len(group) < 2:
             return
         if seen["raw"] is None or tuple(output.shape) != seen["raw"] \
                 or hasattr(output, "to_local"):
