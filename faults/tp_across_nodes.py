@@ -15,9 +15,9 @@ FAULT = Fault(
     id="tp-across-nodes",
     title="Tensor parallelism over the slow link",
     strategies=("tp-dp",),
-    symptom="every tensor-parallel all-reduce, one per row-parallel layer and micro-batch "
-            "in the forward and again in the backward, crosses between nodes, while the "
-            "once-a-step gradient average stays inside one",
+    symptom="every tensor-parallel all-reduce (one per row-parallel layer and micro-batch "
+            "in the forward, and one in the backward for every block above the first) "
+            "crosses between nodes, while the once-a-step gradient average stays inside one",
     cause="the device mesh's dimensions are swapped: tensor-parallel groups take one rank "
           "from each node (ranks fill nodes in order, LOCAL_WORLD_SIZE at a time) and the "
           "data-parallel groups the ranks of one node",

@@ -46,7 +46,8 @@ def faults_command(args: argparse.Namespace) -> int:
     print(f"distdoctor fault catalogue: {len(catalogue)} failure modes\n")
     for fault in catalogue.values():
         print(f"{fault.id}: {fault.title}")
-        print(f"  strategies: {', '.join(fault.strategies)}")
+        print(f"  strategies: {', '.join(fault.strategies)}"
+              + (f" (at least {fault.min_world_size} ranks)" if fault.min_world_size > 1 else ""))
         for strategy, why in fault.masked_by.items():
             print(wrap(f"masked on {strategy}: {why}", "  "))
         for strategy, why in fault.excluded.items():
