@@ -45,7 +45,7 @@ class Knobs:
     # tensor-parallel group keeps 1/T of the batch rows (a reduce-scatter), and the
     # replicated layers above (fc2's bias, the heads) see only those rows
     tp_sync_replicated_grads: bool = True  # sum those replicated layers' gradients over
-    # the group (each rank's holds only its rows' share)
+    # the group (each rank's copy gets only its rows' share)
     dropout: float = 0.0  # the workload's choice: dropout after each tanh (0: none)
     tp_dropout_rng: DropoutRNG = "tracked"  # Megatron's RNG tracker: one state shared by the
     # group for replicated activations, one per slice for sharded ones; "per-rank": every
