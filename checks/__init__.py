@@ -11,6 +11,7 @@ import pkgutil
 from types import ModuleType
 
 from harness.models import Finding, RunRecord
+from harness.models.distance import spread
 
 
 def detectors() -> list[ModuleType]:
@@ -67,8 +68,6 @@ def group_disagreements(record: RunRecord, kind: str) -> list[dict]:
     """Per step, the tensors of ``kind`` that a tensor-parallel group must hold alike and
     does not: step, name, group, the largest difference between two ranks' values, the
     ranks differing from the group's first, and the user's line. In step order."""
-    from harness.models.distance import spread
-
     held: dict[tuple, dict[int, object]] = {}
     for rank in record.ranks:
         for t in rank.evidence.group_tensors:

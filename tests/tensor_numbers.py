@@ -11,7 +11,7 @@ import torch
 from harness.models import RunSpec
 from harness.tensor.mlp import REPLICATED, allreduce_bytes, weight_bytes
 from harness.training.dropout import mask
-from harness.training.workload import build_model, loss_fn, make_dataset
+from harness.training.workload import batch_ids, build_model, loss_fn, make_dataset
 
 
 def _first_group(spec: RunSpec) -> tuple[int, ...]:
@@ -24,8 +24,6 @@ def partial_sums(variant: str, spec: RunSpec, measured: dict) -> None:
     group, tp = _first_group(spec), spec.tp_degree
     model = build_model(spec, 0)
     x, _ = make_dataset(spec)
-    from harness.training.workload import batch_ids
-
     ids = batch_ids(spec, 0, 1)[: spec.batch_size // spec.micro_batches]
     model.requires_grad_(False)
     h = torch.tanh(model.fc1(x[ids]))
@@ -44,8 +42,6 @@ def replica_drift(variant: str, spec: RunSpec, measured: dict) -> None:
     """Step 1: slice t's copy of each replicated parameter takes the step with the share
     of the gradient its rows give (averaged over the replicas), never summed."""
     tp, dp = spec.tp_degree, spec.dp_degree
-    from harness.training.workload import batch_ids
-
     x, y = make_dataset(spec)
     after = []
     for t in range(tp):
@@ -82,8 +78,6 @@ def dropout_masks(variant: str, spec: RunSpec, measured: dict) -> None:
         return
     # every slice of fc1's output got the same columns; the chance that independent masks
     # agree so often, from the share of values the masks kept
-    from harness.training.workload import batch_ids
-
     width = spec.hidden_features // spec.tp_degree
     kept = total = 0
     for step in range(1, spec.num_steps + 1):

@@ -184,12 +184,16 @@ def rank_ends(record: RunRecord) -> str:
 
 def traffic_line(record: RunRecord) -> str | None:
     """What each process group's collectives moved per step on rank 0, by purpose (the
-    tensor-parallel strategies record it): the mean over the steps it completed."""
+    tensor-parallel strategies record it; torch's DTensor collectives are not counted):
+    the mean over the steps it completed."""
     if not record.ranks or not record.ranks[0].evidence.traffic:
         return None
     by_purpose: dict[str, list] = {}
     for t in record.ranks[0].evidence.traffic:
-        by_purpose.setdefault(t.purpose, []).append(t)
+        if len(t.group) > 1:  # a group of one moves nothing
+            by_purpose.setdefault(t.purpose, []).append(t)
+    if not by_purpose:
+        return None
     names = {"tensor": "tensor-parallel group", "data": "replicas' average"}
     parts = []
     for purpose, rows in by_purpose.items():

@@ -11,7 +11,9 @@ import math
 import torch
 from torch import nn
 
-from harness.tensor.layers import ColumnParallelLinear, RowParallelLinear, TrafficLog, copy_to_group
+from harness.tensor.layers import (
+    ColumnParallelLinear, RowParallelLinear, TrafficLog, copy_to_group, local_copy,
+)
 
 
 class MultiHeadAttention(nn.Module):
@@ -87,11 +89,11 @@ def attention_steps(ctx, kind: str, d: int, heads: int, steps: int, seed: int = 
         optimizer.zero_grad()
         (model(x.requires_grad_(True)) - y).pow(2).mean().backward()
         if step == 0:
-            grads = {n: _local(p.grad) for n, p in model.named_parameters()}
+            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()}
             log = getattr(model, "log", None)
             traffic = log and {"calls": dict(log.calls), "bytes": dict(log.bytes)}
         optimizer.step()
-    return {"params": {n: _local(p) for n, p in model.named_parameters()}, "grads": grads,
+    return {"params": {n: local_copy(p) for n, p in model.named_parameters()}, "grads": grads,
             "traffic": traffic}
 
 
@@ -99,7 +101,3 @@ def attention_data(d: int, steps: int, seed: int = 0, batch: int = 2, seq: int =
     gen = torch.Generator().manual_seed(30_000 + seed)
     return [(torch.randn(batch, seq, d, generator=gen), torch.randn(batch, seq, d, generator=gen))
             for _ in range(steps)]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()

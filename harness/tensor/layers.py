@@ -27,10 +27,13 @@ class TrafficLog:
 
     def all_reduce(self, tensor: torch.Tensor, direction: str, group) -> torch.Tensor:
         if dist.get_world_size(group) > 1:  # one rank holds every slice: nothing to sum
-            self.calls[direction] += 1
-            self.bytes[direction] += tensor.numel() * tensor.element_size()
+            self._count(direction, tensor)
             dist.all_reduce(tensor, group=group)
         return tensor
+
+    def _count(self, direction: str, tensor: torch.Tensor) -> None:
+        self.calls[direction] += 1
+        self.bytes[direction] += tensor.numel() * tensor.element_size()
 
     def reduce_scatter_rows(self, tensor: torch.Tensor, group) -> torch.Tensor:
         """Sum over the group and keep this rank's 1/size of the rows."""
@@ -38,8 +41,7 @@ class TrafficLog:
         if size == 1:
             return tensor
         out = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
-        self.calls["forward"] += 1
-        self.bytes["forward"] += tensor.numel() * tensor.element_size()
+        self._count("forward", tensor)
         dist.reduce_scatter_tensor(out, tensor.contiguous(), group=group)
         return out
 
@@ -48,8 +50,7 @@ class TrafficLog:
         if size == 1:
             return tensor
         out = tensor.new_empty((tensor.shape[0] * size, *tensor.shape[1:]))
-        self.calls["backward"] += 1
-        self.bytes["backward"] += out.numel() * out.element_size()
+        self._count("backward", out)
         dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
         return out
 
@@ -87,6 +88,12 @@ class _ReduceScatterRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return ctx.log.all_gather_rows(grad, ctx.group), None, None
+
+
+def local_copy(t: torch.Tensor) -> torch.Tensor:
+    """This rank's own values as a new plain tensor: a DTensor's local part (an async
+    collective's result comes out waited for, as any op on it does)."""
+    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
 
 
 def copy_to_group(x: torch.Tensor, log: TrafficLog, group=None) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from harness.models import RunSpec
+from harness.tensor.layers import local_copy
 from harness.tensor.mlp import TensorParallelMLP
 from harness.training.workload import build_model, loss_fn, make_dataset
 
@@ -34,12 +35,12 @@ def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = Fa
         out, aux = model(x[ids].requires_grad_(input_grad))
         loss_fn(out, aux, y[ids]).backward()
         if step == 0:
-            grads = {n: _local(p.grad) for n, p in model.named_parameters()}
+            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()}
             if kind == "tp":
                 traffic = {"calls": dict(model.log.calls), "bytes": dict(model.log.bytes)}
         optimizer.step()
-    return {"params": {n: _local(p) for n, p in model.named_parameters()}, "grads": grads,
-            "traffic": traffic, "held": sum(_local(p).numel() * p.element_size()
+    return {"params": {n: local_copy(p) for n, p in model.named_parameters()}, "grads": grads,
+            "traffic": traffic, "held": sum(local_copy(p).numel() * p.element_size()
                                            for p in model.parameters())}
 
 
@@ -56,10 +57,3 @@ def torch_tp(full, size: int, partial_output: bool = False):
     mesh = init_device_mesh("cpu", (size,))
     row = RowwiseParallel(output_layouts=Partial() if partial_output else Replicate())
     return parallelize_module(full, mesh, {"fc1": ColwiseParallel(), "fc2": row})
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's own slice as a plain tensor (a DTensor's local shard)."""
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.detach().clone()
-

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.models import GroupTensor, GroupTraffic, RunSpec, StepEvidence
+from harness.tensor.layers import local_copy
 from harness.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
 from harness.tensor.steps import torch_tp
 from harness.training.dropout import mask
@@ -38,7 +39,7 @@ def tensor_job(ctx, spec: RunSpec) -> None:
     if spec.strategy == "torch-tp":
         model = torch_tp(full, ctx.world_size, partial_output=not knobs.tp_output_allreduce)
         model.fc2.register_forward_hook(lambda m, i, out: setattr(model, "row_output",
-                                                                   _plain(out)))
+                                                                   local_copy(out)))
     else:
         reduce = ("rows" if knobs.sequence_parallel else
                   "sum" if knobs.tp_output_allreduce else "none")
@@ -54,7 +55,7 @@ def tensor_job(ctx, spec: RunSpec) -> None:
 
     def held(step, name, kind, alike, tensor):
         ctx.emit(("group_tensor", GroupTensor(step, name, kind, alike, tp_ranks,
-                                              fingerprint([_plain(tensor)],
+                                              fingerprint([local_copy(tensor)],
                                                           spec.fingerprint_values))))
 
     for step in range(1, spec.num_steps + 1):
@@ -108,17 +109,6 @@ def tensor_job(ctx, spec: RunSpec) -> None:
                                               sum(log.calls.values()) - before[0],
                                               sum(log.bytes.values()) - before[1])))
         ctx.emit(("traffic", GroupTraffic(step, "data", dp_ranks, calls, sent)))
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """This rank's values as a plain tensor: a DTensor's local part, an async collective's
-    result waited for."""
-    t = t.detach()
-    if hasattr(t, "to_local"):
-        t = t.to_local()
-    if hasattr(t, "trigger_wait"):
-        t = t.trigger_wait()
-    return torch.tensor(t.tolist()) if type(t) is not torch.Tensor else t.clone()
 
 
 def _masks(spec: RunSpec, step: int, ids, part: int):
