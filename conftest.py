@@ -22,7 +22,7 @@ settings.load_profile("ci")  # --hypothesis-profile, read later, overrides it
 @pytest.fixture(scope="session")
 def pools():
     """``pools(n)``: the session's warm n-rank gloo pool (re-formed if a job broke it)."""
-    from harness.launch.pool import shared_pool
+    from distdoctor.launch.pool import shared_pool
 
     return shared_pool
 
@@ -48,7 +48,7 @@ def distdoctor(capfd, monkeypatch):
     pays for a second interpreter importing torch."""
     import proctable  # tests/, on the path once a test module is collected
 
-    from harness.cli.main import main
+    from distdoctor.cli.main import main
 
     monkeypatch.chdir(EXAMPLES)
 

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from harness.collectives.algorithms import ring_allreduce  # noqa: E402
-from harness.collectives.transport import GlooTransport  # noqa: E402
-from harness.launch.pool import RankPool  # noqa: E402
+from distdoctor.collectives.algorithms import ring_allreduce  # noqa: E402
+from distdoctor.collectives.transport import GlooTransport  # noqa: E402
+from distdoctor.launch.pool import RankPool  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 

@@ -30,11 +30,11 @@ def evidence_blocks(ctx, rounds: int, steps: int, null: bool = False) -> list[fl
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
     from torch.utils.data.sampler import BatchSampler
 
-    from harness.trace.batches import record_batches
-    from harness.trace.gradients import DENSE, record_gradients
-    from harness.trace.nonfinite import record_nonfinite
-    from harness.trace.steps import step_hooks
-    from harness.trace.tracer import Tracer
+    from distdoctor.trace.batches import record_batches
+    from distdoctor.trace.gradients import DENSE, record_gradients
+    from distdoctor.trace.nonfinite import record_nonfinite
+    from distdoctor.trace.steps import step_hooks
+    from distdoctor.trace.tracer import Tracer
 
     saved = BatchSampler.__iter__, torch.Tensor.backward, torch.optim.Optimizer.__init__
     tracer = Tracer(os.open(os.devnull, os.O_WRONLY), dist.get_rank())

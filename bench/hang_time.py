@@ -54,10 +54,10 @@ RING = "collective_impls:ring_allreduce_send_first"
 
 
 def measure(path: str, ranks: int) -> tuple[float, float, str]:
-    import checks
-    from harness.cli.run import _record
-    from harness.doctor.launcher import run_script
-    from harness.doctor.report import render, report
+    from distdoctor import checks
+    from distdoctor.cli.run import _record
+    from distdoctor.userjob.launcher import run_script
+    from distdoctor.userjob.report import render, report
 
     result = run_script(path, [], ranks, DEADLINE, echo=False, light=True)
     record = _record(result.ends, result.traces, result.wall_s, result.started, DEADLINE)
@@ -74,8 +74,8 @@ def measure(path: str, ranks: int) -> tuple[float, float, str]:
 
 def judge_ring(deadline: float, proof: bool) -> tuple[float, str]:
     """check-collective's wall time on the send-first ring, rendezvous transport."""
-    from harness.collectives.checker import check
-    from harness.launch.watch import PROOF_SWITCH
+    from distdoctor.collectives.checker import check
+    from distdoctor.launch.watch import PROOF_SWITCH
 
     os.environ[PROOF_SWITCH] = "1" if proof else "0"
     try:

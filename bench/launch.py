@@ -21,7 +21,7 @@ import torch.multiprocessing as tmp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from harness.launch.pool import RankPool, launch  # noqa: E402
+from distdoctor.launch.pool import RankPool, launch  # noqa: E402
 
 WARM_JOBS = 60
 

@@ -15,10 +15,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import faults  # noqa: E402
-from harness.diagnosis.diagnose import diagnose  # noqa: E402
-from harness.models import RunSpec  # noqa: E402
-from harness.launch.pool import RankPool, shared_pool  # noqa: E402
+from distdoctor import faults  # noqa: E402
+from distdoctor.faultloop.diagnose import diagnose  # noqa: E402
+from distdoctor.models import RunSpec  # noqa: E402
+from distdoctor.launch.pool import RankPool, shared_pool  # noqa: E402
 
 
 class FreshGroupPerRun:

@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness.trace.gradients import STRIDE  # noqa: E402 (after the path is set)
+from distdoctor.trace.gradients import STRIDE  # noqa: E402 (after the path is set)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 5
@@ -41,7 +41,7 @@ def wall(command: list[str]) -> float:
 def script_overhead(ranks: int, steps: int) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(ranks), "clean.py", str(steps)]
-    doctor = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(ranks),
+    doctor = [sys.executable, "-m", "distdoctor", "run", "--nproc-per-node", str(ranks),
               "clean.py", str(steps)]
     times = {"torchrun": [], "distdoctor run": []}
     for _ in range(REPEATS):
@@ -59,7 +59,7 @@ def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, f
     import torch.distributed.distributed_c10d as c10d
     from torch import nn
 
-    from harness.trace.tracer import OPS
+    from distdoctor.trace.tracer import OPS
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
@@ -98,7 +98,7 @@ def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, f
 
 
 def tracer_overhead() -> None:
-    from harness.launch.pool import RankPool
+    from distdoctor.launch.pool import RankPool
 
     with RankPool(2) as pool:
         for hooked in (False, True):
@@ -123,7 +123,7 @@ def evidence_overhead(ranks: int, steps: int, repeats: int = 9) -> None:
         for repeat in range(repeats):  # alternate which goes first, so drift hits both alike
             for mode in (("full", "light") if repeat % 2 == 0 else ("light", "full")):
                 light = ["--light"] if mode == "light" else []
-                subprocess.run([sys.executable, "-m", "harness", "run", "--nproc-per-node",
+                subprocess.run([sys.executable, "-m", "distdoctor", "run", "--nproc-per-node",
                                 str(ranks), *light, script, out, str(steps)], check=True,
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 with open(out) as f:
@@ -141,7 +141,7 @@ def evidence_in_rank(ranks: int, rounds: int, steps: int) -> None:
     """``steps`` per block: a multiple of the gradient recorder's STRIDE (see
     ``evidence_blocks.py``)."""
     from bench.evidence_blocks import evidence_blocks
-    from harness.launch.pool import RankPool
+    from distdoctor.launch.pool import RankPool
 
     assert steps % STRIDE == 0, f"blocks of {steps} steps: not a multiple of {STRIDE}"
     with RankPool(ranks) as pool:

@@ -46,10 +46,10 @@ class Job:
 def jobs(args: argparse.Namespace) -> list[Job]:
     python = sys.executable
     found = [
-        Job("demo --all", (python, "-m", "harness", "demo", "--all"), args.demo, 900),
+        Job("demo --all", (python, "-m", "distdoctor", "demo", "--all"), args.demo, 900),
         Job("test suite", (python, "-m", "pytest", "-q", "-p", "no:cacheprovider"), args.suite,
             1800),
-        Job(f"diagnose {args.case}", (python, "-m", "harness", "diagnose",
+        Job(f"diagnose {args.case}", (python, "-m", "distdoctor", "diagnose",
                                       *shlex.split(args.case)), args.diagnose, 300),
         Job("property tests, exploring", (python, "-m", "pytest", "-q", "-p",
                                           "no:cacheprovider", "--hypothesis-profile=explore",

@@ -18,10 +18,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from harness.cli.args import count  # noqa: E402
-from harness.models import RunRecord, RunSpec  # noqa: E402
-from harness.diagnosis.runspec import run  # noqa: E402
-from harness.models.strategies import stage_of  # noqa: E402
+from distdoctor.cli.args import count  # noqa: E402
+from distdoctor.models import RunRecord, RunSpec  # noqa: E402
+from distdoctor.faultloop.runspec import run  # noqa: E402
+from distdoctor.models.strategies import stage_of  # noqa: E402
 
 STRATEGIES = ("ddp", "torch-ddp", "zero1", "zero2", "zero3", "torch-zero", "fsdp2",
               "fsdp2-grad-op")

@@ -10,8 +10,8 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from harness.models import Finding, RunRecord
-from harness.models.distance import spread
+from distdoctor.models import Finding, RunRecord
+from distdoctor.models.distance import spread
 
 
 def detectors() -> list[ModuleType]:
@@ -35,7 +35,7 @@ def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes:
             ranks=(), measured: dict | None = None, cause: str | None = None,
             fix: str | None = None, inconclusive: bool = False) -> Finding:
     """A finding for a catalogued failure mode, with its cause and fix text."""
-    import faults
+    from distdoctor import faults
 
     fault = faults.get(fault_id)
     return Finding(check=check, fault=fault_id, symptom=symptom,

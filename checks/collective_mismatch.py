@@ -10,9 +10,9 @@ hung are left to the hang check, which names mismatches among the calls blocked.
 
 from __future__ import annotations
 
-from checks import rank_list
-from checks.hang import P2P, STOPPED, describe
-from harness.models import Call, Finding, RunRecord
+from distdoctor.checks import rank_list
+from distdoctor.checks.hang import P2P, STOPPED, describe
+from distdoctor.models import Call, Finding, RunRecord
 
 NAME = "collective_mismatch"
 

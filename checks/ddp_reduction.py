@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from checks import finding, rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "ddp_reduction"
 _MARK = "Expected to have finished reduction in the prior iteration"

@@ -15,8 +15,8 @@ import math
 import statistics
 from collections import Counter
 
-from checks import finding, gradient_steps_on_every_rank, steps_on_every_rank
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, gradient_steps_on_every_rank, steps_on_every_rank
+from distdoctor.models import Finding, RunRecord
 
 NAME = "gradient_scale"
 TOLERANCE = 0.05

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from checks import finding, rank_list
-from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.models.record import started_by, user_frame
-from harness.trace.waitfor import cycle_of
+from distdoctor.checks import finding, rank_list
+from distdoctor.models import Call, Finding, RankRecord, RunRecord
+from distdoctor.models.record import started_by, user_frame
+from distdoctor.trace.waitfor import cycle_of
 
 NAME = "hang"
 STOPPED = ("hung", "stopped")

@@ -11,11 +11,11 @@ counters, as the measured-against-formula table does.
 
 from __future__ import annotations
 
-from checks import finding, rank_list
-from harness.memory.measured import fp32, model_of
-from harness.memory.planner import cheapest_fit
-from harness.models import Finding, MemoryEvidence, RunRecord
-from harness.models.strategies import family_of
+from distdoctor.checks import finding, rank_list
+from distdoctor.memory.measured import fp32, model_of
+from distdoctor.memory.planner import cheapest_fit
+from distdoctor.models import Finding, MemoryEvidence, RunRecord
+from distdoctor.models.strategies import family_of
 
 NAME = "memory_budget"
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from checks import rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "non_finite"
 FIX = ("find what made the value non-finite on the rank where it started, at the step "

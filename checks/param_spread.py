@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from checks import finding, gradient_steps_on_every_rank, rank_list
-from harness.models import Finding, RunRecord
-from harness.models.distance import param_history, spreads
+from distdoctor.checks import finding, gradient_steps_on_every_rank, rank_list
+from distdoctor.models import Finding, RunRecord
+from distdoctor.models.distance import param_history, spreads
 
 TOLERANCE = 1e-6
 NAME = "param_spread"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from checks import finding, rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "sample_overlap"
 

@@ -15,7 +15,7 @@ The rule, since four ranks share two cores here and one step's times wander by +
 - unbalanced when the whole interval lies above 1.25 (the slowest rank is over 25% above
   the mean: at least a fifth of every cycle lost); balanced when it lies at or below 1.25;
   otherwise the finding is marked inconclusive, with the interval, and the runner measures
-  more steps (``harness.diagnosis.runspec``) before anything is decided;
+  more steps (``distdoctor.faultloop.runspec``) before anything is decided;
 - not judged at all: fewer than 3 complete steps, or under 2 ms of compute per rank and
   step, where per-call overhead, not compute, sets the times.
 """
@@ -26,8 +26,8 @@ import math
 import statistics
 from collections import defaultdict
 
-from checks import finding
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding
+from distdoctor.models import Finding, RunRecord
 
 NAME = "stage_balance"
 TOLERANCE = 1.25

@@ -7,8 +7,8 @@ gradients were synchronised more than once, typically after every accumulation m
 
 from __future__ import annotations
 
-from checks import finding
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding
+from distdoctor.models import Finding, RunRecord
 
 NAME = "sync_frequency"
 

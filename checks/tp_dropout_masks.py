@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from checks import finding, group_disagreements, rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, group_disagreements, rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "tp_dropout_masks"
 CHANCE = 1e-9  # identical independent masks this likely or more are left alone

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from checks import finding
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding
+from distdoctor.models import Finding, RunRecord
 
 NAME = "tp_node_layout"
 

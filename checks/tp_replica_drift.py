@@ -9,8 +9,8 @@ drift by itself and is reported by its own check instead.
 
 from __future__ import annotations
 
-from checks import finding, group_disagreements, largest_per_step, rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, group_disagreements, largest_per_step, rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "tp_replica_drift"
 

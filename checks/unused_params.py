@@ -9,8 +9,8 @@ other outcome is reported with what went wrong.
 
 from __future__ import annotations
 
-from checks import finding, rank_list
-from harness.models import Finding, RunRecord
+from distdoctor.checks import finding, rank_list
+from distdoctor.models import Finding, RunRecord
 
 NAME = "unused_params"
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.testing import assert_same_on_all_ranks, assert_trains_like_one_process
+from distdoctor.testing import assert_same_on_all_ranks, assert_trains_like_one_process
 
 
 # 1. The body runs on every rank; `rank` and `world_size` are per rank.

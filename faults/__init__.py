@@ -13,7 +13,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.models import RunSpec, apply_changes
+from distdoctor.models import RunSpec, apply_changes
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Each rank initialises its own model and nothing makes the copies agree."""
 
-from faults import Fault, Variant
+from distdoctor.faults import Fault, Variant
 
 FAULT = Fault(
     id="divergent-init",

@@ -1,6 +1,6 @@
 """A row-parallel layer's partial outputs are never summed over the tensor-parallel group."""
 
-from faults import Fault, Variant
+from distdoctor.faults import Fault, Variant
 
 FAULT = Fault(
     id="missing-tp-allreduce",

@@ -1,6 +1,6 @@
 """A rank's training state does not fit the memory it has: out of memory at the first step."""
 
-from faults import Fault, Variant
+from distdoctor.faults import Fault, Variant
 
 FAULT = Fault(
     id="over-memory-budget",

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from faults import Fault, Variant
-from harness.models import RunSpec
+from distdoctor.faults import Fault, Variant
+from distdoctor.models import RunSpec
 
 
 def _steady_and_short(spec: RunSpec) -> RunSpec:

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from faults import Fault, Variant
-from harness.models.strategies import DATA_PARALLEL
-from harness.models import RunSpec
+from distdoctor.faults import Fault, Variant
+from distdoctor.models.strategies import DATA_PARALLEL
+from distdoctor.models import RunSpec
 
 
 def _two_epochs(spec: RunSpec) -> RunSpec:

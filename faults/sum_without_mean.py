@@ -1,7 +1,7 @@
 """Gradients are all-reduced with SUM and never divided by the world size."""
 
-from faults import Fault, Variant
-from harness.models.strategies import DATA_PARALLEL
+from distdoctor.faults import Fault, Variant
+from distdoctor.models.strategies import DATA_PARALLEL
 
 FAULT = Fault(
     id="sum-without-mean",

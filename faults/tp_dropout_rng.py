@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from faults import Fault, Variant
+from distdoctor.faults import Fault, Variant
 
 
 def _with_dropout(spec):

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from faults import Fault, Variant
-from harness.models import PipeShape, RunSpec
+from distdoctor.faults import Fault, Variant
+from distdoctor.models import PipeShape, RunSpec
 
 
 def _costly_attention(spec: RunSpec) -> RunSpec:

@@ -1,6 +1,6 @@
 """Some parameters take no part in the loss, and data parallelism is not told."""
 
-from faults import Fault, Variant
+from distdoctor.faults import Fault, Variant
 
 FAULT = Fault(
     id="unused-params",

@@ -1,8 +1,8 @@
-"""``python -m harness``: the same command as ``distdoctor``."""
+"""``python -m distdoctor``: the same command as ``distdoctor``."""
 
 import sys
 
-from harness.cli.main import main
+from distdoctor.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

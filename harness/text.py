@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
-from harness.models import RunRecord
-from harness.models.record import is_peer_echo
+from distdoctor.models import RunRecord
+from distdoctor.models.record import is_peer_echo
 
 WIDTH = 100
 

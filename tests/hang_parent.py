@@ -4,7 +4,7 @@ import signal
 import sys
 
 import jobs
-from harness.launch.pool import launch
+from distdoctor.launch.pool import launch
 
 # Ctrl-C as at a terminal, even when whoever started the suite ran it in the background
 # (a non-interactive shell starts background jobs with SIGINT ignored, and Python then

@@ -165,7 +165,7 @@ def cycle_unsettled_then_a_peer_raises(ctx) -> None:
     """Ranks 0 and 1 wait for each other in receives (a cycle), but a thread of rank 1
     writes a trace line every 20 ms, so the proof never holds still long enough to be
     confirmed; then rank 2, which talks to neither, raises. The error grace must decide."""
-    from harness.trace.tracer import active
+    from distdoctor.trace.tracer import active
 
     if ctx.rank == 2:
         time.sleep(0.5)
@@ -250,7 +250,7 @@ def ddp_training(ctx, steps: int) -> None:
 
 def all_reduce_with_a_broken_tracer(ctx) -> float:
     """The tracer fails inside its hook: the user's all-reduce must go on regardless."""
-    from harness.trace.tracer import active
+    from distdoctor.trace.tracer import active
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("the tracer's own bug")

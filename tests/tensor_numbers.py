@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from harness.models import RunSpec
-from harness.tensor.mlp import REPLICATED, allreduce_bytes, weight_bytes
-from harness.training.dropout import mask
-from harness.training.workload import batch_ids, build_model, loss_fn, make_dataset
+from distdoctor.models import RunSpec
+from distdoctor.tensor.mlp import REPLICATED, allreduce_bytes, weight_bytes
+from distdoctor.training.dropout import mask
+from distdoctor.training.workload import batch_ids, build_model, loss_fn, make_dataset
 
 
 def _first_group(spec: RunSpec) -> tuple[int, ...]:

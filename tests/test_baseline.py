@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.models import Knobs, RunSpec
-from harness.diagnosis.runspec import judge, run
+from distdoctor.models import Knobs, RunSpec
+from distdoctor.faultloop.runspec import judge, run
 
 STRATEGIES = ["ddp", "torch-ddp"]
 

@@ -7,7 +7,7 @@ import re
 import collective_impls
 import pytest
 
-from harness.cli.main import main
+from distdoctor.cli.main import main
 
 IMPLS = collective_impls.__name__
 
@@ -139,8 +139,8 @@ def test_a_deadlock_is_closed_from_a_stopped_rank_s_reported_wait():
     """The race the suite once lost: rank 0's send timed out and raised, but the pool
     stopped rank 1 before its own timeout. Rank 1's transport had reported whom it waited
     for, and its stack says where: the cycle is still found, with both lines."""
-    from harness.collectives.checker import deadlock_text, wait_cycle
-    from harness.models import Frame, RankEnd, ThreadStack
+    from distdoctor.collectives.checker import deadlock_text, wait_cycle
+    from distdoctor.models import Frame, RankEnd, ThreadStack
 
     raised = RankEnd(0, "raised", error=(
         'Traceback (most recent call last):\n  File "/u/impl.py", line 44, in ring\n'
@@ -178,12 +178,12 @@ def test_help_lists_the_transport_and_a_check_leaves_no_hypothesis_folder(tmp_pa
     from pathlib import Path
 
     (tmp_path / "mine.py").write_text(Path(collective_impls.__file__).read_text())
-    shown = subprocess.run([sys.executable, "-m", "harness", "check-collective", "--help"],
+    shown = subprocess.run([sys.executable, "-m", "distdoctor", "check-collective", "--help"],
                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
     for call in ("t.send(tensor, dst)", "t.recv(src) -> tensor", "t.isend(tensor, dst)",
                  "t.exchange(tensor, dst, src) -> tensor", "t.rank, t.world_size"):
         assert call in shown.stdout
-    done = subprocess.run([sys.executable, "-m", "harness", "check-collective",
+    done = subprocess.run([sys.executable, "-m", "distdoctor", "check-collective",
                            "mine:ring_allreduce", "--kind", "allreduce", "--examples", "5",
                            "--world-sizes", "2"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from checks import (gradient_scale, non_finite, param_spread, sample_overlap, sync_frequency,
+from distdoctor.checks import (gradient_scale, non_finite, param_spread, sample_overlap, sync_frequency,
                     unused_params)
-from harness.models import (
+from distdoctor.models import (
     BackwardEvidence, BatchEvidence, Evidence, Fingerprint, GradientEvidence,
     NonFiniteEvidence, RankEnd,
     RankRecord, RunRecord, RunSpec,
@@ -115,7 +115,7 @@ def test_a_pass_that_repeats_the_last_one_is_replayed_on_every_rank():
 
 
 def test_a_pass_trains_when_an_optimiser_stepped_during_it():
-    from harness.trace.batches import fold_batches
+    from distdoctor.trace.batches import fold_batches
 
     def batch(epoch, steps, loader=0):
         return {"ev": "batch", "loader": loader, "epoch": epoch, "ids": [epoch], "steps": steps,

@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
-import faults
+from distdoctor import faults
 import pytest
 
-from harness.cli.main import main
-from harness.models.jsoncodec import to_json
-from harness.models import load_report
+from distdoctor.cli.main import main
+from distdoctor.models.jsoncodec import to_json
+from distdoctor.models import load_report
 
 
 def test_train_prints_the_table_and_writes_a_passing_record(tmp_path, capsys):
@@ -76,12 +76,12 @@ def test_bad_arguments_get_one_line_and_exit_code_2(argv, capsys):
 
 def test_the_module_entry_point_runs_the_same_command(private_tmp):
     env, tmpdir = private_tmp  # also the working directory: --no-write writes nothing there
-    ok = subprocess.run([sys.executable, "-m", "harness", "train", "--world-size", "2",
+    ok = subprocess.run([sys.executable, "-m", "distdoctor", "train", "--world-size", "2",
                          "--no-write"], capture_output=True, text=True, env=env, timeout=120,
                         cwd=tmpdir)
     assert ok.returncode == 0, ok.stderr
     assert "PASS" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "harness", "train", "--world-size", "0"],
+    bad = subprocess.run([sys.executable, "-m", "distdoctor", "train", "--world-size", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert list(tmpdir.iterdir()) == []
@@ -94,7 +94,7 @@ def test_output_into_a_closed_pipe_ends_quietly_without_torch(argv):
     read, write = os.pipe()
     os.close(read)
     probe = ("import runpy, sys; sys.argv = ['distdoctor', *sys.argv[1:]]\n"
-             "try:\n    runpy.run_module('harness', run_name='__main__')\n"
+             "try:\n    runpy.run_module('distdoctor', run_name='__main__')\n"
              "finally:\n    sys.stderr.write('torch' if 'torch' in sys.modules else '')")
     done = subprocess.run([sys.executable, "-c", probe, *argv], stdout=write,
                           stderr=subprocess.PIPE, text=True, timeout=60)
@@ -118,7 +118,7 @@ def test_a_fault_unknown_or_not_applicable_is_refused_before_torch_loads(argv, s
     ran, printed NOT REPRODUCED and blamed an unhealthy run: the single-process reference
     starts from rank 0's init, which a model cut from every rank's own init is not)."""
     probe = ("import runpy, sys; sys.argv = ['distdoctor', *sys.argv[1:]]\n"
-             "try:\n    runpy.run_module('harness', run_name='__main__')\n"
+             "try:\n    runpy.run_module('distdoctor', run_name='__main__')\n"
              "finally:\n    sys.stderr.write('torch' if 'torch' in sys.modules else '')")
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
                           text=True, timeout=60)
@@ -159,7 +159,7 @@ def test_demo_of_one_fault_tells_the_lesson_in_order(capsys):
     # difference between any two replicas' values of one parameter, worked out here
     import torch
 
-    from harness.training.workload import MLP
+    from distdoctor.training.workload import MLP
 
     replicas = []
     for rank in range(4):
@@ -190,7 +190,7 @@ def test_demo_all_sweeps_a_strategys_faults_and_ends_with_the_summary(capsys):
 
 
 def test_demo_all_covers_every_variant_on_every_strategy_it_applies_to():
-    from harness.cli.demo import sweep_cases, sweep_faults
+    from distdoctor.cli.demo import sweep_cases, sweep_faults
 
     cases = sweep_cases(sweep_faults(None), None)
     per_fault = sum(len(f.variants) * len(f.strategies) for f in faults.catalogue().values())

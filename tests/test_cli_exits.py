@@ -11,11 +11,11 @@ import subprocess
 import sys
 import uuid
 
-import faults
+from distdoctor import faults
 import pytest
 
 import proctable
-from harness.cli.main import main
+from distdoctor.cli.main import main
 
 SCRIPT = """import os
 import torch.distributed as dist
@@ -41,7 +41,7 @@ def test_a_signalled_run_stops_every_rank_and_exits_128_plus_the_signal(tmp_path
     reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     tag = uuid.uuid4().hex
     child = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", str(script)],
+        [sys.executable, "-m", "distdoctor", "run", "--nproc-per-node", "2", str(script)],
         env=dict(os.environ, DISTDOCTOR_TEST_TAG=tag, DISTDOCTOR_CASES_FIFO=str(fifo)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=proctable.interruptible)
@@ -66,7 +66,7 @@ def test_a_signalled_run_stops_every_rank_and_exits_128_plus_the_signal(tmp_path
 def test_train_exits_1_when_its_verdict_fails(monkeypatch, capsys):
     """train runs the clean baseline, which passes; here its spec carries a real fault
     (gradients summed, not averaged), so the real run's verdict fails."""
-    import harness.cli.train as train_cli
+    import distdoctor.cli.train as train_cli
 
     spec_from = train_cli.spec_from
     monkeypatch.setattr(train_cli, "spec_from", lambda args, strategy: faults.get(

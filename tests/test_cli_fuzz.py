@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli.main import build_parser, main
+from distdoctor.cli.main import build_parser, main
 
 TRIED = {"argv": 0, "refused": 0, "would run": 0}
 
@@ -65,8 +65,8 @@ def argvs(draw) -> list[str]:
 
 @pytest.fixture
 def stop_before_ranks(monkeypatch):
-    from harness.doctor import launcher
-    from harness.launch import pool
+    from distdoctor.userjob import launcher
+    from distdoctor.launch import pool
 
     def would_run(*args, **kwargs):
         raise WouldRun

@@ -12,9 +12,9 @@ from fractions import Fraction
 import pytest
 import torch
 
-from harness.collectives.jobs import run_ours
-from harness.collectives.transport import QueueTransport
-from harness.launch.pool import RankPool, shared_pool
+from distdoctor.collectives.jobs import run_ours
+from distdoctor.collectives.transport import QueueTransport
+from distdoctor.launch.pool import RankPool, shared_pool
 
 E = 4  # float32
 

@@ -2,7 +2,7 @@
 here, over world sizes 1-6, ragged sizes, every op, dtype and source rank.
 
 The cases and the reference (computed in this process, in float64 or int64) are in
-harness.collectives.properties, which `distdoctor check-collective` uses too.
+distdoctor.collectives.properties, which `distdoctor check-collective` uses too.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness.collectives.algorithms import OPS
-from harness.collectives.jobs import run_native, run_ours
-from harness.collectives.properties import DTYPES, Case, cases, expected_share, reduced, same
-from harness.launch.pool import shared_pool
+from distdoctor.collectives.algorithms import OPS
+from distdoctor.collectives.jobs import run_native, run_ours
+from distdoctor.collectives.properties import DTYPES, Case, cases, expected_share, reduced, same
+from distdoctor.launch.pool import shared_pool
 
 # how many examples, and whether they are the same every run, is the profile's (conftest)
 EXAMPLES = settings(deadline=None,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli.main import main
+from distdoctor.cli.main import main
 from test_run_examples import EXAMPLES, _torchrun
 
 TRIED = {"damaged": 0}  # how many generated damages were analysed, for the closing note

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from checks import (collective_mismatch, ddp_reduction, hang, memory_budget, param_spread,
+from distdoctor.checks import (collective_mismatch, ddp_reduction, hang, memory_budget, param_spread,
                     stage_balance, unused_params)
-from harness.models import (BackwardEvidence, Call, Evidence, Fingerprint, MemoryEvidence,
+from distdoctor.models import (BackwardEvidence, Call, Evidence, Fingerprint, MemoryEvidence,
                             PipeStepEvidence, RankEnd, RankRecord, RunRecord, RunSpec,
                             StageEvent, StepEvidence)
 
@@ -202,10 +202,10 @@ def test_ddp_s_parameter_indices_are_named_from_the_ranks_own_record():
 def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
     """The built-in workload records missing gradients itself, so ddp_reduction steps aside
     there; user code does not, and this clean DDP run is where it must stay quiet."""
-    from harness.doctor.record import script_record
-    from harness.launch.pool import shared_pool
+    from distdoctor.userjob.record import script_record
+    from distdoctor.launch.pool import shared_pool
 
-    import checks
+    from distdoctor import checks
     import jobs
 
     result = shared_pool(2, evidence=True).run(jobs.ddp_training, 3, deadline=60)
@@ -219,7 +219,7 @@ def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
 def _mask_record(values: tuple[float, ...], steps: int) -> RunRecord:
     """Two ranks of one tensor-parallel group holding the same sharded-activation mask at
     every step."""
-    from harness.models import Fingerprint, GroupTensor
+    from distdoctor.models import Fingerprint, GroupTensor
 
     mask = Fingerprint(len(values), repr(values), 1.0, values)
     ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(r, group_tensors=tuple(
@@ -232,7 +232,7 @@ def test_identical_slice_masks_are_judged_by_how_likely_chance_makes_them():
     """Half the values kept: two independent masks agree on each value with chance 1/2.
     8 values at 2 steps (chance 2^-16) is left alone; 64 values at 6 steps (2^-384) is the
     same RNG state on every rank."""
-    from checks import tp_dropout_masks
+    from distdoctor.checks import tp_dropout_masks
 
     half = (0.0, 2.0) * 4
     assert tp_dropout_masks.check(_mask_record(half, 2)) == []
@@ -245,8 +245,8 @@ def test_identical_slice_masks_are_judged_by_how_likely_chance_makes_them():
 def test_a_tensor_parallel_group_wider_than_a_node_is_not_a_swapped_mesh():
     """Four tensor-parallel ranks on nodes of two: no layout keeps the group inside one,
     so there is nothing to swap; on nodes of four, the same group is inside already."""
-    from checks import tp_node_layout
-    from harness.models import GroupTraffic
+    from distdoctor.checks import tp_node_layout
+    from distdoctor.models import GroupTraffic
 
     def record(per_node: int) -> RunRecord:
         ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(

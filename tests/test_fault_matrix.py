@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import checks
-import faults
-from harness.diagnosis.diagnose import diagnose
-from harness.launch.watch import PROVEN
-from harness.models import Knobs, RunSpec
-from harness.pipeline import PIPELINE_STRATEGIES
-from harness.diagnosis.runspec import run, run_decided
-from harness.training.workload import MLP
+from distdoctor import checks
+from distdoctor import faults
+from distdoctor.faultloop.diagnose import diagnose
+from distdoctor.launch.watch import PROVEN
+from distdoctor.models import Knobs, RunSpec
+from distdoctor.pipeline import PIPELINE_STRATEGIES
+from distdoctor.faultloop.runspec import run, run_decided
+from distdoctor.training.workload import MLP
 
 CASES = [(fault.id, variant.name, strategy, world_size)
          for fault in faults.catalogue().values()
@@ -258,7 +258,7 @@ def test_over_budget_zero2_on_two_ranks_is_fixed_with_more_ranks(pools):
 def test_every_data_parallel_fault_says_where_it_applies():
     """Each data-parallel fault names every data-parallel strategy as applying, or says why
     it does not apply to it."""
-    from harness.training.strategies import STRATEGIES
+    from distdoctor.training.strategies import STRATEGIES
 
     for fault in faults.catalogue().values():
         if not set(fault.strategies) & set(STRATEGIES):

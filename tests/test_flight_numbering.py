@@ -7,12 +7,12 @@ numbering. Found as a fault-matrix case that timed out instead of being proven, 
 
 from __future__ import annotations
 
-import faults
+from distdoctor import faults
 
-from harness.diagnosis.diagnose import diagnose
-from harness.launch.watch import PROVEN
-from harness.models import RunSpec
-from harness.trace.flight import in_flight
+from distdoctor.faultloop.diagnose import diagnose
+from distdoctor.launch.watch import PROVEN
+from distdoctor.models import RunSpec
+from distdoctor.trace.flight import in_flight
 
 
 def uneven_sends(ctx) -> None:

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from harness.trace.sums import CHUNK, GradSums
+from distdoctor.trace.sums import CHUNK, GradSums
 
 
 def param(*shape, dtype=torch.float32):
@@ -76,10 +76,10 @@ def test_more_parameters_than_a_buffer_holds_each_keep_their_own_sum():
 _SCHEDULE = r"""
 import json, tempfile
 import torch
-from harness.trace.gradients import record_gradients
-from harness.trace.nonfinite import fold_nonfinite, record_nonfinite
-from harness.trace.steps import SMALL
-from harness.trace.tracer import Tracer
+from distdoctor.trace.gradients import record_gradients
+from distdoctor.trace.nonfinite import fold_nonfinite, record_nonfinite
+from distdoctor.trace.steps import SMALL
+from distdoctor.trace.tracer import Tracer
 
 out = tempfile.TemporaryFile()
 tracer = Tracer(out.fileno(), 0)

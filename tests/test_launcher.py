@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import jobs
-from harness.launch.watch import PROVEN
+from distdoctor.launch.watch import PROVEN
 import pytest
 import proctable
 
-from harness.launch.pool import launch
-from harness.models import Frame
+from distdoctor.launch.pool import launch
+from distdoctor.models import Frame
 
 TESTS = Path(__file__).parent
 
@@ -89,8 +89,8 @@ def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_chi
 
 
 def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_new_children):
-    from harness.doctor.record import diagnose, script_record
-    from harness.doctor.report import render
+    from distdoctor.userjob.record import diagnose, script_record
+    from distdoctor.userjob.report import render
 
     result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
     where = f"{jobs.__file__}:{jobs.line_of('GIL-LINE')}"
@@ -171,7 +171,7 @@ Current thread 0x00007f2a3a81cb80 (most recent call first):
 
 
 def test_faulthandler_text_is_parsed_main_thread_first_outermost_frame_first():
-    from harness.launch.stacks import parse_faulthandler
+    from distdoctor.launch.stacks import parse_faulthandler
 
     main, helper = parse_faulthandler(FAULTHANDLER_TEXT)
     assert (main.name, main.main, helper.name, helper.main) == \

@@ -20,18 +20,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_LEVEL = ("harness", "checks", "faults")
+# folder -> the import name it is installed under (pyproject.toml's package-dir)
+TOP_LEVEL = {"harness": "distdoctor", "checks": "distdoctor.checks",
+             "faults": "distdoctor.faults"}
 
 
 def module_files() -> dict[str, Path]:
     """Dotted name -> file, for every module of the project's own packages."""
     found = {}
-    for top in TOP_LEVEL:
-        for path in sorted((ROOT / top).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if parts[-1] == "__init__":
+    for folder, name in TOP_LEVEL.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
-            found[".".join(parts)] = path
+            found[".".join((name, *parts))] = path
     return found
 
 
@@ -61,9 +63,9 @@ def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
 
 
 def unit_of(module: str) -> str:
-    """The package a module belongs to for the package graph: harness.X, checks or faults."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "harness" else parts[0]
+    """The package a module belongs to for the package graph: ``distdoctor.X`` (``checks``
+    and ``faults`` among them), or ``distdoctor`` for the modules directly under it."""
+    return ".".join(module.split(".")[:2])
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -138,14 +140,15 @@ def test_no_module_imports_its_way_back_to_itself():
 
 def test_no_package_imports_a_package_that_imports_it_back():
     graph = package_graph(module_graph())
-    assert {"harness.models", "harness.launch", "checks", "faults"} <= set(graph)
+    assert {"distdoctor.models", "distdoctor.launch", "distdoctor.checks",
+            "distdoctor.faults"} <= set(graph)
     found = cycles(graph)
     assert not found, "\n".join(explain(c, graph) for c in found)
 
 
 def test_the_data_model_imports_nothing_of_the_project_but_itself():
     graph = package_graph(module_graph())
-    assert graph["harness.models"] == set()
+    assert graph["distdoctor.models"] == set()
 
 
 def test_at_most_eight_modules_sit_directly_under_harness():
@@ -178,7 +181,7 @@ def test_every_module_imports_in_a_fresh_interpreter():
 def test_the_files_a_stack_is_trimmed_at_exist(name):
     """Stacks are cut at the frames that only carry a job to the user's code; those are
     named by path, so a moved module must be renamed there too."""
-    stacks = importlib.import_module("harness.launch.stacks")
+    stacks = importlib.import_module("distdoctor.launch.stacks")
     paths = getattr(stacks, name)
     for path in [paths] if isinstance(paths, str) else paths:
         assert path.startswith("<") or os.path.isfile(path), path

@@ -17,7 +17,7 @@ import jobs
 import pytest
 
 import sockettable
-from harness.cli.main import main
+from distdoctor.cli.main import main
 
 TESTS = Path(__file__).parent
 
@@ -56,7 +56,7 @@ def test_distdoctor_run_listens_on_loopback_only(tmp_path, capfd):
 
 
 def test_check_collectives_pool_listens_on_loopback_only(capsys):
-    from harness.launch.pool import shared_pool
+    from distdoctor.launch.pool import shared_pool
 
     assert main(["check-collective", "collective_impls:ring_allreduce", "--kind",
                  "allreduce", "--examples", "5", "--world-sizes", "3-3"]) == 0, \

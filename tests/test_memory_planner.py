@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from harness.cli.main import main
-from harness.memory.formulas import PRECISIONS, deepspeed_estimate, stage_bytes
-from harness.memory.planner import Model, cheapest_fit, smallest_world_size
+from distdoctor.cli.main import main
+from distdoctor.memory.formulas import PRECISIONS, deepspeed_estimate, stage_bytes
+from distdoctor.memory.planner import Model, cheapest_fit, smallest_world_size
 
 FP32, MIXED, MASTER = (PRECISIONS[k] for k in ("fp32", "mixed", "mixed-master"))
 P = 70e9

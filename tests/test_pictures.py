@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from browser import CHROMIUM, MISSING, render
-from harness.cli.main import main
+from distdoctor.cli.main import main
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason=MISSING)
 
@@ -96,9 +96,9 @@ def test_the_demo_writes_a_page_per_case_and_an_index(tmp_path, capsys):
 def test_a_large_run_is_folded_and_says_so(tmp_path):
     """16 ranks of 400 calls each: the timeline keeps each rank's last calls and folds the
     rest into one block per rank, says so, and the page stays small."""
-    from harness.models import Call, Evidence, RankEnd, RankRecord, RunRecord, RunSpec
-    from harness.pictures import page, reports
-    from harness.doctor.report import report
+    from distdoctor.models import Call, Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+    from distdoctor.pictures import page, reports
+    from distdoctor.userjob.report import report
 
     ranks = []
     for rank in range(16):

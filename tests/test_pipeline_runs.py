@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.models import Knobs, RunSpec
-from harness.pipeline import PIPELINE_STRATEGIES
-from harness.pipeline.model import balance_ranks, partition
-from harness.pipeline.report import measured_bubble
-from harness.diagnosis.runspec import assess, run
-from harness.models import Evidence, RankEnd, RankRecord, RunRecord, StageEvent
+from distdoctor.models import Knobs, RunSpec
+from distdoctor.pipeline import PIPELINE_STRATEGIES
+from distdoctor.pipeline.model import balance_ranks, partition
+from distdoctor.pipeline.report import measured_bubble
+from distdoctor.faultloop.runspec import assess, run
+from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, StageEvent
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -108,8 +108,8 @@ def test_identical_blocks_get_one_cost_measured_in_interleaved_warmed_rounds():
     import torch
     from torch import nn
 
-    from harness.models import PipeShape
-    from harness.pipeline.model import kind_times
+    from distdoctor.models import PipeShape
+    from distdoctor.pipeline.model import kind_times
 
     calls = []
 

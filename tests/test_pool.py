@@ -8,9 +8,9 @@ import jobs
 import proctable
 import pytest
 
-from harness.models import RankEnd
-from harness.launch.pool import PoolStartError, RankPool
-from harness.launch.results import JobResult, RanksFailed
+from distdoctor.models import RankEnd
+from distdoctor.launch.pool import PoolStartError, RankPool
+from distdoctor.launch.results import JobResult, RanksFailed
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_a_group_that_does_not_form_in_time_is_refused_and_reaped():
 
 
 def test_a_rank_dying_while_the_group_forms_is_named_with_its_exit(monkeypatch):
-    import harness.launch.rank as rank_module
+    import distdoctor.launch.rank as rank_module
 
     monkeypatch.setattr(rank_module, "_join_group",  # copied into the ranks by the fork
                         jobs.join_or_die(rank_module._join_group, dying_rank=1))
@@ -116,7 +116,7 @@ def test_bad_pool_arguments_are_refused_before_any_rank_starts(make, message):
 def test_an_exit_is_described_by_its_code_or_its_signal():
     from types import SimpleNamespace
 
-    from harness.launch.watch import describe_exit
+    from distdoctor.launch.watch import describe_exit
 
     assert describe_exit(SimpleNamespace(exitcode=-9)) == "killed by signal SIGKILL"
     assert describe_exit(SimpleNamespace(exitcode=-11)) == "killed by signal SIGSEGV"

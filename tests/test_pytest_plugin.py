@@ -280,7 +280,7 @@ def test_the_readme_s_example_file_passes_in_a_project_of_its_own(tmp_path):
 
 def test_loading_the_plugin_imports_no_torch():
     """pytest loads the plugin at every start in an environment that has distdoctor."""
-    done = subprocess.run([sys.executable, "-c", "import sys, harness.testing.plugin; "
+    done = subprocess.run([sys.executable, "-c", "import sys, distdoctor.testing.plugin; "
                            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr

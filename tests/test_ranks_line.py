@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
-from harness.text import ranks_line
+from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.text import ranks_line
 
 OOM = "Traceback (most recent call last):\ntorch.OutOfMemoryError: out of memory"
 RESET = "Traceback (most recent call last):\nRuntimeError: Connection reset by peer"

@@ -244,7 +244,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
     stop it with SIGTERM, as a user would, once every rank has written its stall stacks
     (each rank does so by itself at its 2 s deadline). torchrun's exit code and stderr."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(ranks), "-m", "harness.doctor", "--trace-dir",
+               "--nproc-per-node", str(ranks), "-m", "distdoctor.userjob", "--trace-dir",
                str(trace_dir), "--deadline", "2", *flags, example]
     stderr = trace_dir.parent / f"{trace_dir.name}.stderr"
     # torchrun's agent leaves its torchelastic_* directory behind when workers fail
@@ -294,7 +294,7 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
              str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-             "--master-port", str(port), "-m", "harness.doctor", "--trace-dir",
+             "--master-port", str(port), "-m", "distdoctor.userjob", "--trace-dir",
              str(tmp_path / f"node{node}"), "nan_in_one_shard.py"],
             cwd=EXAMPLES, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -416,7 +416,7 @@ def test_a_forked_rank_starts_as_fresh_as_a_spawned_one(distdoctor, tmp_path, me
         assert (s["stdin_fd"], s["stdout_fd"], s["stderr_fd"]) == (0, 1, 2)
         assert s["sigint_raises"] and s["sigterm_default"] and s["threads"] == 1
         assert (s["main"], s["argv"]) == ("__main__", [str(tmp_path), "extra"])
-        assert s["cwd_on_path"]  # as python -m harness.doctor has it
+        assert s["cwd_on_path"]  # as python -m distdoctor.userjob has it
     torch.manual_seed(0)
     random.seed(0)
     torch_draws = {repr(s["torch_draw"]) for s in seen} | {repr(torch.rand(4).tolist())}

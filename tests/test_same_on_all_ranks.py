@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.testing import assert_same_on_all_ranks
-from harness.testing.same import differences, flatten
+from distdoctor.testing import assert_same_on_all_ranks
+from distdoctor.testing.same import differences, flatten
 
 
 def test_a_module_flattens_to_its_parameters_and_buffers():

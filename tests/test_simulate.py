@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from harness.pipeline.gantt import png_gantt, text_gantt
-from harness.pipeline.orders import Action, Layout, Schedule, build
-from harness.pipeline.simulate import (
+from distdoctor.pipeline.gantt import png_gantt, text_gantt
+from distdoctor.pipeline.orders import Action, Layout, Schedule, build
+from distdoctor.pipeline.simulate import (
     Costs, closed_form, gpipe_bubble_fraction, run_schedule, simulate,
 )
 
@@ -161,7 +161,7 @@ def _evaluate(formula: str, values: dict[str, float]) -> float:
 def test_each_printed_formula_gives_its_printed_closed_form(capsys, costs):
     """One notation throughout: the values in the header, put into each row's formula (and
     the footer's bubble share), give the number printed beside it."""
-    from harness.cli.main import main
+    from distdoctor.cli.main import main
 
     assert main(["pipeline", "simulate", "--stages", "4", "--microbatches", "8", *costs]) == 0
     out = capsys.readouterr().out

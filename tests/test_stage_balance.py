@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from checks import stage_balance
-from harness.models import (Evidence, Fingerprint, PipeStepEvidence, RankEnd, RankRecord,
+from distdoctor.checks import stage_balance
+from distdoctor.models import (Evidence, Fingerprint, PipeStepEvidence, RankEnd, RankRecord,
                             RunRecord, RunSpec, StageCost, StageEvent)
 
 NOTHING = Fingerprint(numel=0, digest="", norm=0.0, values=())
@@ -80,8 +80,8 @@ def test_too_few_complete_steps_are_not_judged():
 
 
 def test_inconclusive_findings_are_neither_detected_nor_remaining():
-    from harness.diagnosis.runspec import judge
-    from harness.models import Assessment, ReferenceComparison
+    from distdoctor.faultloop.runspec import judge
+    from distdoctor.models import Assessment, ReferenceComparison
 
     ratios_wanted = [1.18, 1.32, 1.22, 1.30, 1.20, 1.28]
     rec = record([[10.0] * 6, [10.0 * r / (2 - r) for r in ratios_wanted]])
@@ -102,8 +102,8 @@ def test_a_healthy_pipeline_under_a_cpu_hog_is_never_called_unbalanced(pools, cp
                                                                        world_size):
     """Cut by time, with every core also busy elsewhere: balanced or inconclusive, never a
     decided finding (that would be a false positive: the fault was not injected)."""
-    import faults
-    from harness.diagnosis.runspec import run_decided
+    from distdoctor import faults
+    from distdoctor.faultloop.runspec import run_decided
 
     spec = faults.get("unbalanced-stages").scenario(
         RunSpec(strategy="pipe-gpipe", world_size=world_size))
@@ -114,8 +114,8 @@ def test_a_healthy_pipeline_under_a_cpu_hog_is_never_called_unbalanced(pools, cp
 
 @pytest.mark.parametrize("world_size", [4])
 def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, world_size):
-    import faults
-    from harness.diagnosis.runspec import run_decided
+    from distdoctor import faults
+    from distdoctor.faultloop.runspec import run_decided
 
     fault = faults.get("unbalanced-stages")
     spec = fault.inject(fault.scenario(RunSpec(strategy="pipe-gpipe", world_size=world_size)))

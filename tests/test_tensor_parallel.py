@@ -11,10 +11,10 @@ import functools
 import pytest
 import torch
 
-from harness.models import RunSpec
-from harness.tensor.mlp import TensorParallelMLP, allreduce_bytes, full_tensors, weight_bytes
-from harness.tensor.steps import train_steps
-from harness.training.workload import build_model, loss_fn, make_dataset
+from distdoctor.models import RunSpec
+from distdoctor.tensor.mlp import TensorParallelMLP, allreduce_bytes, full_tensors, weight_bytes
+from distdoctor.tensor.steps import train_steps
+from distdoctor.training.workload import build_model, loss_fn, make_dataset
 
 SPEC = RunSpec(strategy="ddp", world_size=1)
 STEPS = 3
@@ -82,9 +82,9 @@ def test_one_allreduce_each_way_per_block_and_a_slice_of_the_weights(pools, worl
 
 @functools.lru_cache(maxsize=None)
 def _trained(strategy: str, world_size: int, sampler: str = "distributed"):
-    from harness.diagnosis.runspec import assess, run
-    from harness.launch.pool import shared_pool
-    from harness.models import Knobs
+    from distdoctor.faultloop.runspec import assess, run
+    from distdoctor.launch.pool import shared_pool
+    from distdoctor.models import Knobs
 
     spec = RunSpec(strategy=strategy, world_size=world_size, knobs=Knobs(sampler=sampler))
     record = run(spec, shared_pool(world_size))
@@ -145,7 +145,7 @@ def test_a_train_run_records_each_groups_bytes_per_step_as_the_formulas_give(str
 
 @functools.lru_cache(maxsize=None)
 def one_attention(d: int, heads: int, steps: int) -> tuple[dict, dict]:
-    from harness.tensor.attention import MultiHeadAttention, attention_data
+    from distdoctor.tensor.attention import MultiHeadAttention, attention_data
 
     torch.manual_seed(0)
     model = MultiHeadAttention(d, heads)
@@ -181,7 +181,7 @@ def test_attention_split_by_heads_matches_one_process(pools, kind, world_size):
     block (parameters after 3 steps, the first step's gradients) matches one process; the
     written-out block all-reduces once forward (2 x 6 x 16 floats: its output) and once
     backward (its input's gradient, summed once for q, k and v)."""
-    from harness.tensor.attention import attention_steps
+    from distdoctor.tensor.attention import attention_steps
 
     result = pools(world_size).run(attention_steps, kind, 16, 4, STEPS, deadline=60)
     result.raise_for_status()

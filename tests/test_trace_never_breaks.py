@@ -30,7 +30,7 @@ def traced(tmp_path, trace_dir: str) -> subprocess.CompletedProcess:
         port = probe.getsockname()[1]
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(port=port))
-    return subprocess.run([sys.executable, "-m", "harness.doctor", "--trace-dir", trace_dir,
+    return subprocess.run([sys.executable, "-m", "distdoctor.userjob", "--trace-dir", trace_dir,
                            str(script)], env=dict(os.environ, RANK="0", WORLD_SIZE="1"),
                           capture_output=True, text=True, timeout=120)
 
@@ -62,7 +62,7 @@ def test_a_failing_hook_lets_the_collective_through_and_says_so_once(pools):
 
 
 def test_a_loader_whose_samples_are_not_numbers_loads_on_untraced():
-    from harness.launch.pool import shared_pool
+    from distdoctor.launch.pool import shared_pool
 
     result = shared_pool(2, evidence=True).run(jobs.loader_of_named_samples, deadline=60)
     assert result.raise_for_status().values == ([[1.0, 2.0], [3.0, 4.0]],) * 2

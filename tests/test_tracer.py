@@ -7,11 +7,11 @@ from pathlib import Path
 import jobs
 import pytest
 
-import checks
-from checks import collective_mismatch, hang
-from harness.trace.evidence import evidence_from_events
-from harness.models import RankRecord, RunRecord, RunSpec
-from harness.trace.tracer import fold
+from distdoctor import checks
+from distdoctor.checks import collective_mismatch, hang
+from distdoctor.trace.evidence import evidence_from_events
+from distdoctor.models import RankRecord, RunRecord, RunSpec
+from distdoctor.trace.tracer import fold
 
 JOBS = jobs.__file__
 
@@ -101,7 +101,7 @@ def test_matching_calls_give_no_mismatch(pools):
 def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
     """Rank 0 all-reduces on a new group of both ranks, rank 1 on the default group: the
     calls share ranks and a number but can never pair; the watch proves it at once."""
-    from harness.launch.watch import PROVEN
+    from distdoctor.launch.watch import PROVEN
 
     result = pools(2).run(jobs.same_ranks_other_group, deadline=60)
     assert [e.status for e in result.ends] == ["hung", "hung"]
@@ -115,7 +115,7 @@ def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
 
 def test_sends_and_receives_pair_by_tag_as_gloo_pairs_them(pools):
     """Receives taken in the other tag order are healthy; a tagged send cycle is proven."""
-    from harness.launch.watch import PROVEN
+    from distdoctor.launch.watch import PROVEN
 
     healthy = pools(2).run(jobs.tagged_exchange, False, deadline=60).raise_for_status()
     assert healthy.values == ([0.0, 0.0], [1.0, 2.0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from harness.trace.waitfor import WaitFor
+from distdoctor.trace.waitfor import WaitFor
 
 GROUP = [0, 1]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.training.fingerprint import fingerprint
-from harness.models.distance import max_abs_diff, spread
-from harness.models import Knobs, RunSpec
-from harness.training.workload import batch_ids, make_dataset
+from distdoctor.training.fingerprint import fingerprint
+from distdoctor.models.distance import max_abs_diff, spread
+from distdoctor.models import Knobs, RunSpec
+from distdoctor.training.workload import batch_ids, make_dataset
 
 
 def epoch_ids(spec: RunSpec, rank: int, epoch: int) -> list[int]:

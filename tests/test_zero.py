@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from harness.memory.measured import compare
-from harness.models import RunRecord, RunSpec
-from harness.training.reference import reference_params
-from harness.diagnosis.runspec import assess, run
-from harness.models.distance import max_abs_diff
-from harness.training.workload import MLP
+from distdoctor.memory.measured import compare
+from distdoctor.models import RunRecord, RunSpec
+from distdoctor.training.reference import reference_params
+from distdoctor.faultloop.runspec import assess, run
+from distdoctor.models.distance import max_abs_diff
+from distdoctor.training.workload import MLP
 
 SHARDED = ["zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op"]
 MODEL = MLP(8, 16)
@@ -25,7 +25,7 @@ P = sum(LAYERS)
 
 @functools.lru_cache(maxsize=None)
 def _run(strategy: str, world_size: int, micro_batches: int = 1) -> RunRecord:
-    from harness.launch.pool import shared_pool
+    from distdoctor.launch.pool import shared_pool
 
     spec = RunSpec(strategy=strategy, world_size=world_size, micro_batches=micro_batches,
                    deadline=20)

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from harness.training.strategies.zero.bucket import Bucket, buckets_of
-from harness.training.strategies.zero.layout import Layer
+from distdoctor.training.strategies.zero.bucket import Bucket, buckets_of
+from distdoctor.training.strategies.zero.layout import Layer
 
 SIZES = [7, 1, 12, 5]  # layer sizes none of the world sizes divides evenly
 

@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from harness.models.strategies import DATA_PARALLEL, TENSOR_HELP, TENSOR_PARALLEL
-from harness.models.strategies import HELP as STRATEGY_HELP
-from harness.pipeline import PIPELINE_STRATEGIES
+from distdoctor.models.strategies import DATA_PARALLEL, TENSOR_HELP, TENSOR_PARALLEL
+from distdoctor.models.strategies import HELP as STRATEGY_HELP
+from distdoctor.pipeline import PIPELINE_STRATEGIES
 
 # --strategy's choices and help: the data- and tensor-parallel strategies (one training
 # workload), and those plus the pipelines
@@ -121,7 +121,7 @@ cost = zero_or_more("a time")
 
 
 def spec_from(args: argparse.Namespace, strategy: str, **extra):
-    from harness.models import RunSpec
+    from distdoctor.models import RunSpec
 
     pipeline = "pipe-" in strategy
     batch = args.batch_size or (16 if pipeline else 8)

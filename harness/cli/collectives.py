@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import UsageError, count, seconds
-from harness.collectives import KINDS, OPS
+from distdoctor.cli.args import UsageError, count, seconds
+from distdoctor.collectives import KINDS, OPS
 
 
 def _sizes(text: str) -> tuple[int, int]:
@@ -21,7 +21,7 @@ def _sizes(text: str) -> tuple[int, int]:
 
 def _transport_help() -> str:
     """The transport a user's function is given, method by method, and an example."""
-    from harness.collectives import USER_API
+    from distdoctor.collectives import USER_API
 
     calls = [f"t.{text}" if "(" in text else ", ".join(f"t.{part}" for part in text.split(", "))
              for text, _ in USER_API]
@@ -85,7 +85,7 @@ def add_commands(commands) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from harness.collectives.checker import WIRES, check, describe, load
+    from distdoctor.collectives.checker import WIRES, check, describe, load
 
     try:
         load(args.target)
@@ -107,7 +107,7 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def table_command(args: argparse.Namespace) -> int:
-    from harness.collectives.measure import measure_all, table
+    from distdoctor.collectives.measure import measure_all, table
 
     print(table(measure_all(args.world_size, args.numel, args.repeats), args.world_size,
                 args.numel))

@@ -1,5 +1,5 @@
 """``distdoctor demo FAULT | --all``: diagnose each fault and tell it as a lesson (the
-lessons' text is ``harness.cli.lessons``), then, with --all, sweep every variant on every
+lessons' text is ``distdoctor.cli.lessons``), then, with --all, sweep every variant on every
 strategy and print one summary table."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import os
 import sys
 import time
 
-from harness.cli.args import (
+from distdoctor.cli.args import (
     EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_folder, run_options, spec_from,
 )
-from harness.cli.faults import check_variant, check_world_size, fault_named
+from distdoctor.cli.faults import check_variant, check_world_size, fault_named
 
 
 def add_commands(commands) -> None:
@@ -54,9 +54,9 @@ def demo_command(args: argparse.Namespace) -> int:
         check_variant(fault, args.variant)
         if args.strategy and args.strategy not in fault.strategies:
             raise UsageError(f"fault {fault.id} does not apply to {args.strategy}")
-    from harness.cli.lessons import DemoRow, lesson, masked_note, summary_table
-    from harness.cli.tables import diagnosis_text
-    from harness.diagnosis.diagnose import diagnose
+    from distdoctor.cli.lessons import DemoRow, lesson, masked_note, summary_table
+    from distdoctor.cli.tables import diagnosis_text
+    from distdoctor.faultloop.diagnose import diagnose
 
     rows: list[DemoRow] = []
     started = time.monotonic()
@@ -98,7 +98,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
 def _write_pages(directory: str, rows: list) -> None:
     """One page per case, and an index of them."""
-    from harness.pictures import page, reports
+    from distdoctor.pictures import page, reports
 
     entries = []
     for row in rows:
@@ -113,7 +113,7 @@ def _write_pages(directory: str, rows: list) -> None:
 
 def sweep_faults(strategy: str | None) -> list:
     """The faults ``demo --all`` covers: the catalogue, or those that apply to ``strategy``."""
-    import faults
+    from distdoctor import faults
 
     every = list(faults.catalogue().values())
     if strategy is None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.cli.args import (
+from distdoctor.cli.args import (
     EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_file, run_options, spec_from,
 )
-from harness.cli.faults import check_variant, check_world_size, fault_named
-from harness.text import wrap
+from distdoctor.cli.faults import check_variant, check_world_size, fault_named
+from distdoctor.text import wrap
 
 
 def add_commands(commands) -> None:
@@ -42,9 +42,9 @@ def diagnose_command(args: argparse.Namespace) -> int:
         raise UsageError(f"{fault.id} does not apply to {args.strategy}: {why}; it applies "
                          f"to {', '.join(fault.strategies)}")
     check_world_size(fault, args.world_size)
-    from harness.cli import tables
-    from harness.diagnosis.diagnose import diagnose
-    from harness.models import dump_report
+    from distdoctor.cli import tables
+    from distdoctor.faultloop.diagnose import diagnose
+    from distdoctor.models import dump_report
 
     spec = spec_from(args, args.strategy)
     variant = fault.variant(args.variant)
@@ -61,7 +61,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         dump_report(report, args.json)
         print(f"wrote {args.json}")
     if args.html:
-        from harness.pictures import page, reports
+        from distdoctor.pictures import page, reports
 
         page.write(args.html, reports.diagnosis_page(
             report, f"distdoctor diagnose: {fault.id} ({variant.name}) on {spec.strategy}"))

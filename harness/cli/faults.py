@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import UsageError
-from harness.text import wrap
+from distdoctor.cli.args import UsageError
+from distdoctor.text import wrap
 
 
 def add_commands(commands) -> None:
@@ -16,7 +16,7 @@ def add_commands(commands) -> None:
 
 
 def fault_named(fault_id: str):
-    import faults
+    from distdoctor import faults
 
     try:
         return faults.get(fault_id)
@@ -38,9 +38,9 @@ def check_world_size(fault, world_size: int) -> None:
 
 
 def faults_command(args: argparse.Namespace) -> int:
-    import faults
+    from distdoctor import faults
 
-    from harness.cli.tables import changes_text
+    from distdoctor.cli.tables import changes_text
 
     catalogue = faults.catalogue()
     print(f"distdoctor fault catalogue: {len(catalogue)} failure modes\n")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from faults import Fault
-from harness.cli.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
-from harness.models import RunReport
-from harness.text import ranks_line, wrap
+from distdoctor.faults import Fault
+from distdoctor.cli.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
+from distdoctor.models import RunReport
+from distdoctor.text import ranks_line, wrap
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""The ``distdoctor`` command (also ``python -m harness``).
+"""The ``distdoctor`` command (also ``python -m distdoctor``).
 
 Bad input gets one line on stderr and exit code 2; a run that fails its verdict exits 1.
 SIGTERM is turned into an orderly exit so the ranks are stopped and reaped before the
-parent goes (a parent killed outright still takes them along: see harness.launch.procs).
+parent goes (a parent killed outright still takes them along: see distdoctor.launch.procs).
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import sys
 import threading
 from typing import Sequence
 
-from harness.cli import collectives as collectives_cli
-from harness.cli import demo as demo_cli
-from harness.cli import diagnose as diagnose_cli
-from harness.cli import faults as faults_cli
-from harness.cli import memory as memory_cli
-from harness.cli import pipeline as pipeline_cli
-from harness.cli import run as script_cli
-from harness.cli import train as train_cli
-from harness.cli.args import Parser, UsageError
-from harness.launch.pool import PoolStartError
+from distdoctor.cli import collectives as collectives_cli
+from distdoctor.cli import demo as demo_cli
+from distdoctor.cli import diagnose as diagnose_cli
+from distdoctor.cli import faults as faults_cli
+from distdoctor.cli import memory as memory_cli
+from distdoctor.cli import pipeline as pipeline_cli
+from distdoctor.cli import run as script_cli
+from distdoctor.cli import train as train_cli
+from distdoctor.cli.args import Parser, UsageError
+from distdoctor.launch.pool import PoolStartError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,10 +8,10 @@ import math
 import re
 import textwrap
 
-from harness.cli.args import UsageError, count, zero_or_more
-from harness.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
-from harness.memory.planner import Model, cheapest_fit, fits, round_up, smallest_world_size
-from harness.text import wrap
+from distdoctor.cli.args import UsageError, count, zero_or_more
+from distdoctor.memory.formulas import GB, PRECISIONS, Precision, StageBytes, deepspeed_estimate
+from distdoctor.memory.planner import Model, cheapest_fit, fits, round_up, smallest_world_size
+from distdoctor.text import wrap
 
 STAGE_NAMES = {0: "0 DDP", 1: "1 ZeRO-1", 2: "2 ZeRO-2", 3: "3 ZeRO-3/FSDP"}
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}

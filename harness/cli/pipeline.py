@@ -6,9 +6,9 @@ import argparse
 import importlib.util
 import os
 
-from harness.cli.args import Parser, UsageError, cost, count, html_file, run_options, spec_from
-from harness.pipeline import PIPELINE_STRATEGIES as PIPELINES
-from harness.pipeline.orders import SCHEDULES as SIMULATED
+from distdoctor.cli.args import Parser, UsageError, cost, count, html_file, run_options, spec_from
+from distdoctor.pipeline import PIPELINE_STRATEGIES as PIPELINES
+from distdoctor.pipeline.orders import SCHEDULES as SIMULATED
 
 
 def add_commands(commands) -> None:
@@ -58,9 +58,9 @@ def add_commands(commands) -> None:
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    from harness.pipeline.gantt import png_gantt, text_gantt
-    from harness.pipeline.report import simulation_table
-    from harness.pipeline.simulate import Costs, run_schedule
+    from distdoctor.pipeline.gantt import png_gantt, text_gantt
+    from distdoctor.pipeline.report import simulation_table
+    from distdoctor.pipeline.simulate import Costs, run_schedule
 
     if args.png and args.schedule == "all":
         raise UsageError("--png draws one schedule's chart: name it with --schedule")
@@ -84,7 +84,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             png_gantt(timeline, args.png)
             print(f"wrote {args.png}")
     if args.html:
-        from harness.pictures import page, reports
+        from distdoctor.pictures import page, reports
 
         timelines = []
         for name in names:
@@ -100,11 +100,11 @@ def simulate_command(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from harness.cli import tables
-    from harness.models import PipeShape
-    from harness.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
-    from harness.pipeline.simulate import simulate as simulate_schedule
-    from harness.diagnosis.runspec import judge, run_decided
+    from distdoctor.cli import tables
+    from distdoctor.models import PipeShape
+    from distdoctor.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
+    from distdoctor.pipeline.simulate import simulate as simulate_schedule
+    from distdoctor.faultloop.runspec import judge, run_decided
 
     spec = spec_from(args, args.schedule)
     try:
@@ -137,8 +137,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"verdict: {label}: " + tables.numbers_line(assessment)
           + (f"; {verdict.note}" if verdict.note else ""))
     if args.html:
-        from harness.models import RunReport
-        from harness.pictures import page, reports
+        from distdoctor.models import RunReport
+        from distdoctor.pictures import page, reports
 
         page.write(args.html, reports.diagnosis_page(
             RunReport(record, verdict), f"distdoctor pipeline run: {spec.strategy}"))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.args import DEADLINE, UsageError, count, html_file, seconds
+from distdoctor.cli.args import DEADLINE, UsageError, count, html_file, seconds
 
 
 def port_number(text: str) -> int:
@@ -21,7 +21,7 @@ def port_number(text: str) -> int:
 
 
 def _tee(text: str):
-    from harness.doctor.output import parse_tee
+    from distdoctor.userjob.output import parse_tee
 
     try:
         return parse_tee(text)
@@ -30,7 +30,7 @@ def _tee(text: str):
 
 
 def _ranks(text: str) -> frozenset[int]:
-    from harness.doctor.output import parse_ranks
+    from distdoctor.userjob.output import parse_ranks
 
     try:
         return parse_ranks(text)
@@ -102,9 +102,9 @@ def add_commands(commands) -> None:
     run.set_defaults(handler=run_command)
 
     analyze = commands.add_parser(
-        "analyze", help="diagnose traces written under torchrun by python -m harness.doctor",
+        "analyze", help="diagnose traces written under torchrun by python -m distdoctor.userjob",
         description="Read DIR/rank-*.jsonl (and rank-*.stacks) written by 'torchrun ... -m "
-                    "harness.doctor --trace-dir DIR SCRIPT' on one or many machines, and "
+                    "distdoctor.userjob --trace-dir DIR SCRIPT' on one or many machines, and "
                     "diagnose them as 'distdoctor run' would. Give one DIR per machine when "
                     "each wrote its own; their ranks are read as one job.")
     analyze.add_argument("directories", metavar="DIR", nargs="+")
@@ -117,10 +117,10 @@ def add_commands(commands) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from harness.doctor.record import script_record
-    from harness.doctor.launcher import ScriptStartError, run_script
-    from harness.doctor.output import OutputSpec
-    from harness.launch.store import AddressError, addresses, is_loopback
+    from distdoctor.userjob.record import script_record
+    from distdoctor.userjob.launcher import ScriptStartError, run_script
+    from distdoctor.userjob.output import OutputSpec
+    from distdoctor.launch.store import AddressError, addresses, is_loopback
 
     script = Path(args.script)
     if not script.is_file():
@@ -149,8 +149,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def analyze_command(args: argparse.Namespace) -> int:
-    from harness.doctor.record import script_record
-    from harness.doctor.traces import TraceError, load
+    from distdoctor.userjob.record import script_record
+    from distdoctor.userjob.traces import TraceError, load
 
     try:
         job = load(args.directories, args.run)
@@ -167,9 +167,9 @@ def _diagnose(record, script: str, report_path: str | None, command: str = "run"
               partial: bool = False, all_frames: bool = False, html: str | None = None) -> int:
     import time
 
-    from harness.doctor.record import diagnose
-    from harness.doctor.report import render
-    from harness.cli.tables import hang_timing
+    from distdoctor.userjob.record import diagnose
+    from distdoctor.userjob.report import render
+    from distdoctor.cli.tables import hang_timing
 
     result = diagnose(record, script, all_frames)
     print(render(result, command, partial), flush=True)
@@ -180,7 +180,7 @@ def _diagnose(record, script: str, report_path: str | None, command: str = "run"
         result.write(report_path)
         print(f"\nwrote {report_path}")
     if html:
-        from harness.pictures import page, reports
+        from distdoctor.pictures import page, reports
 
         page.write(html, reports.script_page(record, result, command))
         print(f"\nwrote {html}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 
-from harness.models import Assessment, Finding, RunRecord, RunReport, Verdict
-from harness.models.distance import spreads
-from harness.text import ranks_line, wrap
+from distdoctor.models import Assessment, Finding, RunRecord, RunReport, Verdict
+from distdoctor.models.distance import spreads
+from distdoctor.text import ranks_line, wrap
 
 
 def num(value: float | None) -> str:
@@ -63,7 +63,7 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
         return None
     blocked = max(entered)
     declared = record.started + max(r.end.at or 0.0 for r in hung)
-    from harness.launch.watch import PROVEN
+    from distdoctor.launch.watch import PROVEN
 
     how = ("proven from the calls" if any((r.end.error or "").startswith(PROVEN) for r in hung)
            else "declared at the deadline")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import STRATEGY_CHOICES, STRATEGY_TEXT, run_options, spec_from
+from distdoctor.cli.args import STRATEGY_CHOICES, STRATEGY_TEXT, run_options, spec_from
 
 
 def add_commands(commands) -> None:
@@ -28,10 +28,10 @@ def add_commands(commands) -> None:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from harness.cli import tables
-    from harness.diagnosis.runspec import judge, run_decided
-    from harness.memory.measured import memory_table
-    from harness.models import RunReport, dump_report
+    from distdoctor.cli import tables
+    from distdoctor.faultloop.runspec import judge, run_decided
+    from distdoctor.memory.measured import memory_table
+    from distdoctor.models import RunReport, dump_report
 
     spec = spec_from(args, args.strategy)
     print(f"distdoctor train: {spec.strategy} on {spec.world_size} {spec.backend} ranks, "

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from harness.collectives import OPS
-from harness.collectives.transport import Transport
+from distdoctor.collectives import OPS
+from distdoctor.collectives.transport import Transport
 
 __all__ = ["OPS", "ring_allreduce", "tree_allreduce", "broadcast", "all_gather",
            "reduce_scatter", "combine", "finish"]

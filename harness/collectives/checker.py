@@ -24,15 +24,18 @@ from typing import Iterator
 
 from hypothesis import HealthCheck, given, settings
 
-from harness.collectives import KINDS  # noqa: F401 (part of this module's interface)
+from distdoctor.collectives import KINDS  # noqa: F401 (part of this module's interface)
 
-from harness.collectives.jobs import TransportMisuse, run_user
-from harness.collectives.properties import Case, cases, mismatch, reduced
-from harness.launch.pool import shared_pool
-from harness.launch.watch import PROVEN
+from distdoctor.collectives.jobs import TransportMisuse, run_user
+from distdoctor.collectives.properties import Case, cases, mismatch, reduced
+from distdoctor.launch.pool import shared_pool
+from distdoctor.launch.watch import PROVEN
 
-TRANSPORT_FILES = (os.path.join("harness", "collectives", "transport.py"),
-                   os.path.join("harness", "collectives", "rendezvous.py"))
+# as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
+_HERE = os.path.dirname(os.path.abspath(__file__))
+TRANSPORT_FILES = tuple(os.path.join(os.path.basename(os.path.dirname(_HERE)),
+                                     os.path.basename(_HERE), name)
+                        for name in ("transport.py", "rendezvous.py"))
 # the wires every example runs on, strictest first: on a rendezvous a send returns only once
 # received (gloo, NCCL with large messages, MPI_Ssend); buffered, it returns at once
 WIRES = ("rendezvous", "buffered")
@@ -170,8 +173,8 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
     """Whom each rank that did not finish was waiting for: rank -> (how, peer, line). From
     its own timeout when it raised one; else, for a rank the pool stopped, from the last
     wait its transport reported ("waiting", what, peer) and the line its stack was at."""
-    from harness.doctor.report import raising_line
-    from harness.models.record import user_frame
+    from distdoctor.userjob.report import raising_line
+    from distdoctor.models.record import user_frame
 
     waits = {}
     for end, emitted in zip(ends, events):
@@ -192,7 +195,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
 def wait_cycle(ends, events) -> list[int]:
     """Ranks that each wait for the next (in a send to it, or for its data) around a
     cycle: an ordering deadlock. [] when the waits form no cycle."""
-    from checks.hang import cycle_of
+    from distdoctor.checks.hang import cycle_of
 
     waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events).items()}
     return cycle_of(waits) or []
@@ -210,8 +213,8 @@ def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
 def rank_text(end, events) -> str:
     """What one rank that did not finish was doing: its error at the user's line, or, for a
     rank the pool stopped, where its stack was and whether it ever sent or received."""
-    from harness.doctor.report import raising_line
-    from harness.models.record import user_frame
+    from distdoctor.userjob.report import raising_line
+    from distdoctor.models.record import user_frame
 
     if end.status not in ("hung", "stopped"):
         where = raising_line(end.error) or ""
@@ -234,7 +237,7 @@ def describe(failure: Failure, kind: str) -> str:
     numel = len(case.values[0]) if case.values else 0
     on = f" on the {failure.wire} transport" if failure.wire != "buffered" else ""
     if failure.what == MISUSE:
-        from harness.collectives import USER_API
+        from distdoctor.collectives import USER_API
 
         return "\n".join([f"{MISUSE}, on the first example:", f"  {failure.detail}",
                           "  the transport's methods: " + "; ".join(t for t, _ in USER_API)])

@@ -10,10 +10,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from harness.collectives import algorithms
-from harness.collectives.rendezvous import RendezvousTransport
-from harness.collectives import USER_API
-from harness.collectives.transport import GlooTransport, QueueTransport
+from distdoctor.collectives import algorithms
+from distdoctor.collectives.rendezvous import RendezvousTransport
+from distdoctor.collectives import USER_API
+from distdoctor.collectives.transport import GlooTransport, QueueTransport
 
 # name -> (function, takes an op, takes a source rank)
 OURS: dict[str, tuple[Callable, bool, bool]] = {

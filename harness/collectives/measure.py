@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.collectives import algorithms
-from harness.collectives.transport import GlooTransport
-from harness.launch.pool import shared_pool
+from distdoctor.collectives import algorithms
+from distdoctor.collectives.transport import GlooTransport
+from distdoctor.launch.pool import shared_pool
 
 NAMES = ("ring-allreduce", "tree-allreduce", "broadcast", "allgather", "reduce-scatter")
 

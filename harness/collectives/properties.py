@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.collectives.algorithms import OPS
+from distdoctor.collectives.algorithms import OPS
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64,
           "bfloat16": torch.bfloat16}

@@ -22,7 +22,7 @@ from collections import deque
 
 import torch
 
-from harness.collectives.transport import Pending, QueueTransport, RecvTimeout
+from distdoctor.collectives.transport import Pending, QueueTransport, RecvTimeout
 
 ANSWER = (-1, (), b"")  # what a receive sends back to the sender
 

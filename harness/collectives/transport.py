@@ -116,14 +116,14 @@ class QueueTransport(_Base):
 
     def _enter(self, op: str, peer: int) -> int | None:
         """Tell this rank's tracer of a send or receive, so the watch can prove a hang."""
-        from harness.trace.tracer import active
+        from distdoctor.trace.tracer import active
 
         tracer = active()
         return tracer.p2p(op, peer, tuple(range(self.world_size))) if tracer else None
 
     @staticmethod
     def _mark(kind: str, call_id: int | None) -> None:
-        from harness.trace.tracer import active
+        from distdoctor.trace.tracer import active
 
         tracer = active()
         if tracer is not None and call_id is not None:

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
-from harness.launch import procs
-from harness.launch.rank import rank_main
-from harness.launch.results import JobResult
-from harness.launch.watch import JobWatch, RankHandle, describe_exit
+from distdoctor.launch import procs
+from distdoctor.launch.rank import rank_main
+from distdoctor.launch.results import JobResult
+from distdoctor.launch.watch import JobWatch, RankHandle, describe_exit
 
 DEFAULT_DEADLINE = 30.0
 DEFAULT_ERROR_GRACE = 1.0

@@ -19,7 +19,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harness.launch import procs, stacks
+from distdoctor.launch import procs, stacks
 
 # How long ranks wait for each other at rendezvous; the parent gives up sooner.
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
@@ -71,12 +71,12 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         faulthandler_fd = os.dup(faulthandler_out.fileno())
         faulthandler_out.close()
         stacks.arm_faulthandler(faulthandler_fd)
-        from harness.trace.tracer import Tracer
+        from distdoctor.trace.tracer import Tracer
 
         tracer = Tracer(os.dup(trace_out.fileno()), rank).install()  # before any first call
         trace_out.close()
         if evidence:  # what distdoctor run records of a user's script
-            from harness.trace.recorders import install_recorders
+            from distdoctor.trace.recorders import install_recorders
 
             tracer.record_ddp_parameters()
             install_recorders(tracer)
@@ -120,7 +120,7 @@ def _flush_sent(queues: list, within: float = FLUSH_S) -> None:
 def _join_group(ctx: RankContext, host: str) -> None:
     import torch.distributed as dist
 
-    from harness.launch.store import is_loopback, master_store, pin_gloo_to_loopback
+    from distdoctor.launch.store import is_loopback, master_store, pin_gloo_to_loopback
 
     if is_loopback(host):
         pin_gloo_to_loopback()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.models import RankEnd
-from harness.models.record import is_peer_echo
+from distdoctor.models import RankEnd
+from distdoctor.models.record import is_peer_echo
 
 
 class RanksFailed(RuntimeError):

@@ -21,14 +21,14 @@ import time
 import traceback
 from multiprocessing.connection import Connection, wait
 
-from harness.models import Frame, ThreadStack
+from distdoctor.models import Frame, ThreadStack
 
 _RESPONDER_NAME = "distdoctor-stacks"
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # frames that only carry a job or a script to the user's code
 CARRIERS = frozenset({os.path.join(_HARNESS, "launch", "rank.py"),
-                      os.path.join(_HARNESS, "doctor", "__main__.py"),
-                      os.path.join(_HARNESS, "doctor", "bootstrap.py"),
+                      os.path.join(_HARNESS, "userjob", "__main__.py"),
+                      os.path.join(_HARNESS, "userjob", "bootstrap.py"),
                       runpy.__file__, "<frozen runpy>"})
 # the wrapper between user code and torch
 TRACER_FILE = os.path.join(_HARNESS, "trace", "tracer.py")
@@ -65,7 +65,7 @@ def serve_stacks(conn: Connection) -> threading.Thread:
     """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
     process's stacks, "collectives" with the collectives it has in flight (flight.py).
     Each answer carries its request's serial number, so a late one is told from the next."""
-    from harness.trace.flight import in_flight
+    from distdoctor.trace.flight import in_flight
 
     def loop() -> None:
         while True:

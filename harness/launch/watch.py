@@ -19,10 +19,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
-from harness.launch import procs, stacks
-from harness.models import InFlight, RankEnd
-from harness.launch.results import JobResult
-from harness.trace.waitfor import WaitFor, collective
+from distdoctor.launch import procs, stacks
+from distdoctor.models import InFlight, RankEnd
+from distdoctor.launch.results import JobResult
+from distdoctor.trace.waitfor import WaitFor, collective
 
 # DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
 # rule it out); read when each watch starts

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.memory.formulas import Precision
-from harness.memory.planner import Model
-from harness.models import MemoryEvidence, RunRecord
-from harness.text import wrap
+from distdoctor.memory.formulas import Precision
+from distdoctor.memory.planner import Model
+from distdoctor.models import MemoryEvidence, RunRecord
+from distdoctor.text import wrap
 
 STAGE_FORMULAS = {0: "4P + 4P + kP", 1: "4P + 4P + kP/N", 2: "4P + 4P/N + kP/N",
                   3: "4P/N + 4P/N + kP/N + 8L"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.memory.formulas import Precision, StageBytes, stage_bytes
+from distdoctor.memory.formulas import Precision, StageBytes, stage_bytes
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,15 @@ JSON codec (``jsoncodec``).
 It imports nothing of the project, torch included, and every other package imports it.
 """
 
-from harness.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
+from distdoctor.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
                                      Evidence, Fingerprint, GradientEvidence, GroupTensor,
                                      GroupTraffic, MemoryEvidence,
                                      NonFiniteEvidence, PipeStepEvidence, StageCost, StageEvent, StepEvidence)
-from harness.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord,
+from distdoctor.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord,
                                    RankStatus, RunRecord, ThreadStack)
-from harness.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
+from distdoctor.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
                                  SamplerKind, StageSplit, apply_changes)
-from harness.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
+from distdoctor.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
                                     ReferenceComparison, RunReport, Verdict, dump_report,
                                     load_report)
 

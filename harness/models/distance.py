@@ -10,8 +10,8 @@ from __future__ import annotations
 import operator
 from typing import Iterable, Sequence
 
-from harness.models.evidence import Fingerprint
-from harness.models.record import RunRecord
+from distdoctor.models.evidence import Fingerprint
+from distdoctor.models.record import RunRecord
 
 
 def spread(prints: Sequence[Fingerprint]) -> float:

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.models.evidence import Evidence
-from harness.models.spec import RunSpec
+from distdoctor.models.evidence import Evidence
+from distdoctor.models.spec import RunSpec
 
 SCHEMA_VERSION = 1
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.models.strategies import SHARDED, TENSOR_PARALLEL, tensor_degree
+from distdoctor.models.strategies import SHARDED, TENSOR_PARALLEL, tensor_degree
 
 SamplerKind = Literal["distributed", "shared-seed"]
 AuxSkip = Literal["none", "odd-ranks", "all-ranks"]

@@ -4,8 +4,8 @@ its one-line help.
 A RunSpec names its strategy, and the spec (its default optimiser), the faults (where they
 apply), the checks (which strategy a memory fix moves a run to) and the command line (what
 it offers) need these facts but never the implementations. So the names live here, free of
-torch, below everything that reads them; ``harness.training.strategies`` maps the same names
-to the classes that implement them. Pipeline strategies are named in ``harness.pipeline``.
+torch, below everything that reads them; ``distdoctor.training.strategies`` maps the same names
+to the classes that implement them. Pipeline strategies are named in ``distdoctor.pipeline``.
 """
 
 from __future__ import annotations

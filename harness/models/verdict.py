@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.models.jsoncodec import SchemaError, from_json, json_data, to_json
-from harness.models.record import SCHEMA_VERSION, RunRecord
-from harness.models.spec import RunSpec, apply_changes
+from distdoctor.models.jsoncodec import SchemaError, from_json, json_data, to_json
+from distdoctor.models.record import SCHEMA_VERSION, RunRecord
+from distdoctor.models.spec import RunSpec, apply_changes
 
 REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
 Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced",

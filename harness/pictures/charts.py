@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from harness.models import RunRecord
-from harness.pictures import page
-from harness.pictures.svg import COLOURS, SERIES, legend, line, polyline, rect, svg, text
+from distdoctor.models import RunRecord
+from distdoctor.pictures import page
+from distdoctor.pictures.svg import COLOURS, SERIES, legend, line, polyline, rect, svg, text
 
 W, H, LEFT, TOP, BOTTOM = 540, 240, 64, 30, 34
 FLOOR = 1e-12  # where zero is drawn on a log scale
@@ -64,7 +64,7 @@ def line_chart(series: list[tuple[str, list[tuple[float, float]]]], label: str,
 
 def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
              findings=()) -> page.Section | None:
-    from harness.models.distance import spreads
+    from distdoctor.models.distance import spreads
 
     losses = [(f"rank {r.rank}", [(s.step, s.loss) for s in r.evidence.steps])
               for r in record.ranks if r.evidence.steps]
@@ -97,7 +97,7 @@ def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
 
 
 def memory(record: RunRecord, optimizer: str = "adam") -> page.Section | None:
-    from harness.memory.measured import formula_range
+    from distdoctor.memory.measured import formula_range
 
     held = [(r.rank, r.evidence.memory[-1]) for r in record.ranks if r.evidence.memory]
     if not held:

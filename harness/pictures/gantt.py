@@ -5,8 +5,8 @@ measured from a real run's stage events (one step)."""
 
 from __future__ import annotations
 
-from harness.models import RunRecord
-from harness.pictures.svg import COLOURS, legend, rect, svg, text
+from distdoctor.models import RunRecord
+from distdoctor.pictures.svg import COLOURS, legend, rect, svg, text
 
 WIDTH, LEFT, LANE = 1100, 70, 26
 KINDS = {"F": "F forward", "B": "B backward", "W": "W weight backward",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.models import RunRecord, RunReport
-from harness.pictures import charts, gantt, page, timeline, waitgraph
+from distdoctor.models import RunRecord, RunReport
+from distdoctor.pictures import charts, gantt, page, timeline, waitgraph
 
 GOOD = ("ok", "healthy", "fixed", "masked")
 
@@ -72,7 +72,7 @@ def diagnosis_page(report: RunReport, title: str) -> str:
 
 
 def _pipeline(record: RunRecord) -> page.Section | None:
-    from harness.pipeline.report import measured_bubble, simulated_for
+    from distdoctor.pipeline.report import measured_bubble, simulated_for
 
     real = gantt.measured(record)
     if not real:

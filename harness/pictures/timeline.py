@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.models import Call, RunRecord
-from harness.pictures import page
-from harness.pictures.svg import COLOURS, legend, line, rect, svg, text
+from distdoctor.models import Call, RunRecord
+from distdoctor.pictures import page
+from distdoctor.pictures.svg import COLOURS, legend, line, rect, svg, text
 
 MAX_CALLS = 1500  # bars drawn in all; beyond it each rank keeps its share of the last ones
 WIDTH, LEFT, LANE = 1100, 70, 26

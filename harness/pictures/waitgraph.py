@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import math
 
-from harness.models import RunRecord
-from harness.pictures import page
-from harness.pictures.svg import COLOURS, arrowhead, circle, line, svg, text
-from harness.trace.waitfor import cycle_of
+from distdoctor.models import RunRecord
+from distdoctor.pictures import page
+from distdoctor.pictures.svg import COLOURS, arrowhead, circle, line, svg, text
+from distdoctor.trace.waitfor import cycle_of
 
 SIZE, NODE = 420, 22
 
 
 def picture(record: RunRecord) -> page.Section | None:
-    from checks.hang import wait_edges
+    from distdoctor.checks.hang import wait_edges
 
     edges = wait_edges(record)
     if not edges:

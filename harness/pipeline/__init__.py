@@ -8,7 +8,7 @@ It imports ``models``, ``launch`` (a rank job's context), ``training`` (fingerpr
 ``diagnosis``, which runs it, and by ``cli``.
 """
 
-# hand-rolled strategy -> the schedule its ranks walk (harness.pipeline.orders)
+# hand-rolled strategy -> the schedule its ranks walk (distdoctor.pipeline.orders)
 HANDROLLED = {"pipe-gpipe": "gpipe", "pipe-1f1b": "1f1b"}
 # torch strategy -> (torch.distributed.pipelining schedule class, stages per rank, layout)
 TORCH_SCHEDULES = {

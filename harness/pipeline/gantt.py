@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.pipeline.simulate import Timeline
+from distdoctor.pipeline.simulate import Timeline
 
 def text_gantt(timeline: Timeline, max_width: int = 200) -> str:
     """One row per rank; each quantum of time is 'F3 ' (forward of micro-batch 3), '.'

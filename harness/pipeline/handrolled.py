@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.models import P2POrder, StageEvent
-from harness.pipeline.orders import build
+from distdoctor.models import P2POrder, StageEvent
+from distdoctor.pipeline.orders import build
 
 
 class Exchanger:

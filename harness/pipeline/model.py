@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.models import PipeShape, RunSpec
+from distdoctor.models import PipeShape, RunSpec
 
 
 class MLPBlock(nn.Module):

@@ -12,10 +12,10 @@ import os
 import statistics
 from collections import defaultdict
 
-from harness.models import RunRecord
-from harness.text import ranks_line
-from harness.pipeline.orders import CHUNKS
-from harness.pipeline.simulate import (
+from distdoctor.models import RunRecord
+from distdoctor.text import ranks_line
+from distdoctor.pipeline.orders import CHUNKS
+from distdoctor.pipeline.simulate import (
     Costs, Timeline, closed_form, gpipe_bubble_fraction, run_schedule,
 )
 
@@ -137,7 +137,7 @@ def core_note(world_size: int) -> str:
 def pipeline_text(record: RunRecord, assessment) -> str:
     """Per stage: where it runs, its layers, parameters, FLOPs and CPU time; per step: loss,
     step time and distance from the single-process reference."""
-    from checks.stage_balance import per_rank_times
+    from distdoctor.checks.stage_balance import per_rank_times
 
     times = per_rank_times(record)
     rows = [f"{'stage':>5} {'rank':>4}  {'layers':<18}{'params':>8}{'MFLOP/micro':>13}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.pipeline.orders import CHUNKS, Action, Schedule, build
+from distdoctor.pipeline.orders import CHUNKS, Action, Schedule, build
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
-from harness.models import StageEvent
-from harness.pipeline import TORCH_SCHEDULES
+from distdoctor.models import StageEvent
+from distdoctor.pipeline import TORCH_SCHEDULES
 
 def stage_ranks(world: int, per_rank: int, style: str) -> list[int]:
     """The rank holding each stage."""

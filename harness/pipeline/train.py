@@ -16,16 +16,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.training.fingerprint import fingerprint
-from harness.models import PipeStepEvidence, RunSpec, StageCost
-from harness.pipeline import handrolled
-from harness.pipeline.model import (
+from distdoctor.training.fingerprint import fingerprint
+from distdoctor.models import PipeStepEvidence, RunSpec, StageCost
+from distdoctor.pipeline import handrolled
+from distdoctor.pipeline.model import (
     build_layers, kind_times, layer_costs, make_data, split_layers,
     step_batch,
 )
-from harness.pipeline import HANDROLLED, TORCH_SCHEDULES
-from harness.pipeline.torchpipe import TorchPipeline, stage_ranks
-from harness.launch.rank import RankContext
+from distdoctor.pipeline import HANDROLLED, TORCH_SCHEDULES
+from distdoctor.pipeline.torchpipe import TorchPipeline, stage_ranks
+from distdoctor.launch.rank import RankContext
 
 
 

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from harness.tensor.layers import (
+from distdoctor.tensor.layers import (
     ColumnParallelLinear, RowParallelLinear, TrafficLog, copy_to_group, local_copy,
 )
 

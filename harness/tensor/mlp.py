@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.tensor.layers import ColumnParallelLinear, RowParallelLinear, TrafficLog
-from harness.training.workload import MLP
+from distdoctor.tensor.layers import ColumnParallelLinear, RowParallelLinear, TrafficLog
+from distdoctor.training.workload import MLP
 
 SPLIT = {"fc1": "column", "fc2": "row"}  # the rest is replicated
 REPLICATED = ("fc2.bias", "head.weight", "head.bias", "aux.weight", "aux.bias")

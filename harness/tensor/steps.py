@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.models import RunSpec
-from harness.tensor.layers import local_copy
-from harness.tensor.mlp import TensorParallelMLP
-from harness.training.workload import build_model, loss_fn, make_dataset
+from distdoctor.models import RunSpec
+from distdoctor.tensor.layers import local_copy
+from distdoctor.tensor.mlp import TensorParallelMLP
+from distdoctor.training.workload import build_model, loss_fn, make_dataset
 
 
 def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = False) -> dict:

@@ -19,13 +19,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from harness.models import GroupTensor, GroupTraffic, RunSpec, StepEvidence
-from harness.tensor.layers import local_copy
-from harness.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
-from harness.tensor.steps import torch_tp
-from harness.training.dropout import mask
-from harness.training.fingerprint import fingerprint
-from harness.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
+from distdoctor.models import GroupTensor, GroupTraffic, RunSpec, StepEvidence
+from distdoctor.tensor.layers import local_copy
+from distdoctor.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
+from distdoctor.tensor.steps import torch_tp
+from distdoctor.training.dropout import mask
+from distdoctor.training.fingerprint import fingerprint
+from distdoctor.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
 
 def tensor_job(ctx, spec: RunSpec) -> None:

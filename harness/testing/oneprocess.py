@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.testing.same import compare_entry
+from distdoctor.testing.same import compare_entry
 
 
 def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
@@ -31,7 +31,7 @@ def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
     one process, and the cause the detectors find; a crash or hang is named as in
     ``distdoctor run``."""
     __tracebackhide__ = True
-    from harness.testing.ranks import cut, judge_job, run_on, sendable
+    from distdoctor.testing.ranks import cut, judge_job, run_on, sendable
 
     deadline = cut(deadline)
     sendable((build, step), "build and step", "pass functions defined at module level")
@@ -41,7 +41,7 @@ def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
             if tensor.shape[0] % world_size:
                 raise ValueError(f"batch {index} has {tensor.shape[0]} rows, which "
                                  f"{world_size} ranks cannot share equally")
-    from harness.testing.onrank import call
+    from distdoctor.testing.onrank import call
 
     job = (_train, (build, step, batches), {})
     many = run_on(world_size, deadline, call, *job, evidence=True)
@@ -107,9 +107,9 @@ def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | Non
 
 
 def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
-    from harness.doctor.record import diagnose, script_record
-    from harness.doctor.report import look_at, ranks_phrase
-    from harness.testing.verdict import RankFailure, relative_paths
+    from distdoctor.userjob.record import diagnose, script_record
+    from distdoctor.userjob.report import look_at, ranks_phrase
+    from distdoctor.testing.verdict import RankFailure, relative_paths
 
     when = "after build, before any step" if at == 0 else f"after step {at}"
     lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "

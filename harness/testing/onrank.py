@@ -5,7 +5,7 @@ test item, its module with pytest's rewritten asserts, and pytest's own config: 
 runs as pytest would run it, and a failure is formatted by pytest's own ``repr_failure``
 on the rank where it happened (the values are there, not in the parent). The rank then
 re-raises: it exits at once, so peers blocked on it fail fast, and the parent's watch
-takes over (see ``harness.launch.rank``).
+takes over (see ``distdoctor.launch.rank``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _tell(ctx, exc: BaseException, formatted: Callable[[Any], str]) -> None:
     from _pytest._code import ExceptionInfo
     from _pytest.outcomes import Skipped, XFailed
 
-    from harness.doctor.report import raising_line
+    from distdoctor.userjob.report import raising_line
 
     info = ExceptionInfo.from_exception(exc)
     outcome = "skipped" if isinstance(exc, Skipped) else \

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.testing.ranks import RanksFactory, cut, judge_job, picklable, positive, run_on
+from distdoctor.testing.ranks import RanksFactory, cut, judge_job, picklable, positive, run_on
 
 DEFAULT_DEADLINE = 300.0
 TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "world_size(n, deadline=None): run the test on n real gloo ranks (a list "
         "of sizes: one test per size), with the default process group initialised")
     _session_deadline(config)  # a bad value is an error at once, not at the first test
-    from harness.testing import ranks
+    from distdoctor.testing import ranks
 
     ranks.time_left = _time_to_timeout
 
@@ -101,7 +101,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from harness.testing.onrank import remember
+    from distdoctor.testing.onrank import remember
 
     remember(session.items)
 
@@ -174,7 +174,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("world_size")
     if marker is None:
         return None
-    from harness.testing import onrank
+    from distdoctor.testing import onrank
 
     n = pyfuncitem.funcargs.get("world_size") or _sizes(marker)[0]
     deadline = _item_deadline(pyfuncitem, marker)
@@ -189,7 +189,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
                             "test instead", pytrace=False)
     result = run_on(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
     if any(value == onrank.STALE for value in result.values):
-        from harness.launch.pool import shared_pool
+        from distdoctor.launch.pool import shared_pool
 
         shared_pool(n).reset()  # forked before this test was collected: fork anew
         result = run_on(n, deadline, onrank.run_item, pyfuncitem.nodeid, funcargs)
@@ -233,7 +233,7 @@ def _pytest_timeout(item: pytest.Item) -> float | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from harness.testing import ranks
+    from distdoctor.testing import ranks
 
     ranks.time_left = lambda: None
     _running.clear()

@@ -7,7 +7,7 @@ import pickle
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from harness.testing.verdict import Outcome
+    from distdoctor.testing.verdict import Outcome
 
 ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
 
@@ -47,7 +47,7 @@ class Ranks:
         """``fn(*args, **kwargs)`` on every rank, with the default process group up; the
         per-rank results in rank order, or RankFailure naming the cause."""
         __tracebackhide__ = True
-        from harness.testing import onrank
+        from distdoctor.testing import onrank
 
         sendable(fn, f"function {getattr(fn, '__qualname__', fn)!r}",
                   "pass a function defined at module level")
@@ -92,7 +92,7 @@ def sendable(value: Any, what: str, hint: str = "") -> None:
 def run_on(n: int, deadline: float, fn: Callable[..., Any], *args: Any,
            evidence: bool = False):
     """``fn(ctx, *args)`` on the warm n-rank pool, stopped at ``deadline`` seconds."""
-    from harness.launch.pool import shared_pool
+    from distdoctor.launch.pool import shared_pool
 
     pool = shared_pool(n, evidence=evidence)
     result = pool.run(fn, *args, deadline=deadline, limit=deadline, error_grace=ERROR_GRACE)
@@ -109,8 +109,8 @@ def _group_gone(value: Any) -> bool:
 
 def judge_job(result, deadline: float, what: str) -> Outcome:
     """Show what the ranks printed (pytest captures it as the test's output), then judge."""
-    from harness.testing.onrank import echo
-    from harness.testing.verdict import judge
+    from distdoctor.testing.onrank import echo
+    from distdoctor.testing.verdict import judge
 
     echo(result.events)
     return judge(result, deadline, what)

@@ -13,14 +13,14 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.doctor.record import diagnose, script_record
-from harness.doctor.report import (Cause, ReportRank, ScriptReport, call_text, look_at,
+from distdoctor.userjob.record import diagnose, script_record
+from distdoctor.userjob.report import (Cause, ReportRank, ScriptReport, call_text, look_at,
                                    ranks_phrase)
-from harness.launch.results import JobResult
-from harness.launch.watch import PROVEN
-from harness.models import RankEnd
-from harness.models.record import is_peer_echo
-from harness.testing.onrank import EVENT
+from distdoctor.launch.results import JobResult
+from distdoctor.launch.watch import PROVEN
+from distdoctor.models import RankEnd
+from distdoctor.models.record import is_peer_echo
+from distdoctor.testing.onrank import EVENT
 
 Status = Literal["passed", "failed", "skipped", "xfailed"]
 # the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
@@ -170,4 +170,4 @@ def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int,
     return f"{head} failed{where}: {headline}"
 
 
-RankFailure.__module__ = "harness.testing"  # where users import it from
+RankFailure.__module__ = "distdoctor.testing"  # where users import it from

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from harness.models import BatchEvidence
-from harness.trace.tracer import untraced, user_line
+from distdoctor.models import BatchEvidence
+from distdoctor.trace.tracer import untraced, user_line
 
 
 def record_batches(tracer: Any) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from harness.models import Evidence
-from harness.trace.batches import fold_batches
-from harness.trace.gradients import fold_gradients
-from harness.trace.nonfinite import fold_nonfinite
-from harness.trace.tensorparallel import fold_group_tensors
-from harness.trace.tracer import fold, fold_ddp_forwards
+from distdoctor.models import Evidence
+from distdoctor.trace.batches import fold_batches
+from distdoctor.trace.gradients import fold_gradients
+from distdoctor.trace.nonfinite import fold_nonfinite
+from distdoctor.trace.tensorparallel import fold_group_tensors
+from distdoctor.trace.tracer import fold, fold_ddp_forwards
 
 # event kind -> Evidence field, for records that accumulate
 _SERIES = {"backward": "backward", "step": "steps", "stage": "stages",

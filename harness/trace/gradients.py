@@ -28,9 +28,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from harness.models import Fingerprint, GradientEvidence
-from harness.trace.steps import step_hooks
-from harness.trace.tracer import user_line
+from distdoctor.models import Fingerprint, GradientEvidence
+from distdoctor.trace.steps import step_hooks
+from distdoctor.trace.tracer import user_line
 
 DENSE = 8  # the first optimiser steps, whose gradients are all sampled
 STRIDE = 8  # after them, every STRIDE-th step's

@@ -34,9 +34,9 @@ from typing import Any, Iterable
 
 import torch
 
-from harness.models import NonFiniteEvidence
-from harness.trace.steps import step_hooks
-from harness.trace.tracer import user_line
+from distdoctor.models import NonFiniteEvidence
+from distdoctor.trace.steps import step_hooks
+from distdoctor.trace.tracer import user_line
 
 REPORTS = 3  # non-finite steps written per rank
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 def install_recorders(tracer) -> None:
     """Batches, gradients, non-finite values, a tensor-parallel model's shared tensors:
     hooks that stay for the life of the process."""
-    from harness.trace.batches import record_batches
-    from harness.trace.gradients import record_gradients
-    from harness.trace.nonfinite import record_nonfinite
-    from harness.trace.tensorparallel import record_tensor_parallel
+    from distdoctor.trace.batches import record_batches
+    from distdoctor.trace.gradients import record_gradients
+    from distdoctor.trace.nonfinite import record_nonfinite
+    from distdoctor.trace.tensorparallel import record_tensor_parallel
 
     record_batches(tracer)
     record_gradients(tracer)

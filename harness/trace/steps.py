@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.trace.sums import GradSums
-from harness.trace.tracer import plain_params
+from distdoctor.trace.sums import GradSums
+from distdoctor.trace.tracer import plain_params
 
 SMALL = 1 << 14  # gradients of at most this many elements are summed at every step
 Accumulated = Callable[[torch.Tensor, torch.Tensor], None]  # (param, its strided grad)

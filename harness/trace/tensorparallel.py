@@ -27,10 +27,10 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from harness.models import Fingerprint, GroupTensor
-from harness.trace.gradients import sampled
-from harness.trace.steps import step_hooks
-from harness.trace.tracer import user_line
+from distdoctor.models import Fingerprint, GroupTensor
+from distdoctor.trace.gradients import sampled
+from distdoctor.trace.steps import step_hooks
+from distdoctor.trace.tracer import user_line
 
 PACKAGE = "torch.distributed.tensor.parallel"
 SAMPLE = 64  # values per tensor

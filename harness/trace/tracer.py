@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from harness.models import Call, DDPForward
+from distdoctor.models import Call, DDPForward
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -288,8 +288,11 @@ def untraced(why: str) -> None:
         sys.stderr.flush()
     except Exception:
         pass
-_TRANSPORTS = tuple(os.path.join("harness", "collectives", name)  # jobs.py: its argument
-                    for name in ("transport.py", "rendezvous.py", "jobs.py"))  # check
+# the transports' files as a path's tail ("harness/collectives/x.py" in a checkout,
+# "distdoctor/collectives/x.py" installed); jobs.py: its argument check
+_PACKAGE_DIR = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TRANSPORTS = tuple(os.path.join(_PACKAGE_DIR, "collectives", name)
+                    for name in ("transport.py", "rendezvous.py", "jobs.py"))
 
 
 def active() -> Tracer | None:

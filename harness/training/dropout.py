@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.models import RunSpec
+from distdoctor.models import RunSpec
 
 SITES = ("fc1", "fc2")  # dropout after each layer's tanh
 

@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from harness.training import strategies
-from harness.training.fingerprint import fingerprint
-from harness.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
-from harness.launch.rank import RankContext
-from harness.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
+from distdoctor.training import strategies
+from distdoctor.training.fingerprint import fingerprint
+from distdoctor.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
+from distdoctor.launch.rank import RankContext
+from distdoctor.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
 
 def train_job(ctx: RankContext, spec: RunSpec) -> None:

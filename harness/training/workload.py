@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.models import RunSpec
+from distdoctor.models import RunSpec
 
 AUX_WEIGHT = 0.1  # the aux head's share of the loss; a rank that skips it leaves it unused
 

@@ -1,5 +1,5 @@
 """A user's own distributed tests, written against the plugin's API alone (markers,
-fixtures, harness.testing). tests/test_pytest_plugin.py runs this file in a project of its
+fixtures, distdoctor.testing). tests/test_pytest_plugin.py runs this file in a project of its
 own and checks every test's outcome and failure text; the line numbers it expects are
 found by the LINE markers below."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.testing import (RankFailure, assert_same_on_all_ranks,
+from distdoctor.testing import (RankFailure, assert_same_on_all_ranks,
                              assert_trains_like_one_process)
 
 

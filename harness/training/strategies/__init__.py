@@ -1,7 +1,7 @@
 """Training strategies by name: each wraps a model for one kind of data parallelism.
 
 The names and what is known of each (stage, family, help) are in
-``harness.models.strategies``; here each name resolves, lazily, to the class that implements
+``distdoctor.models.strategies``; here each name resolves, lazily, to the class that implements
 it, so naming a strategy never imports torch (a second of start-up on this machine).
 """
 
@@ -10,27 +10,27 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from harness.models.strategies import DATA_PARALLEL
+from distdoctor.models.strategies import DATA_PARALLEL
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from harness.models import RunSpec
-    from harness.training.strategies.base import DataParallel
+    from distdoctor.models import RunSpec
+    from distdoctor.training.strategies.base import DataParallel
 
 STRATEGIES: dict[str, str] = {
-    "ddp": "harness.training.strategies.ddp:HandRolledDDP",
-    "torch-ddp": "harness.training.strategies.torch_ddp:TorchDDP",
-    "zero1": "harness.training.strategies.zero.stage12:Zero1",
-    "zero2": "harness.training.strategies.zero.stage12:Zero2",
-    "zero3": "harness.training.strategies.zero.stage3:Zero3",
-    "torch-zero": "harness.training.strategies.torch_zero:TorchZero",
-    "fsdp2": "harness.training.strategies.fsdp2:FSDP2",
-    "fsdp2-grad-op": "harness.training.strategies.fsdp2:FSDP2GradOp",
+    "ddp": "distdoctor.training.strategies.ddp:HandRolledDDP",
+    "torch-ddp": "distdoctor.training.strategies.torch_ddp:TorchDDP",
+    "zero1": "distdoctor.training.strategies.zero.stage12:Zero1",
+    "zero2": "distdoctor.training.strategies.zero.stage12:Zero2",
+    "zero3": "distdoctor.training.strategies.zero.stage3:Zero3",
+    "torch-zero": "distdoctor.training.strategies.torch_zero:TorchZero",
+    "fsdp2": "distdoctor.training.strategies.fsdp2:FSDP2",
+    "fsdp2-grad-op": "distdoctor.training.strategies.fsdp2:FSDP2GradOp",
 }
 if tuple(STRATEGIES) != DATA_PARALLEL:  # one list of names: a new strategy is named in both
     raise ImportError(f"strategy implementations {tuple(STRATEGIES)} do not match the "
-                      f"names in harness.models.strategies {DATA_PARALLEL}")
+                      f"names in distdoctor.models.strategies {DATA_PARALLEL}")
 
 
 def wrap(model: "nn.Module", spec: "RunSpec") -> "DataParallel":

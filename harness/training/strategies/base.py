@@ -193,7 +193,7 @@ class Replicated:
         self.optimizer_tensors = len(params)
 
     def make_optimizer(self, params: list[nn.Parameter], spec) -> torch.optim.Optimizer:
-        from harness.training.workload import make_optimizer
+        from distdoctor.training.workload import make_optimizer
 
         return make_optimizer(params, spec)
 

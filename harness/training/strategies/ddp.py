@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.models import RunSpec
-from harness.training.strategies.base import (ManualSync, Replicated, SyncLog, broadcast_from_rank0,
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import (ManualSync, Replicated, SyncLog, broadcast_from_rank0,
                                      nbytes)
 
 

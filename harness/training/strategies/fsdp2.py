@@ -23,10 +23,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from harness.models import RunSpec
-from harness.training.strategies.base import (GradProbe, HeldBytes, SyncLog, broadcast_from_rank0,
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import (GradProbe, HeldBytes, SyncLog, broadcast_from_rank0,
                                      nbytes, optimizer_state, storage_bytes)
-from harness.training.workload import make_optimizer
+from distdoctor.training.workload import make_optimizer
 
 
 class FSDP2:

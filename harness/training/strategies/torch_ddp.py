@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from harness.models import RunSpec
-from harness.training.strategies.base import Replicated, SyncLog, nbytes
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import Replicated, SyncLog, nbytes
 
 
 class TorchDDP(Replicated):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from harness.models import RunSpec
-from harness.training.strategies.base import HeldBytes, optimizer_state, storage_bytes
-from harness.training.strategies.torch_ddp import TorchDDP
-from harness.training.workload import optimizer_class
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import HeldBytes, optimizer_state, storage_bytes
+from distdoctor.training.strategies.torch_ddp import TorchDDP
+from distdoctor.training.workload import optimizer_class
 
 
 class TorchZero(TorchDDP):

@@ -20,7 +20,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from harness.training.strategies.zero.layout import Layer
+from distdoctor.training.strategies.zero.layout import Layer
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 

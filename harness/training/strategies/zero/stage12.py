@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.models import RunSpec
-from harness.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
                                      broadcast_from_rank0, optimizer_state, storage_bytes)
-from harness.training.strategies.zero.bucket import buckets_of
-from harness.training.strategies.zero.layout import gather_views, layers_of
-from harness.training.workload import make_optimizer
+from distdoctor.training.strategies.zero.bucket import buckets_of
+from distdoctor.training.strategies.zero.layout import gather_views, layers_of
+from distdoctor.training.workload import make_optimizer
 
 
 class ShardedOptimizer(ManualSync):

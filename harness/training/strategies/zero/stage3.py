@@ -22,12 +22,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from harness.models import RunSpec
-from harness.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
+from distdoctor.models import RunSpec
+from distdoctor.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
                                      broadcast_from_rank0, nbytes, optimizer_state,
                                      storage_bytes)
-from harness.training.strategies.zero.layout import Layer, gather_views, layers_of
-from harness.training.workload import make_optimizer
+from distdoctor.training.strategies.zero.layout import Layer, gather_views, layers_of
+from distdoctor.training.workload import make_optimizer
 
 
 class Gathered:

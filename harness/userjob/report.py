@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from harness.doctor.stacktext import stack_text
-from harness.models.jsoncodec import to_json
-from harness.models import Call, Finding, RankRecord, RunRecord
-from harness.models.record import is_peer_echo, started_by, user_frame
+from distdoctor.userjob.stacktext import stack_text
+from distdoctor.models.jsoncodec import to_json
+from distdoctor.models import Call, Finding, RankRecord, RunRecord
+from distdoctor.models.record import is_peer_echo, started_by, user_frame
 
 RUN_SCHEMA = "distdoctor.run.v2"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
@@ -198,7 +198,7 @@ def _call(call: Call) -> ReportCall:
 
 
 def _describe(call: Call) -> str:
-    from checks.hang import describe
+    from distdoctor.checks.hang import describe
 
     return describe(call)
 

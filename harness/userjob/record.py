@@ -4,9 +4,9 @@ the same way."""
 
 from __future__ import annotations
 
-from harness.doctor.report import ScriptReport, report
-from harness.models import RankEnd, RankRecord, RunRecord, RunSpec
-from harness.trace.evidence import evidence_from_events
+from distdoctor.userjob.report import ScriptReport, report
+from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.trace.evidence import evidence_from_events
 
 
 def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: float,
@@ -22,6 +22,6 @@ def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: flo
 
 def diagnose(record: RunRecord, script: str, all_frames: bool = False) -> ScriptReport:
     """Every detector on the record, folded into the causes a user is told."""
-    import checks
+    from distdoctor import checks
 
     return report(record, checks.run_all(record), script, all_frames)

@@ -1,6 +1,6 @@
 """``distdoctor run`` and ``distdoctor analyze``: a user's own, unchanged script on N ranks.
 ``launcher`` starts it as ``torchrun --standalone`` would, ``bootstrap`` is what runs inside
-each rank (``python -m harness.doctor``: the tracer installed, the script run as
+each rank (``python -m distdoctor.userjob``: the tracer installed, the script run as
 ``__main__``), and ``report`` folds the checks' findings into the one cause a user reads,
 with ranks, file:line and the fix.
 

@@ -1,7 +1,7 @@
 """Start a user's rank by forking the launcher, not as a fresh interpreter: the same rank,
 seconds sooner.
 
-A fresh ``python -m harness.doctor`` imports torch and the tracer again (2.7 s of CPU per
+A fresh ``python -m distdoctor.userjob`` imports torch and the tracer again (2.7 s of CPU per
 rank measured here, so 5 s before a 4-rank job on 2 cores makes its first call); a fork of
 the launcher, which has imported them already, takes milliseconds. What a fresh
 interpreter would have differently is made fresh in the child, before the script starts:
@@ -83,7 +83,7 @@ class ForkedProcess:
 
 def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: int,
               close: list[int]) -> ForkedProcess:
-    """Fork a child that runs ``python -m harness.doctor ARGV`` in this interpreter, with
+    """Fork a child that runs ``python -m distdoctor.userjob ARGV`` in this interpreter, with
     ``env`` as its environment, ``stdout_fd`` and ``stderr_fd`` as its fds 1 and 2, and
     ``close`` (fds of other ranks and of this launcher) closed."""
     pid = os.fork()
@@ -99,7 +99,7 @@ def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: i
             except OSError:
                 pass
         _make_fresh(env)
-        from harness.doctor.bootstrap import main
+        from distdoctor.userjob.bootstrap import main
 
         main(argv)
     except BaseException:
@@ -113,7 +113,7 @@ def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: i
 def _make_fresh(env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
-    if os.getcwd() not in sys.path:  # ``python -m harness.doctor`` puts it first
+    if os.getcwd() not in sys.path:  # ``python -m distdoctor.userjob`` puts it first
         sys.path.insert(0, os.getcwd())
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):

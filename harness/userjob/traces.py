@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.models import RankEnd
-from harness.models.record import is_peer_echo
+from distdoctor.models import RankEnd
+from distdoctor.models.record import is_peer_echo
 
 NO_TRACE = "no trace: its node may have died before it wrote"
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
@@ -49,7 +49,7 @@ class Job:
 
 def read(path: Path, rank: int) -> RankTrace:
     """Every line of ``path`` that parses and folds into evidence; the others' numbers."""
-    from harness.trace.evidence import evidence_from_events
+    from distdoctor.trace.evidence import evidence_from_events
 
     events, unreadable = [], []
     raw = path.read_bytes()
@@ -76,7 +76,7 @@ def read(path: Path, rank: int) -> RankTrace:
 def _foldable(rank: int, events: list[dict], unreadable: list[int]) -> list[dict]:
     """Lines that read alone can still clash together: keep, in order, each line that
     leaves the whole foldable (rarely needed, so its cost does not matter)."""
-    from harness.trace.evidence import evidence_from_events
+    from distdoctor.trace.evidence import evidence_from_events
 
     try:
         evidence_from_events(rank, (), tuple(events))
@@ -95,7 +95,7 @@ def _foldable(rank: int, events: list[dict], unreadable: list[int]) -> list[dict
 
 def load(directories: list[str], run: str | None = None) -> Job:
     """The job the traces in ``directories`` hold: one end and one event list per rank."""
-    from harness.launch.stacks import parse_faulthandler
+    from distdoctor.launch.stacks import parse_faulthandler
 
     found: dict[int, Path] = {}
     for directory in directories:

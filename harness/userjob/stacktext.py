@@ -9,8 +9,8 @@ own code, with a count of what was left out; ``all_frames`` shows everything.
 
 from __future__ import annotations
 
-from harness.models import ThreadStack
-from harness.models.record import is_user_frame
+from distdoctor.models import ThreadStack
+from distdoctor.models.record import is_user_frame
 
 OURS = "distdoctor-"  # how distdoctor's own threads are named
 

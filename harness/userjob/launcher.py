@@ -1,6 +1,6 @@
 """``distdoctor run``: start a user's script on N ranks as ``torchrun --standalone`` would.
 
-Each rank runs ``python -m harness.doctor SCRIPT ARGS`` with the environment torchrun gives
+Each rank runs ``python -m distdoctor.userjob SCRIPT ARGS`` with the environment torchrun gives
 its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, OMP_NUM_THREADS=1). As torchrun's agent does, this process hosts the TCP store
 (on loopback only, unless ``--master-addr`` names another address, and on a port the OS
@@ -11,7 +11,7 @@ stderr kept, stacks of ranks that stop, all killed
 and reaped at the end.
 
 A rank is a fork of this process where that is the same as a fresh interpreter (see
-``forked.py``: seconds sooner per rank), else a fresh ``python -m harness.doctor``, as
+``forked.py``: seconds sooner per rank), else a fresh ``python -m distdoctor.userjob``, as
 torchrun starts one; ``start_method`` chooses ("auto", "fork", "spawn").
 """
 
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
-from harness.doctor.forked import can_fork, fork_rank
-from harness.doctor.output import OutputSpec, RankOutput
-from harness.launch import procs
-from harness.launch.results import JobResult
-from harness.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
-from harness.launch.watch import JobWatch, RankHandle
+from distdoctor.userjob.forked import can_fork, fork_rank
+from distdoctor.userjob.output import OutputSpec, RankOutput
+from distdoctor.launch import procs
+from distdoctor.launch.results import JobResult
+from distdoctor.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
+from distdoctor.launch.watch import JobWatch, RankHandle
 
 START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
 STORE_TIMEOUT = timedelta(seconds=300)  # torch's default for a TCPStore
@@ -138,7 +138,7 @@ def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: 
                 conn_parent.fileno(), ctrl_parent.fileno(), fh_read, err_read, out_read,
                 trace_read])
         else:
-            popen = subprocess.Popen([sys.executable, "-m", "harness.doctor", *argv], env=env,
+            popen = subprocess.Popen([sys.executable, "-m", "distdoctor.userjob", *argv], env=env,
                                      pass_fds=fds, stdout=out_write, stderr=err_write,
                                      start_new_session=True)
             process = PopenProcess(popen, os.pidfd_open(popen.pid))

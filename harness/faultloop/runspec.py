@@ -12,15 +12,15 @@ import dataclasses
 
 import torch
 
-import checks
-from harness.trace.evidence import evidence_from_events
-from harness.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
-from harness.pipeline.train import pipeline_job
-from harness.launch.pool import RankPool, shared_pool
-from harness.models.distance import spreads
-from harness.training.reference import compare, reference_params
-from harness.tensor.train import tensor_job
-from harness.training.train import train_job
+from distdoctor import checks
+from distdoctor.trace.evidence import evidence_from_events
+from distdoctor.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
+from distdoctor.pipeline.train import pipeline_job
+from distdoctor.launch.pool import RankPool, shared_pool
+from distdoctor.models.distance import spreads
+from distdoctor.training.reference import compare, reference_params
+from distdoctor.tensor.train import tensor_job
+from distdoctor.training.train import train_job
 
 
 def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
@@ -41,7 +41,7 @@ def run(spec: RunSpec, pool: RankPool | None = None) -> RunRecord:
 def assess(record: RunRecord) -> Assessment:
     """Every detector's findings, the spread between replicas, the distance from one process."""
     if record.spec.is_pipeline:
-        from harness.pipeline.reference import compare_pipeline, pipeline_reference
+        from distdoctor.pipeline.reference import compare_pipeline, pipeline_reference
 
         reference = compare_pipeline(record, pipeline_reference(record.spec))
         spread = None  # pipeline ranks hold different stages: there are no replicas

@@ -1,4 +1,4 @@
-"""``python -m harness.doctor SCRIPT [ARGS...]``: run a user's script as one traced rank.
+"""``python -m distdoctor.userjob SCRIPT [ARGS...]``: run a user's script as one traced rank.
 
 The script runs unchanged as ``__main__`` (it reads RANK, WORLD_SIZE, ... and calls
 ``dist.init_process_group`` itself); before it starts, the collective tracer is installed
@@ -27,13 +27,13 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from harness.launch import procs, stacks
+from distdoctor.launch import procs, stacks
 
 HANG_EXIT = 124  # what --exit-on-hang ends a stalled rank with (timeout(1)'s code)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.doctor")
+    parser = argparse.ArgumentParser(prog="python -m distdoctor.userjob")
     parser.add_argument("--fds", help=argparse.SUPPRESS)  # conn,ctrl,faulthandler,trace
     parser.add_argument("--trace-dir", help="write this rank's trace and stacks here")
     parser.add_argument("--deadline", type=float, default=60.0,
@@ -98,7 +98,7 @@ def _run_into_directory(options: argparse.Namespace) -> None:
                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         stack_file = open(os.path.join(options.trace_dir, f"rank-{rank}.stacks"), "w")
     except OSError as exc:  # the user's job runs whatever happens to our traces
-        from harness.trace.tracer import untraced
+        from distdoctor.trace.tracer import untraced
 
         untraced(f"cannot write traces to {options.trace_dir} ({exc.strerror or exc})")
         _exit(_exit_code(_run_script(options.script, options.args)))
@@ -138,8 +138,8 @@ def _exit_code(error: str | None) -> int:
 
 
 def _install(fd: int, light: bool = False):
-    from harness.trace.recorders import install_recorders
-    from harness.trace.tracer import Tracer
+    from distdoctor.trace.recorders import install_recorders
+    from distdoctor.trace.tracer import Tracer
 
     tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
     tracer.record_ddp_parameters()
