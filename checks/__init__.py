@@ -33,15 +33,26 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
 
 def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,
             ranks=(), measured: dict | None = None, cause: str | None = None,
-            fix: str | None = None, inconclusive: bool = False) -> Finding:
-    """A finding for a catalogued failure mode, with its cause and fix text."""
+            fix: str | None = None, inconclusive: bool = False, kind: str = "",
+            first_step: int | None = None, where: str | None | tuple[str, ...] = ()
+            ) -> Finding:
+    """A finding for a catalogued failure mode, with its cause and fix text. ``kind``,
+    ``first_step`` and ``where``: see Finding (``where``: one line or several; empty ones
+    are dropped)."""
     from distdoctor import faults
 
     fault = faults.get(fault_id)
     return Finding(check=check, fault=fault_id, symptom=symptom,
                    cause=cause or fault.cause, fix=fix or fault.fix,
                    fix_changes=fix_changes, ranks=tuple(ranks), measured=measured or {},
-                   headline=headline, inconclusive=inconclusive)
+                   headline=headline, inconclusive=inconclusive, kind=kind,
+                   first_step=first_step, where=lines(where))
+
+
+def lines(where: str | None | tuple[str, ...]) -> tuple[str, ...]:
+    """A finding's ``where`` from one line, several, or none."""
+    found = (where,) if isinstance(where, str) or where is None else where
+    return tuple(line for line in found if line)
 
 
 def steps_on_every_rank(record: RunRecord) -> list[list]:
@@ -57,11 +68,6 @@ def gradient_steps_on_every_rank(record: RunRecord) -> list[list]:
     by_rank = [{g.step: g for g in r.evidence.gradients} for r in record.ranks]
     common = set.intersection(*(set(steps) for steps in by_rank)) if by_rank else set()
     return [[steps[n] for steps in by_rank] for n in sorted(common)]
-
-
-def rank_list(ranks) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def group_disagreements(record: RunRecord, kind: str) -> list[dict]:

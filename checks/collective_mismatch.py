@@ -10,9 +10,9 @@ hung are left to the hang check, which names mismatches among the calls blocked.
 
 from __future__ import annotations
 
-from distdoctor.checks import rank_list
-from distdoctor.checks.hang import P2P, STOPPED, describe
 from distdoctor.models import Call, Finding, RunRecord
+from distdoctor.models.calls import RECEIVES, SENDS, is_collective, is_point_to_point
+from distdoctor.models.waitfor import STOPPED
 
 NAME = "collective_mismatch"
 
@@ -37,7 +37,7 @@ def _collectives(record: RunRecord) -> list[Finding]:
     slots: dict[tuple, dict[int, Call]] = {}
     for rank in record.ranks:
         for call in rank.evidence.calls:
-            if call.op not in P2P:
+            if is_collective(call.op):
                 slots.setdefault((call.group, call.pg, call.seq), {})[rank.rank] = call
     for (group, _, seq), calls in sorted(slots.items(), key=lambda item: item[0][2]):
         if len({_signature(c) for c in calls.values()}) > 1:
@@ -50,9 +50,9 @@ def _point_to_point(record: RunRecord) -> list[Finding]:
     for rank in record.ranks:
         for call in rank.evidence.calls:
             channel = (call.pg or "", call.tag, call.seq)  # as gloo pairs them
-            if call.op in ("send", "isend"):
+            if call.op in SENDS:
                 sends[(rank.rank, call.peer, channel)] = call
-            elif call.op in ("recv", "irecv") and call.peer is not None:
+            elif call.op in RECEIVES and call.peer is not None:
                 recvs[(call.peer, rank.rank, channel)] = call
     for key in sorted(set(sends) & set(recvs)):
         send, recv = sends[key], recvs[key]
@@ -63,8 +63,9 @@ def _point_to_point(record: RunRecord) -> list[Finding]:
 
 
 def _finding(what: str, calls: dict[int, Call]) -> Finding:
-    listing = "; ".join(f"rank {rank}: {describe(call)}" for rank, call in sorted(calls.items()))
-    pair = all(c.op in P2P for c in calls.values())  # a send against its receive: their
+    listing = "; ".join(f"rank {rank}: {call.describe(relative=True)}"
+                        for rank, call in sorted(calls.items()))
+    pair = all(is_point_to_point(c.op) for c in calls.values())  # a send against its receive: their
     # ops and peers differ by nature
     differs = [name for name, index in (("op", 0), ("root or peer", 1), ("shape", 2),
                                         ("dtype", 3), ("reduce op", 4))
@@ -81,8 +82,6 @@ def _finding(what: str, calls: dict[int, Call]) -> Finding:
         fix="make every rank issue the same collectives in the same order with the same "
             "shapes, dtypes and reduce ops, and match each send with a receive of the same "
             "shape and dtype",
-        fix_changes={}, ranks=tuple(sorted(calls)), measured={
-            "calls": {str(k): describe(v) for k, v in calls.items()}, "differs": differs})
-
-
-__all__ = ["check", "rank_list"]
+        kind="collective-mismatch", fix_changes={}, ranks=tuple(sorted(calls)), measured={
+            "calls": {str(k): v.describe(relative=True) for k, v in calls.items()},
+            "differs": differs})

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.checks import finding, rank_list
+from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "ddp_reduction"
 _MARK = "Expected to have finished reduction in the prior iteration"
@@ -45,10 +46,10 @@ def check(record: RunRecord) -> list[Finding]:
     listing = "; ".join(f"rank {r}: {', '.join(names) or 'unknown parameters'}"
                         for r, names in sorted(missing.items()))
     return [finding(
-        "unused-params", NAME, f"DDP: params without grad on {rank_list(missing)}",
+        "unused-params", NAME, f"DDP: params without grad on {ranks_phrase(missing)}",
         f"DDP stopped with 'Expected to have finished reduction in the prior iteration': "
         f"parameters got no gradient in the previous step ({listing})",
         {"knobs.find_unused_parameters": True}, sorted(missing),
         {"no_grad_params": {str(r): names for r, names in missing.items()}},
         fix="pass find_unused_parameters=True to DistributedDataParallel, or make every "
-            "rank use every parameter in its loss")]
+            "rank use every parameter in its loss", kind="unused-parameters")]

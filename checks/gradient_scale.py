@@ -29,7 +29,8 @@ def check(record: RunRecord) -> list[Finding]:
     ratios = [r for r in map(_ratio, steps_on_every_rank(record)) if r is not None]
     where = None
     if not ratios:  # a user's script: the tracer's sampled gradients
-        ratios = [r for r in map(_user_ratio, gradient_steps_on_every_rank(record)) if r is not None]
+        ratios = [r for r in map(_user_ratio, gradient_steps_on_every_rank(record))
+                  if r is not None]
         where = _sync_line(record)
     if not ratios:
         return []
@@ -49,7 +50,8 @@ def check(record: RunRecord) -> list[Finding]:
          **({"where": where} if where else {})},
         fix=None if where is None else
         f"divide the gradients all-reduced at {where} by dist.get_world_size() (or pass "
-        f"op=dist.ReduceOp.AVG where the backend has it) before optimizer.step()")]
+        f"op=dist.ReduceOp.AVG where the backend has it) before optimizer.step()",
+        kind="gradient-not-averaged", where=where)]
 
 
 def _user_ratio(steps) -> float | None:

@@ -11,10 +11,11 @@ counters, as the measured-against-formula table does.
 
 from __future__ import annotations
 
-from distdoctor.checks import finding, rank_list
+from distdoctor.checks import finding
 from distdoctor.memory.measured import fp32, model_of
 from distdoctor.memory.planner import cheapest_fit
 from distdoctor.models import Finding, MemoryEvidence, RunRecord
+from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.strategies import family_of
 
 NAME = "memory_budget"
@@ -37,7 +38,7 @@ def check(record: RunRecord) -> list[Finding]:
                 "bytes_per_rank": {str(r): m.total for r, m in sorted(over.items())},
                 "states": {"params": worst.params, "grads": worst.grads,
                            "optimizer": worst.optimizer, "gathered": worst.gathered}}
-    symptom = (f"{rank_list(over)} over the memory budget of {budget} bytes "
+    symptom = (f"{ranks_phrase(over)} over the memory budget of {budget} bytes "
                f"({budget / worst.model_params:g} per parameter) at step {worst.step}: "
                f"rank {worst_rank} holds {worst.total} bytes (parameters {worst.params}, "
                f"gradients {worst.grads}, optimiser {worst.optimizer}, gathered "

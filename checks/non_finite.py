@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import rank_list
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "non_finite"
 FIX = ("find what made the value non-finite on the rank where it started, at the step "
@@ -45,11 +45,11 @@ def check(record: RunRecord) -> list[Finding]:
     what = []
     if by_loss:
         losses = ", ".join(f"{e.loss}" for rank, e in at_first if rank in by_loss)
-        what.append(f"the loss was {losses} on {rank_list(by_loss)} (backward at "
+        what.append(f"the loss was {losses} on {ranks_phrase(by_loss)} (backward at "
                     f"{loss_where})")
     if by_grad:
         what.append(f"the gradients of {_shown(params)} were non-finite on "
-                    f"{rank_list(by_grad)} before any synchronisation")
+                    f"{ranks_phrase(by_grad)} before any synchronisation")
     if reached:
         what.append("it reached " + ", ".join(f"rank {rank} at step {step}"
                                              for rank, step in reached.items())
@@ -62,11 +62,12 @@ def check(record: RunRecord) -> list[Finding]:
     return [Finding(
         check=NAME, fault="non-finite",
         symptom=f"a NaN or Inf first appeared at optimiser step {first} on "
-                f"{rank_list(origin)}: " + "; ".join(what),
-        cause=f"{rank_list(origin)} produced a non-finite value at step {first}, and "
+                f"{ranks_phrase(origin)}: " + "; ".join(what),
+        cause=f"{ranks_phrase(origin)} produced a non-finite value at step {first}, and "
               f"synchronisation spreads it to every rank",
         fix=FIX, fix_changes={}, ranks=tuple(origin), measured=measured,
-        headline=f"NaN/Inf from step {first} on {rank_list(origin)}")]
+        headline=f"NaN/Inf from step {first} on {ranks_phrase(origin)}",
+        kind="non-finite", first_step=first, where=(where,) if where else ())]
 
 
 def _shown(names: list[str]) -> str:
@@ -88,11 +89,12 @@ def _built_in(record: RunRecord) -> list[Finding]:
     culprits = origin or received
     return [Finding(
         check=NAME, fault="non-finite",
-        symptom=f"a NaN or Inf first appeared at step {first} on {rank_list(culprits)}"
-                + (f"; {rank_list(received)} only received it through the all-reduce"
+        symptom=f"a NaN or Inf first appeared at step {first} on {ranks_phrase(culprits)}"
+                + (f"; {ranks_phrase(received)} only received it through the all-reduce"
                    if origin and received else ""),
-        cause=f"{rank_list(culprits)} produced a non-finite value at step {first}",
+        cause=f"{ranks_phrase(culprits)} produced a non-finite value at step {first}",
         fix=FIX, fix_changes={}, ranks=tuple(culprits),
         measured={"first_step": first, "origin_ranks": origin, "received_ranks": received,
                   "losses": {str(rank): s.loss for rank, s in at_first}},
-        headline=f"NaN/Inf from step {first} on {rank_list(culprits)}")]
+        headline=f"NaN/Inf from step {first} on {ranks_phrase(culprits)}",
+        kind="non-finite", first_step=first)]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, gradient_steps_on_every_rank, rank_list
+from distdoctor.checks import finding, gradient_steps_on_every_rank
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.distance import param_history, spreads
 
 TOLERANCE = 1e-6
@@ -37,19 +38,21 @@ def check(record: RunRecord) -> list[Finding]:
         return [finding(
             "divergent-init", NAME, f"spread {per_step[0]:.3g} at step 0",
             f"parameters differ across ranks right after construction: spread "
-            f"{per_step[0]:.3g} at step 0 (limit {TOLERANCE:g}); {rank_list(differ)} differ "
+            f"{per_step[0]:.3g} at step 0 (limit {TOLERANCE:g}); {ranks_phrase(differ)} differ "
             f"from rank 0; spread per step: {trail}",
-            {"knobs.broadcast_params_at_start": True}, differ, measured)]
+            {"knobs.broadcast_params_at_start": True}, differ, measured,
+            kind="divergent-parameters", first_step=first)]
     return [Finding(
         check=NAME, fault="divergent-updates",
         symptom=f"the ranks started identical but diverge from step {first}: spread "
-                f"{per_step[first]:.3g} (limit {TOLERANCE:g}); {rank_list(differ)} differ "
+                f"{per_step[first]:.3g} (limit {TOLERANCE:g}); {ranks_phrase(differ)} differ "
                 f"from rank 0; spread per step: {trail}",
         cause=f"the ranks applied different updates at step {first}: their gradients were "
               f"not synchronised to the same values",
         fix="see the other findings for why the gradient synchronisation failed",
         fix_changes={}, ranks=tuple(differ), measured=measured,
-        headline=f"spread {per_step[first]:.3g} from step {first}")]
+        headline=f"spread {per_step[first]:.3g} from step {first}",
+        kind="divergent-parameters", first_step=first)]
 
 
 def _user_replicas(record: RunRecord) -> list[Finding]:
@@ -92,23 +95,25 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
             "divergent-init", NAME, f"spread {trail[0]:.3g} before step 1",
             f"the replicas' parameters differ before their first optimiser step (at "
             f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though every rank "
-            f"applies the same gradient; {rank_list(differ)} "
+            f"applies the same gradient; {ranks_phrase(differ)} "
             f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
             {"knobs.broadcast_params_at_start": True}, differ, measured,
             fix="broadcast rank 0's parameters once the model is built (for p in "
                 "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
-                "in DistributedDataParallel, which does; or seed every rank alike")]
+                "in DistributedDataParallel, which does; or seed every rank alike",
+            kind="divergent-parameters", first_step=first, where=where)]
     return [Finding(
         check=NAME, fault="divergent-updates",
         symptom=f"the replicas started identical but differ from optimiser step {first} (at "
                 f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though every rank "
-                f"applies the same gradient; {rank_list(differ)} "
+                f"applies the same gradient; {ranks_phrase(differ)} "
                 f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
         cause=f"the ranks updated the same parameters differently before step {first}",
         fix="make every rank apply the same update: the same optimiser and learning rate "
             "on every rank, and no rank skipping or adding a step",
         fix_changes={}, ranks=tuple(differ), measured=measured,
-        headline=f"spread {max(trail):.3g} from step {first}")]
+        headline=f"spread {max(trail):.3g} from step {first}",
+        kind="divergent-parameters", first_step=first, where=(where,) if where else ())]
 
 
 def _same_gradient(steps) -> bool:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from distdoctor.checks import finding, rank_list
+from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "sample_overlap"
 
@@ -90,9 +91,10 @@ def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
     return [finding(
         "shared-shuffle-seed", NAME, f"{worst:.0%} of an epoch on several ranks",
         f"{worst:.0%} of the samples in an epoch were trained on by more than one rank "
-        f"({per_epoch}; 0% when the epoch is dealt out); {rank_list(ranks_involved)} "
+        f"({per_epoch}; 0% when the epoch is dealt out); {ranks_phrase(ranks_involved)} "
         f"drew the same samples{at}",
-        {"knobs.sampler": "distributed"}, ranks_involved, measured, fix=fix)]
+        {"knobs.sampler": "distributed"}, ranks_involved, measured, fix=fix,
+        kind="duplicate-samples", where=loop.where if loop else ())]
 
 
 def _replayed_epochs(batches: dict, loop: Loop | None = None) -> list[Finding]:
@@ -127,4 +129,4 @@ def _replayed_epochs(batches: dict, loop: Loop | None = None) -> list[Finding]:
         {"knobs.sampler_set_epoch": True}, ranks, measured,
         cause="the sampler is never told the epoch (sampler.set_epoch is not called), so it "
               "shuffles with the same seed every epoch",
-        fix=fix)]
+        fix=fix, kind="repeated-epoch-order", where=loop.where if loop else ())]

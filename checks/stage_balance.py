@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
 
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.timing import per_step_times
 
 NAME = "stage_balance"
 TOLERANCE = 1.25
@@ -38,27 +38,6 @@ _T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
         9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
         16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
         40: 2.021, 60: 2.000, 120: 1.980}
-
-
-def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
-    """Each rank's compute CPU time per step, for the steps every rank completed."""
-    done = [{s.step for s in r.evidence.pipe_steps} for r in record.ranks]
-    complete = set.intersection(*done) if done else set()
-    times = {}
-    for rank in record.ranks:
-        by_step = defaultdict(float)
-        for event in rank.evidence.stage_events:
-            if event.step in complete:
-                by_step[event.step] += event.cpu
-        if by_step:
-            times[rank.rank] = dict(by_step)
-    return times
-
-
-def per_rank_times(record: RunRecord) -> dict[int, float]:
-    """Median over complete steps of each rank's compute CPU time per step."""
-    return {rank: statistics.median(steps.values())
-            for rank, steps in per_step_times(record).items()}
 
 
 def interval(ratios: list[float]) -> tuple[float, float, float]:

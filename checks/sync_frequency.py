@@ -33,7 +33,8 @@ def check(record: RunRecord) -> list[Finding]:
         {"knobs.no_sync_accumulation": True}, ranks,
         {"allreduces_per_step": calls, "bytes_per_step": sent,
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
-         "steps_affected": len({s.step for _, s in excess})})]
+         "steps_affected": len({s.step for _, s in excess})},
+        kind="sync-every-microbatch")]
 
 
 def _user_ddp(record: RunRecord) -> list[Finding]:
@@ -68,4 +69,5 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
          "steps_affected": len({e[1] for e in excess}), "where": where},
         fix=f"run every micro-batch but the last inside `with model.no_sync():` (the "
-            f"forward at {where} and its backward), so only the last backward all-reduces")]
+            f"forward at {where} and its backward), so only the last backward all-reduces",
+        kind="sync-every-microbatch", where=where)]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, group_disagreements, rank_list
+from distdoctor.checks import finding, group_disagreements
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "tp_dropout_masks"
 CHANCE = 1e-9  # identical independent masks this likely or more are left alone
@@ -31,10 +32,11 @@ def check(record: RunRecord) -> list[Finding]:
             "tp-dropout-rng", NAME, f"{first['name']}: masks differ across the group",
             f"the {first['name']} mask, on an activation every rank of tensor-parallel "
             f"group {tuple(first['group'])} holds whole, differs from rank to rank from step "
-            f"{first['step']} ({len(steps)} of the steps): {rank_list(first['ranks'])} "
+            f"{first['step']} ({len(steps)} of the steps): {ranks_phrase(first['ranks'])} "
             f"{'drops' if len(first['ranks']) == 1 else 'drop'} other values than rank "
             f"{first['group'][0]}",
-            {"knobs.tp_dropout_rng": "tracked"}, first["ranks"], measured)]
+            {"knobs.tp_dropout_rng": "tracked"}, first["ranks"], measured,
+            first_step=first["step"], where=first["where"])]
     same = _identical_slices(record)
     if not same:
         return []

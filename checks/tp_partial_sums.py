@@ -9,8 +9,9 @@ masks did are explained by those, which other checks report.
 
 from __future__ import annotations
 
-from distdoctor.checks import finding, group_disagreements, largest_per_step, rank_list
+from distdoctor.checks import finding, group_disagreements, largest_per_step
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "tp_partial_sums"
 
@@ -38,5 +39,7 @@ def check(record: RunRecord) -> list[Finding]:
         f"the output of row-parallel layer {first['name']}{at} should be the same on every "
         f"rank of tensor-parallel group {tuple(first['group'])} and is not, from step "
         f"{first['step']}: largest difference {first['spread']:.3g}; "
-        f"{rank_list(first['ranks'])} {'differs' if len(first['ranks']) == 1 else 'differ'} "
-        f"from rank {first['group'][0]} (each holds its own partial sum)", {"knobs.tp_output_allreduce": True}, first["ranks"], measured)]
+        f"{ranks_phrase(first['ranks'])} {'differs' if len(first['ranks']) == 1 else 'differ'} "
+        f"from rank {first['group'][0]} (each holds its own partial sum)",
+        {"knobs.tp_output_allreduce": True}, first["ranks"], measured,
+        kind="tp-partial-sums", first_step=first["step"], where=first["where"])]

@@ -9,8 +9,9 @@ drift by itself and is reported by its own check instead.
 
 from __future__ import annotations
 
-from distdoctor.checks import finding, group_disagreements, largest_per_step, rank_list
+from distdoctor.checks import finding, group_disagreements, largest_per_step
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "tp_replica_drift"
 
@@ -36,7 +37,9 @@ def check(record: RunRecord) -> list[Finding]:
         f"{len(names)} replicated parameter{'s' if len(names) > 1 else ''} drift from step "
         f"{first['step']}",
         f"parameters replicated across tensor-parallel group {tuple(first['group'])} differ "
-        f"after step {first['step']}{at}: {', '.join(names)}; {rank_list(first['ranks'])} "
-        f"{'differs' if len(first['ranks']) == 1 else 'differ'} from rank {first['group'][0]}, while the activations the group shares "
+        f"after step {first['step']}{at}: {', '.join(names)}; {ranks_phrase(first['ranks'])} "
+        f"{'differs' if len(first['ranks']) == 1 else 'differ'} from rank "
+        f"{first['group'][0]}, while the activations the group shares "
         f"agree; largest difference per step: {trail}",
-        {"knobs.tp_sync_replicated_grads": True}, first["ranks"], measured)]
+        {"knobs.tp_sync_replicated_grads": True}, first["ranks"], measured,
+        kind="tp-replica-drift", first_step=first["step"], where=first["where"])]

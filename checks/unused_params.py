@@ -9,8 +9,9 @@ other outcome is reported with what went wrong.
 
 from __future__ import annotations
 
-from distdoctor.checks import finding, rank_list
+from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.calls import ranks_phrase
 
 NAME = "unused_params"
 
@@ -30,18 +31,18 @@ def check(record: RunRecord) -> list[Finding]:
         by_names: dict[tuple[str, ...], list[int]] = {}
         for rank, names in sorted(missing.items()):
             by_names.setdefault(names, []).append(rank)
-        listing = "; ".join(f"{', '.join(names)} on {rank_list(ranks)}"
+        listing = "; ".join(f"{', '.join(names)} on {ranks_phrase(ranks)}"
                             for names, ranks in by_names.items())
         return [finding(
             "unused-params", NAME,
             f"{len(names)} params without grad, "
-            f"{'all ranks' if len(missing) == len(record.ranks) else rank_list(missing)}, "
+            f"{'all ranks' if len(missing) == len(record.ranks) else ranks_phrase(missing)}, "
             f"step {step}",
             f"at step {step}, before its gradient sync, parameters got no gradient: "
             f"{listing}; then {problem}",
             {"knobs.find_unused_parameters": True}, sorted(missing),
             {"step": step, "no_grad_params": {str(r): list(n) for r, n in missing.items()},
-             "sync_problem": problem})]
+             "sync_problem": problem}, kind="unused-parameters", first_step=step)]
     return []
 
 
@@ -50,10 +51,10 @@ def _sync_problem(record: RunRecord, step: int) -> str | None:
     done = {r.rank: s for r in record.ranks for s in r.evidence.steps if s.step == step}
     unfinished = [r.rank for r in record.ranks if r.rank not in done]
     if unfinished:
-        return f"{rank_list(unfinished)} never finished step {step}"
+        return f"{ranks_phrase(unfinished)} never finished step {step}"
     silent = [r for r, s in done.items() if s.allreduce_calls == 0]
     if silent:
-        return (f"{rank_list(silent)} issued no gradient all-reduce at all "
+        return (f"{ranks_phrase(silent)} issued no gradient all-reduce at all "
                 f"(gradients silently not averaged)")
     if len({s.grad_synced.digest for s in done.values() if s.grad_synced}) > 1:
         return "the ranks applied different gradients"

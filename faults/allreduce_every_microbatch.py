@@ -3,8 +3,8 @@
 import dataclasses
 
 from distdoctor.faults import Fault, Variant
-from distdoctor.models.strategies import DATA_PARALLEL
 from distdoctor.models import RunSpec
+from distdoctor.models.strategies import DATA_PARALLEL
 
 
 def _accumulate(spec: RunSpec) -> RunSpec:

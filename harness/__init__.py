@@ -1,23 +1,45 @@
-"""distdoctor's harness: everything that starts, drives and watches ranks, and what they run.
+"""distdoctor: finds, explains and fixes bugs in distributed PyTorch training.
 
-One package per stage of a run's flow, each importing only the packages listed before it
-(``tests/test_layout.py`` fails on any import circle, module or package):
+Everything installed lives under this one name: this folder (``harness/`` in the
+repository) is ``distdoctor``, and the repository's ``checks/`` and ``faults/`` are
+``distdoctor.checks`` and ``distdoctor.faults``, so nothing collides with a user's own
+packages. One package per stage of a run's flow; each imports only the packages named on
+its ``imports:`` line (``tests/test_layout.py`` holds the same table and fails on any other
+edge, and on any import circle):
 
-- ``models``: the data model (RunSpec, Evidence, RunRecord, Finding, Verdict), strategy
-  names, distances between fingerprints, the JSON codec. Imports nothing of the project.
+- ``models``: the data model (RunSpec, Evidence, RunRecord, Finding, Verdict), the call
+  vocabulary and the wait-for graph, strategy names, distances, the JSON codec.
+  imports: nothing
 - ``text``: page width, wrapping, how a run's ranks ended, for whatever prints.
-- ``trace``: the in-rank collective tracer, and folding what a rank streamed into Evidence.
-- ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks, reaping.
+  imports: models
+- ``faults``: the failure modes, one module each; a fault flips RunSpec knobs only.
+  imports: models
 - ``memory``: bytes per rank per ZeRO stage, the planner, measured against formula.
-- ``training``: the built-in data-parallel workload, its strategies (DDP, ZeRO, FSDP2), the
-  rank job and the single-process reference.
+  imports: models, text
+- ``checks``: the detectors, one module each; they read a RunRecord's evidence only.
+  imports: models, memory, faults
+- ``trace``: the in-rank collective tracer and recorders, and folding a trace into Evidence.
+  imports: models
+- ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks.
+  imports: models, trace
+- ``training``: the built-in data-parallel workload and its strategies (DDP, ZeRO, FSDP2).
+  imports: models, launch
+- ``tensor``: tensor-parallel layers and the tensor-parallel workload.
+  imports: models, training
 - ``pipeline``: the pipeline workload, schedules, simulators, hand-rolled and torch runs.
-- ``doctor``: ``distdoctor run`` and ``analyze``: a user's own script, traced, and its report.
+  imports: models, text, launch, training
+- ``userjob``: a user's own job: ``distdoctor run`` and ``analyze``, traced, and its report.
+  imports: models, trace, launch, checks
 - ``collectives``: collectives from scratch, their transports, and ``check-collective``.
-- ``diagnosis``: run a spec and assess it; inject a fault, apply the findings' fix, verify.
+  imports: models, trace, launch, userjob
+- ``faultloop``: on the built-in workloads, run a spec and assess it; inject a fault, apply
+  the findings' fix, verify.
+  imports: models, trace, launch, training, tensor, pipeline, checks, faults
+- ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
+  imports: models, launch, userjob
+- ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
+  imports: models, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
-
-The failure modes (``faults/``) and detectors (``checks/``) sit beside this package: faults
-import only ``models``; checks import ``models``, ``memory`` and ``faults`` (for the cause
-and fix text), never the training code, so they judge a user's run the same way.
+  imports: models, text, faults, memory, launch, pipeline, userjob, collectives, faultloop,
+  pictures
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from distdoctor.models import RunRecord
+from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.record import is_peer_echo
 
 WIDTH = 100
@@ -34,5 +35,4 @@ def ranks_line(record: RunRecord) -> str:
         else:
             text = f"{end.status}: {end.headline[:160]}"
         groups.setdefault(text, []).append(end.rank)
-    return "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, sorted(r)))} {text}"
-                     for text, r in groups.items())
+    return "; ".join(f"{ranks_phrase(r)} {text}" for text, r in groups.items())

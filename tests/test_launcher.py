@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import jobs
-from distdoctor.launch.watch import PROVEN
-import pytest
 import proctable
+import pytest
 
 from distdoctor.launch.pool import launch
+from distdoctor.launch.watch import PROVEN
 from distdoctor.models import Frame
 
 TESTS = Path(__file__).parent
@@ -89,7 +89,7 @@ def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_chi
 
 
 def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_new_children):
-    from distdoctor.userjob.record import diagnose, script_record
+    from distdoctor.userjob.record import explain, script_record
     from distdoctor.userjob.report import render
 
     result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
@@ -100,7 +100,7 @@ def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_n
         assert [s.main for s in end.stacks] == [True, False]  # the stack thread is not main
         assert end.stacks[0].frames[0] == Frame(jobs.__file__, jobs.line_of("GIL-LINE"),
                                                 "hold_the_gil")
-    text = render(diagnose(script_record(result.ends, result.traces, result.wall_s,
+    text = render(explain(script_record(result.ends, result.traces, result.wall_s,
                                          result.started, 1.0), "hold_the_gil"))
     for rank in (0, 1):
         assert f"rank {rank}: running, in no collective or send/receive: hold_the_gil at " \

@@ -146,9 +146,92 @@ def test_no_package_imports_a_package_that_imports_it_back():
     assert not found, "\n".join(explain(c, graph) for c in found)
 
 
-def test_the_data_model_imports_nothing_of_the_project_but_itself():
+# package -> the packages it may import (short names: ``models`` is distdoctor.models).
+# The same table stands in harness/__init__.py's docstring, one ``imports:`` line each.
+LAYERS = {
+    "models": set(),
+    "text": {"models"},
+    "faults": {"models"},
+    "memory": {"models", "text"},
+    "checks": {"models", "memory", "faults"},
+    "trace": {"models"},
+    "launch": {"models", "trace"},
+    "training": {"models", "launch"},
+    "tensor": {"models", "training"},
+    "pipeline": {"models", "text", "launch", "training"},
+    "userjob": {"models", "trace", "launch", "checks"},
+    "collectives": {"models", "trace", "launch", "userjob"},
+    "faultloop": {"models", "trace", "launch", "training", "tensor", "pipeline", "checks",
+                  "faults"},
+    "testing": {"models", "launch", "userjob"},
+    "pictures": {"models", "memory", "pipeline"},
+    "cli": {"models", "text", "faults", "memory", "launch", "pipeline", "userjob",
+            "collectives", "faultloop", "pictures"},
+    "__main__": {"cli"},  # python -m distdoctor
+}
+
+
+def short(unit: str) -> str:
+    return unit.removeprefix("distdoctor.") if unit != "distdoctor" else ""
+
+
+def documented_layers() -> dict[str, set[str]]:
+    """The ``imports:`` line under each package's entry in harness/__init__.py."""
+    doc = ast.get_docstring(ast.parse((ROOT / "harness" / "__init__.py").read_text())) or ""
+    found, name = {}, None
+    for line in " ".join(doc.split("\n")).split("- ``")[1:]:
+        name = line.split("``")[0]
+        listed = line.split("imports:", 1)[1].strip() if "imports:" in line else None
+        assert listed is not None, f"no imports: line for {name}"
+        found[name] = set() if listed == "nothing" else {n.strip() for n in listed.split(",")}
+    return found
+
+
+def edges_outside(graph: dict[str, set[str]], layers: dict[str, set[str]]) -> list[str]:
+    """Every package-to-package import the table does not allow, and every package the
+    table does not name, as 'a -> b'."""
+    found = []
+    for unit, targets in sorted(graph.items()):
+        if not short(unit):
+            continue  # distdoctor's own __init__
+        allowed = layers.get(short(unit))
+        if allowed is None:
+            found.append(f"{short(unit)} is not in the table")
+            continue
+        found += [f"{short(unit)} -> {short(t)}" for t in sorted(targets)
+                  if short(t) and short(t) not in allowed]
+    return found
+
+
+def test_the_layer_check_fails_on_an_edge_outside_the_table():
+    planted = {"distdoctor.checks": {"distdoctor.models", "distdoctor.training"},
+               "distdoctor.newpkg": set(), "distdoctor.models": set()}
+    assert edges_outside(planted, LAYERS) == ["checks -> training", "newpkg is not in the table"]
+
+
+def test_every_package_imports_only_what_the_layer_table_allows():
     graph = package_graph(module_graph())
     assert graph["distdoctor.models"] == set()
+    assert edges_outside(graph, LAYERS) == []
+
+
+def test_the_layer_table_is_the_one_the_package_documents():
+    documented = documented_layers()
+    assert documented == {k: v for k, v in LAYERS.items() if k != "__main__"}
+
+
+def test_no_module_imports_a_generic_top_level_name():
+    """Everything imports ``distdoctor.*``: an import of a bare ``checks``, ``faults`` or
+    ``harness`` would find a user's package of that name, or nothing once installed."""
+    bare = []
+    for name, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module or ""] if isinstance(node, ast.ImportFrom)
+                       and not node.level else [])
+            bare += [f"{name}: {t}" for t in targets
+                     if t.split(".")[0] in ("checks", "faults", "harness")]
+    assert not bare, bare
 
 
 def test_at_most_eight_modules_sit_directly_under_harness():

@@ -15,11 +15,10 @@ import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import proctable
 import pytest
 import torch
 from torch import nn
-
-import proctable
 
 CASES = Path(__file__).parent / "plugin_cases"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "test_with_distdoctor.py"
@@ -123,8 +122,8 @@ def test_a_send_send_hang_is_proven_with_both_ranks_lines(user_run):
     text = user_run["test_send_send"][1]
     where = line_of("cases_user.py", "send_send")
     assert "deadlock proven: p2p-cycle (ranks 0, 1 of 2)" in text
-    assert f"rank 0 of 2: waiting in send peer 1 (#0, (4,), float32) at {where}" in text
-    assert f"rank 1 of 2: waiting in send peer 0 (#0, (4,), float32) at {where}" in text
+    assert f"rank 0 of 2: waiting in send to 1 (#0, (4,), float32) at {where}" in text
+    assert f"rank 1 of 2: waiting in send to 0 (#0, (4,), float32) at {where}" in text
     assert user_run["test_send_send"][2] < 30  # proven, not waited out (deadline: 300 s)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from distdoctor.trace.waitfor import WaitFor
+from distdoctor.models.waitfor import WaitFor
 
 GROUP = [0, 1]
 
@@ -53,7 +53,8 @@ def test_different_collectives_at_one_number_are_a_mismatch():
     proof = state([enter(1, "all_reduce", 0, reduce_op="SUM")],
                   [enter(1, "barrier", 0, shapes=[])]).proof()
     assert (proof.kind, proof.ranks) == ("mismatch", (0, 1))
-    assert "all_reduce #0" in proof.text and "barrier #0" in proof.text
+    assert "rank 0 in all_reduce (#0, (4,), float32, SUM) at s.py:1" in proof.text
+    assert "rank 1 in barrier (#0, float32) at s.py:1" in proof.text
 
 
 def test_calls_that_gloo_still_pairs_are_no_mismatch():
@@ -96,7 +97,7 @@ def test_a_collective_waiting_for_a_finished_rank():
     waits.finished(1)
     proof = waits.proof()
     assert (proof.kind, proof.ranks) == ("exited", (0,))
-    assert proof.text.startswith("rank 1 finished while rank 0 waits in all_reduce #0")
+    assert proof.text.startswith("rank 1 finished while rank 0 waits in all_reduce (#0, ")
 
 
 def test_a_collective_and_a_receive_waiting_on_each_other_are_a_cycle():

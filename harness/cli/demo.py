@@ -10,7 +10,12 @@ import sys
 import time
 
 from distdoctor.cli.args import (
-    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_folder, run_options, spec_from,
+    EVERY_STRATEGY,
+    EVERY_STRATEGY_TEXT,
+    UsageError,
+    html_folder,
+    run_options,
+    spec_from,
 )
 from distdoctor.cli.faults import check_variant, check_world_size, fault_named
 

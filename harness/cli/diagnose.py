@@ -6,7 +6,12 @@ import argparse
 import time
 
 from distdoctor.cli.args import (
-    EVERY_STRATEGY, EVERY_STRATEGY_TEXT, UsageError, html_file, run_options, spec_from,
+    EVERY_STRATEGY,
+    EVERY_STRATEGY_TEXT,
+    UsageError,
+    html_file,
+    run_options,
+    spec_from,
 )
 from distdoctor.cli.faults import check_variant, check_world_size, fault_named
 from distdoctor.text import wrap

@@ -39,7 +39,6 @@ def check_world_size(fault, world_size: int) -> None:
 
 def faults_command(args: argparse.Namespace) -> int:
     from distdoctor import faults
-
     from distdoctor.cli.tables import changes_text
 
     catalogue = faults.catalogue()

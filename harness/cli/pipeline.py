@@ -101,10 +101,10 @@ def run_command(args: argparse.Namespace) -> int:
     import dataclasses
 
     from distdoctor.cli import tables
+    from distdoctor.faultloop.runspec import judge, run_decided
     from distdoctor.models import PipeShape
     from distdoctor.pipeline.report import core_note, measured_bubble, pipeline_text, simulated_for
     from distdoctor.pipeline.simulate import simulate as simulate_schedule
-    from distdoctor.faultloop.runspec import judge, run_decided
 
     spec = spec_from(args, args.schedule)
     try:

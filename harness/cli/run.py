@@ -65,7 +65,7 @@ def add_commands(commands) -> None:
                           "reported within a fraction of a second, whatever this is; the "
                           "deadline is for what they cannot prove, like a rank spinning")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
-                     "(schema distdoctor.run.v2)")
+                     "(schema distdoctor.run.v3)")
     run.add_argument("--light", action="store_true",
                      help="trace only the collective and point-to-point calls (hangs, crashes, "
                           "mismatches, unused DDP parameters), not the evidence of the silent "
@@ -117,10 +117,10 @@ def add_commands(commands) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from distdoctor.userjob.record import script_record
+    from distdoctor.launch.store import AddressError, addresses, is_loopback
     from distdoctor.userjob.launcher import ScriptStartError, run_script
     from distdoctor.userjob.output import OutputSpec
-    from distdoctor.launch.store import AddressError, addresses, is_loopback
+    from distdoctor.userjob.record import script_record
 
     script = Path(args.script)
     if not script.is_file():
@@ -143,9 +143,9 @@ def run_command(args: argparse.Namespace) -> int:
                             output=OutputSpec(args.tee, args.local_ranks_filter))
     except (ScriptStartError, AddressError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    return _diagnose(script_record(result.ends, result.traces, result.wall_s, result.started,
-                                   args.deadline), args.script, args.report,
-                     all_frames=args.all_frames, html=args.html)
+    return _report(script_record(result.ends, result.traces, result.wall_s, result.started,
+                                 args.deadline), args.script, args.report,
+                   all_frames=args.all_frames, html=args.html)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -158,20 +158,20 @@ def analyze_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     for note in job.notes:
         print(f"distdoctor analyze: partial evidence: {note}", flush=True)
-    return _diagnose(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
-                     " ".join(args.directories), args.report, "analyze", job.partial,
-                     args.all_frames, args.html)
+    return _report(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
+                   " ".join(args.directories), args.report, "analyze", job.partial,
+                   args.all_frames, args.html)
 
 
-def _diagnose(record, script: str, report_path: str | None, command: str = "run",
-              partial: bool = False, all_frames: bool = False, html: str | None = None) -> int:
+def _report(record, script: str, report_path: str | None, command: str = "run",
+            partial: bool = False, all_frames: bool = False, html: str | None = None) -> int:
     import time
 
-    from distdoctor.userjob.record import diagnose
-    from distdoctor.userjob.report import render
     from distdoctor.cli.tables import hang_timing
+    from distdoctor.userjob.record import explain
+    from distdoctor.userjob.report import render
 
-    result = diagnose(record, script, all_frames)
+    result = explain(record, script, all_frames)
     print(render(result, command, partial), flush=True)
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:

@@ -25,11 +25,11 @@ from typing import Iterator
 from hypothesis import HealthCheck, given, settings
 
 from distdoctor.collectives import KINDS  # noqa: F401 (part of this module's interface)
-
 from distdoctor.collectives.jobs import TransportMisuse, run_user
 from distdoctor.collectives.properties import Case, cases, mismatch, reduced
 from distdoctor.launch.pool import shared_pool
 from distdoctor.launch.watch import PROVEN
+from distdoctor.models.events import Emit
 
 # as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -173,8 +173,8 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
     """Whom each rank that did not finish was waiting for: rank -> (how, peer, line). From
     its own timeout when it raised one; else, for a rank the pool stopped, from the last
     wait its transport reported ("waiting", what, peer) and the line its stack was at."""
-    from distdoctor.userjob.report import raising_line
     from distdoctor.models.record import user_frame
+    from distdoctor.userjob.report import raising_line
 
     waits = {}
     for end, emitted in zip(ends, events):
@@ -183,7 +183,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
             how = "in send to" if found["how"] == "in send to" else "in recv from"
             waits[end.rank] = (how, int(found["peer"]), raising_line(end.error) or "?")
             continue
-        reported = [e for e in emitted if isinstance(e, tuple) and e[:1] == ("waiting",)]
+        reported = [e for e in emitted if isinstance(e, tuple) and e[:1] == (Emit.WAITING,)]
         if end.status in ("hung", "stopped") and reported:
             _, what, peer = reported[-1]
             frame = user_frame(end.stacks)
@@ -195,7 +195,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
 def wait_cycle(ends, events) -> list[int]:
     """Ranks that each wait for the next (in a send to it, or for its data) around a
     cycle: an ordering deadlock. [] when the waits form no cycle."""
-    from distdoctor.checks.hang import cycle_of
+    from distdoctor.models.waitfor import cycle_of
 
     waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events).items()}
     return cycle_of(waits) or []
@@ -213,8 +213,8 @@ def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
 def rank_text(end, events) -> str:
     """What one rank that did not finish was doing: its error at the user's line, or, for a
     rank the pool stopped, where its stack was and whether it ever sent or received."""
-    from distdoctor.userjob.report import raising_line
     from distdoctor.models.record import user_frame
+    from distdoctor.userjob.report import raising_line
 
     if end.status not in ("hung", "stopped"):
         where = raising_line(end.error) or ""
@@ -225,7 +225,7 @@ def rank_text(end, events) -> str:
     place = f"{frame.function} at {frame.file}:{frame.line}" if frame else "no stack"
     in_transport = any(f.file.endswith(TRANSPORT_FILES) for s in end.stacks if s.main
                        for f in s.frames)
-    called = any(isinstance(e, tuple) and e[:1] == ("transport-call",) for e in events)
+    called = any(isinstance(e, tuple) and e[:1] == (Emit.TRANSPORT_CALL,) for e in events)
     doing = ("waiting in the transport" if in_transport else
              "in no send or receive" + ("" if called else ", and it never entered one"))
     return (f"rank {end.rank}: stopped {end.at or 0:.2f} s after the start, {doing}: "

@@ -10,10 +10,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from distdoctor.collectives import algorithms
+from distdoctor.collectives import USER_API, algorithms
 from distdoctor.collectives.rendezvous import RendezvousTransport
-from distdoctor.collectives import USER_API
 from distdoctor.collectives.transport import GlooTransport, QueueTransport
+from distdoctor.models.events import Emit
 
 # name -> (function, takes an op, takes a source rank)
 OURS: dict[str, tuple[Callable, bool, bool]] = {
@@ -79,7 +79,7 @@ def run_user(ctx, target: str, kind: str, inputs: list[torch.Tensor], src: int,
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
     inner = transport_for(ctx, "rendezvous" if wire == "rendezvous" else "queue", timeout)
-    inner.on_wait = lambda what, peer: ctx.emit(("waiting", what, peer))
+    inner.on_wait = lambda what, peer: ctx.emit((Emit.WAITING, what, peer))
     transport = _FirstCallNoted(inner, ctx)
     x = inputs[ctx.rank].clone()
     with transport.collective(f"{kind} ({target})"):
@@ -108,7 +108,7 @@ class _FirstCallNoted:
             return attribute
         if not self._noted:
             self._noted = True
-            self._ctx.emit(("transport-call", name))
+            self._ctx.emit((Emit.TRANSPORT_CALL, name))
 
         def checked(*args, **kwargs):
             try:

@@ -23,6 +23,7 @@ from collections import deque
 import torch
 
 from distdoctor.collectives.transport import Pending, QueueTransport, RecvTimeout
+from distdoctor.models.events import Ev
 
 ANSWER = (-1, (), b"")  # what a receive sends back to the sender
 
@@ -44,7 +45,7 @@ class RendezvousTransport(QueueTransport):
         self._post(tensor, dst)
         self._sent[dst] += 1
         self._await_answer(dst, self._sent[dst])
-        self._mark("done", call)
+        self._mark(Ev.DONE, call)
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
         call = self._enter("isend", dst)
@@ -71,7 +72,7 @@ class RendezvousTransport(QueueTransport):
             else:
                 self._early[src].append(message)
         self.mesh[self.rank][src].put(ANSWER)
-        self._mark("done", call)
+        self._mark(Ev.DONE, call)
         return self._decode(self._early[src].popleft())
 
     def settle(self) -> None:
@@ -84,9 +85,9 @@ class RendezvousTransport(QueueTransport):
         """Wait on an isend, as a Work's wait: traced, once, until its answer came."""
         if (ticket, call) not in self._owed[dst]:
             return
-        self._mark("wait", call)
+        self._mark(Ev.WAIT, call)
         self._await_answer(dst, ticket)
-        self._mark("done", call)
+        self._mark(Ev.DONE, call)
         self._owed[dst].remove((ticket, call))
 
     def _await_answer(self, dst: int, ticket: int) -> None:

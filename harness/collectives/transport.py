@@ -22,6 +22,8 @@ from typing import Callable, Iterator, Protocol
 import torch
 import torch.distributed as dist
 
+from distdoctor.models.events import Ev
+
 RECV_TIMEOUT_S = float(os.environ.get("DISTDOCTOR_RECV_TIMEOUT_S", "30"))
 WAIT_NOTICE_S = 0.05  # a wait this long is reported to on_wait
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.int32,
@@ -132,7 +134,7 @@ class QueueTransport(_Base):
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         call = self._enter("send", dst)
         self._post(tensor, dst)
-        self._mark("done", call)
+        self._mark(Ev.DONE, call)
 
     def _post(self, tensor: torch.Tensor, dst: int) -> None:
         """Put ``tensor`` on the queue to ``dst``; it returns at once."""
@@ -163,7 +165,7 @@ class QueueTransport(_Base):
     def recv(self, src: int) -> torch.Tensor:
         call = self._enter("recv", src)
         message = self._get(src, self.timeout, f"for data from rank {src}, which never sent it")
-        self._mark("done", call)
+        self._mark(Ev.DONE, call)
         return self._decode(message)
 
     def _get(self, src: int, timeout: float, waiting_for: str, what: str = "recv") -> tuple:

@@ -13,13 +13,13 @@ import dataclasses
 import torch
 
 from distdoctor import checks
-from distdoctor.trace.evidence import evidence_from_events
-from distdoctor.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
-from distdoctor.pipeline.train import pipeline_job
 from distdoctor.launch.pool import RankPool, shared_pool
+from distdoctor.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
 from distdoctor.models.distance import spreads
-from distdoctor.training.reference import compare, reference_params
+from distdoctor.pipeline.train import pipeline_job
 from distdoctor.tensor.train import tensor_job
+from distdoctor.trace.evidence import evidence_from_events
+from distdoctor.training.reference import compare, reference_params
 from distdoctor.training.train import train_job
 
 

@@ -53,7 +53,7 @@ class _RankPipes:
     trace: tuple[int, Connection]
 
     @classmethod
-    def open(cls, ctx) -> "_RankPipes":
+    def open(cls, ctx) -> _RankPipes:
         ends = []
         for make in (os.pipe, os.pipe, procs.trace_pipe):
             read, write = make()
@@ -108,7 +108,7 @@ class RankPool:
         _live_pools.add(self)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         self.start()
         return self
 
@@ -258,7 +258,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int, backend: str = "
         return pool.run(fn, *args, deadline=deadline, error_grace=error_grace, **kwargs)
 
 
-_live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()
 _shared: dict[tuple[int, str, bool, bool], RankPool] = {}
 
 

@@ -12,7 +12,7 @@ from distdoctor.models.record import is_peer_echo
 class RanksFailed(RuntimeError):
     """A job did not finish on every rank; the message is the diagnosis."""
 
-    def __init__(self, result: "JobResult"):
+    def __init__(self, result: JobResult):
         super().__init__(result.summary())
         self.result = result
 
@@ -44,7 +44,7 @@ class JobResult:
         return min(primary, key=lambda e: e.at if e.at is not None else float("inf"),
                    default=None)
 
-    def raise_for_status(self) -> "JobResult":
+    def raise_for_status(self) -> JobResult:
         if not self.ok:
             raise RanksFailed(self)
         return self

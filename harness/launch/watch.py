@@ -20,9 +20,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 from distdoctor.launch import procs, stacks
-from distdoctor.models import InFlight, RankEnd
 from distdoctor.launch.results import JobResult
-from distdoctor.trace.waitfor import WaitFor, collective
+from distdoctor.models import InFlight, RankEnd
+from distdoctor.models.waitfor import WaitFor, collective
 
 # DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
 # rule it out); read when each watch starts

@@ -4,29 +4,71 @@ what checks conclude (verdict).
 Everything here is a frozen dataclass that survives a JSON round trip, so a record written
 by one run (or one machine) can be re-checked later by a newer detector without re-running.
 A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord and nothing
-else. Bump SCHEMA_VERSION whenever a field changes meaning. Beside the dataclasses:
-strategy names (``strategies``), distances between fingerprints (``distance``) and the
-JSON codec (``jsoncodec``).
+else. Bump SCHEMA_VERSION whenever a field changes meaning. Beside the dataclasses: the
+one vocabulary of calls (``calls``: what is point-to-point, how a call and a set of ranks
+are written), the wait-for graph live and after the fact (``waitfor``), per-step compute
+times (``timing``), strategy names (``strategies``), distances between fingerprints
+(``distance``) and the JSON codec (``jsoncodec``).
 
 It imports nothing of the project, torch included, and every other package imports it.
 """
 
-from distdoctor.models.evidence import (BackwardEvidence, BatchEvidence, Call, DDPForward,
-                                     Evidence, Fingerprint, GradientEvidence, GroupTensor,
-                                     GroupTraffic, MemoryEvidence,
-                                     NonFiniteEvidence, PipeStepEvidence, StageCost, StageEvent, StepEvidence)
-from distdoctor.models.record import (SCHEMA_VERSION, Frame, InFlight, RankEnd, RankRecord,
-                                   RankStatus, RunRecord, ThreadStack)
-from distdoctor.models.spec import (AuxSkip, Knobs, OptimizerName, P2POrder, PipeShape, RunSpec,
-                                 SamplerKind, StageSplit, apply_changes)
-from distdoctor.models.verdict import (REPORT_SCHEMA, Assessment, Finding, Outcome,
-                                    ReferenceComparison, RunReport, Verdict, dump_report,
-                                    load_report)
+from distdoctor.models.evidence import (
+                                     BackwardEvidence,
+                                     BatchEvidence,
+                                     Call,
+                                     DDPForward,
+                                     Evidence,
+                                     Fingerprint,
+                                     GradientEvidence,
+                                     GroupTensor,
+                                     GroupTraffic,
+                                     Incomplete,
+                                     MemoryEvidence,
+                                     NonFiniteEvidence,
+                                     PipeStepEvidence,
+                                     StageCost,
+                                     StageEvent,
+                                     StepEvidence,
+)
+from distdoctor.models.record import (
+                                     SCHEMA_VERSION,
+                                     Frame,
+                                     InFlight,
+                                     RankEnd,
+                                     RankRecord,
+                                     RankStatus,
+                                     RunRecord,
+                                     ThreadStack,
+)
+from distdoctor.models.spec import (
+                                     AuxSkip,
+                                     Knobs,
+                                     OptimizerName,
+                                     P2POrder,
+                                     PipeShape,
+                                     RunSpec,
+                                     SamplerKind,
+                                     StageSplit,
+                                     apply_changes,
+)
+from distdoctor.models.verdict import (
+                                     REPORT_SCHEMA,
+                                     Assessment,
+                                     Finding,
+                                     Outcome,
+                                     ReferenceComparison,
+                                     RunReport,
+                                     Verdict,
+                                     dump_report,
+                                     load_report,
+)
 
 __all__ = [
     "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
     "Evidence",
-    "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic", "Knobs", "MemoryEvidence",
+    "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic",
+    "Incomplete", "Knobs", "MemoryEvidence",
     "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
     "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord",
     "RankStatus",

@@ -9,12 +9,14 @@ place is never a collective in another, and a call reads the same in every repor
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable, Literal
 
 SENDS = frozenset({"send", "isend"})
 RECEIVES = frozenset({"recv", "irecv"})
 BATCH = "batch_isend_irecv"  # several sends and receives, each to its own peer
 POINT_TO_POINT = SENDS | RECEIVES | {BATCH}
+ASYNC_POINT_TO_POINT = frozenset({"isend", "irecv", BATCH})  # return a work to wait on
 
 Direction = Literal["send", "recv"]
 
@@ -51,3 +53,15 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     """'rank 1' or 'ranks 0, 2', in rank order."""
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def relative_line(where: str) -> str:
+    """file:line (or a file), relative to the working directory when the file is under it."""
+    path, _, line = where.rpartition(":")
+    if not path or not line.isdigit():
+        path, line = where, ""
+    try:
+        path = str(Path(path).resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        pass
+    return f"{path}:{line}" if line else path

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from distdoctor.models.calls import describe_call, relative_line
+
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -187,11 +189,38 @@ class Call:
     tag: int = 0  # a send's or receive's tag: a channel of its own, as gloo matches them
 
     @property
+    def user_line(self) -> str:
+        """The user's line the rank waits at: the wait's, for an asynchronous call."""
+        return self.wait_where if self.async_op and self.wait_where else self.where
+
+    def describe(self, relative: bool = False) -> str:
+        """'send to 3 (#1, (2, 32, 16), float32) at train.py:52', at the user's line
+        (``relative``: its path relative to the working directory, where it is under it)."""
+        where = relative_line(self.user_line) if relative else self.user_line
+        return describe_call(self.op, self.peer, self.seq, self.shapes, self.dtype,
+                             self.reduce_op, self.pg, where)
+
+    @property
     def blocking(self) -> bool:
         """Is the rank inside this call right now (entered a blocking call, or waiting)?"""
         if self.completed is not None or self.error is not None:
             return False
         return not self.async_op or self.waited is not None
+
+
+@dataclass(frozen=True)
+class Incomplete:
+    """Evidence a rank could not record from ``step`` on (a recorder raised; or trace
+    events this version cannot read): the checks that read it may have missed something,
+    and the report says so instead of a clean bill of health."""
+
+    what: str  # "gradient samples", "the batches a loader drew", ...
+    step: int | None  # the optimiser step it stops at, where known
+    error: str  # "RuntimeError: ..." (or what was not understood)
+
+    def __str__(self) -> str:
+        step = f" from step {self.step}" if self.step is not None else ""
+        return f"{self.what}{step}" + (f" ({self.error})" if self.error else "")
 
 
 @dataclass(frozen=True)
@@ -279,3 +308,4 @@ class Evidence:
     # hold alike (or apart), per step
     traffic: tuple[GroupTraffic, ...] = ()  # collective bytes per step and purpose
     node: int = 0  # the machine this rank runs on (rank // ranks per node)
+    incomplete: tuple[Incomplete, ...] = ()  # evidence a recorder could not keep

@@ -33,6 +33,12 @@ class Finding:
     # a timing judgement whose confidence interval straddles its limit: neither a detection
     # nor a clean bill, until more is measured
     inconclusive: bool = False
+    # What the report and the pictures read, set by the check itself; nothing downstream
+    # reads the names inside ``measured``, which are free to change.
+    kind: str = ""  # the cause a user of their own script is told (userjob/report.py's
+    # CauseKind); "" for what only the built-in workload shows (stage balance, memory)
+    first_step: int | None = None  # the step the symptom first shows at
+    where: tuple[str, ...] = ()  # the user's lines to look at, most telling first
 
     def __post_init__(self) -> None:
         # held as JSON data, so a report reads back equal (see jsoncodec)

@@ -13,7 +13,6 @@ from distdoctor.pictures.svg import COLOURS, SERIES, legend, line, polyline, rec
 
 W, H, LEFT, TOP, BOTTOM = 540, 240, 64, 30, 34
 FLOOR = 1e-12  # where zero is drawn on a log scale
-START_KEYS = ("first_divergent_step", "first_step", "step")  # a finding's first step
 
 
 def line_chart(series: list[tuple[str, list[tuple[float, float]]]], label: str,
@@ -72,8 +71,7 @@ def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
         return None
     at_step: dict[float, list[str]] = {}  # findings starting at one step share one mark
     for f in findings:
-        step = next((f.measured.get(k) for k in START_KEYS
-                     if isinstance(f.measured.get(k), (int, float))), None)
+        step = f.first_step
         if step is not None and f.fault not in at_step.setdefault(float(step), []):
             at_step[float(step)].append(f.fault)
     marks = [(step, f"{', '.join(names)} from step {step:g}")

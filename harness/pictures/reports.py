@@ -7,6 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from distdoctor.models import RunRecord, RunReport
+from distdoctor.models.calls import ranks_phrase
 from distdoctor.pictures import charts, gantt, page, timeline, waitgraph
 
 GOOD = ("ok", "healthy", "fixed", "masked")
@@ -33,9 +34,8 @@ def _status(result) -> str:
 def _script_findings(result) -> str:
     if result.cause is None:
         return page.verdict(f"OK: all {len(result.ranks)} ranks finished", "good")
-    html = page.verdict(f"FAILED: {result.cause.kind} "
-                        f"(rank{'s' * (len(result.cause.ranks) != 1)} "
-                        f"{', '.join(map(str, result.cause.ranks))})", "bad")
+    html = page.verdict(f"FAILED: {result.cause.kind} ({ranks_phrase(result.cause.ranks)})",
+                        "bad")
     for cause in result.findings:
         html += page.finding(cause.kind, cause.summary, cause.fix,
                              f"look at: {cause.where}" if cause.where else "")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distdoctor.models import Call, RunRecord
+from distdoctor.models.calls import SENDS, is_point_to_point
 from distdoctor.pictures import page
 from distdoctor.pictures.svg import COLOURS, legend, line, rect, svg, text
 
@@ -25,8 +26,11 @@ class Bar:
 
 
 def kind(call: Call) -> str:
-    return ("send" if call.op in ("send", "isend") else
-            "recv" if call.op in ("recv", "irecv") else "collective")
+    """How the timeline colours a call: a send, a receive (a batch counts as both: it is
+    drawn as a receive), or a collective."""
+    if call.op in SENDS:
+        return "send"
+    return "recv" if is_point_to_point(call.op) else "collective"
 
 
 def bars(record: RunRecord) -> tuple[list[Bar], float, float]:

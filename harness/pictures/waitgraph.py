@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 
 from distdoctor.models import RunRecord
+from distdoctor.models.waitfor import cycle_of
 from distdoctor.pictures import page
 from distdoctor.pictures.svg import COLOURS, arrowhead, circle, line, svg, text
-from distdoctor.trace.waitfor import cycle_of
 
 SIZE, NODE = 420, 22
 
 
 def picture(record: RunRecord) -> page.Section | None:
-    from distdoctor.checks.hang import wait_edges
+    from distdoctor.models.waitfor import wait_edges
 
     edges = wait_edges(record)
     if not edges:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from distdoctor.pipeline.simulate import Timeline
 
+
 def text_gantt(timeline: Timeline, max_width: int = 200) -> str:
     """One row per rank; each quantum of time is 'F3 ' (forward of micro-batch 3), '.'
     when idle. A rank's second stage (interleaved, V-shape, reverse direction) is lower

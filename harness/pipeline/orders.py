@@ -27,7 +27,7 @@ class Action:
     kind: Kind
     stage: int
     micro: int
-    parts: tuple["Action", ...] = ()  # FB: the forward and the full backward it overlaps
+    parts: tuple[Action, ...] = ()  # FB: the forward and the full backward it overlaps
 
     def __str__(self) -> str:
         if self.kind == "FB":

@@ -13,11 +13,15 @@ import statistics
 from collections import defaultdict
 
 from distdoctor.models import RunRecord
-from distdoctor.text import ranks_line
 from distdoctor.pipeline.orders import CHUNKS
 from distdoctor.pipeline.simulate import (
-    Costs, Timeline, closed_form, gpipe_bubble_fraction, run_schedule,
+    Costs,
+    Timeline,
+    closed_form,
+    gpipe_bubble_fraction,
+    run_schedule,
 )
+from distdoctor.text import ranks_line
 
 # which simulated schedule a real strategy runs (ZB-V has no simulator here)
 SIMULATED_AS = {"pipe-gpipe": "gpipe", "pipe-1f1b": "1f1b", "torch-pipe-gpipe": "gpipe",
@@ -137,7 +141,7 @@ def core_note(world_size: int) -> str:
 def pipeline_text(record: RunRecord, assessment) -> str:
     """Per stage: where it runs, its layers, parameters, FLOPs and CPU time; per step: loss,
     step time and distance from the single-process reference."""
-    from distdoctor.checks.stage_balance import per_rank_times
+    from distdoctor.models.timing import per_rank_times
 
     times = per_rank_times(record)
     rows = [f"{'stage':>5} {'rank':>4}  {'layers':<18}{'params':>8}{'MFLOP/micro':>13}"

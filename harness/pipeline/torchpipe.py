@@ -18,6 +18,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from distdoctor.models import StageEvent
 from distdoctor.pipeline import TORCH_SCHEDULES
 
+
 def stage_ranks(world: int, per_rank: int, style: str) -> list[int]:
     """The rank holding each stage."""
     total = world * per_rank

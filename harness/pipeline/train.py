@@ -16,17 +16,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distdoctor.training.fingerprint import fingerprint
+from distdoctor.launch.rank import RankContext
 from distdoctor.models import PipeStepEvidence, RunSpec, StageCost
-from distdoctor.pipeline import handrolled
+from distdoctor.models.events import Emit
+from distdoctor.pipeline import HANDROLLED, TORCH_SCHEDULES, handrolled
 from distdoctor.pipeline.model import (
-    build_layers, kind_times, layer_costs, make_data, split_layers,
+    build_layers,
+    kind_times,
+    layer_costs,
+    make_data,
+    split_layers,
     step_batch,
 )
-from distdoctor.pipeline import HANDROLLED, TORCH_SCHEDULES
 from distdoctor.pipeline.torchpipe import TorchPipeline, stage_ranks
-from distdoctor.launch.rank import RankContext
-
+from distdoctor.training.fingerprint import fingerprint
 
 
 def stage_layout(strategy: str, world: int) -> list[int]:
@@ -84,17 +87,17 @@ def _train_pipeline(ctx: RankContext, spec: RunSpec) -> None:
     bounds = split_layers(spec, costs, owner, times)
     mine = [k for k, rank in enumerate(owner) if rank == ctx.rank]
     modules = {k: nn.Sequential(*layers[bounds[k][0]:bounds[k][1]]) for k in mine}
-    ctx.emit(("holds", "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))
+    ctx.emit((Emit.HOLDS, "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))
     for k in mine:
         first, end = bounds[k]
-        ctx.emit(("stage", StageCost(k, first, end, spec.pipe.layers[first:end],
+        ctx.emit((Emit.STAGE, StageCost(k, first, end, spec.pipe.layers[first:end],
                                      sum(c.params for c in costs[first:end]),
                                      sum(c.forward_flops for c in costs[first:end]),
                                      sum(c.backward_flops for c in costs[first:end]))))
     params = [p for k in mine for p in modules[k].parameters()]
     optimizer = torch.optim.SGD(params, lr=spec.learning_rate)
     x, y = make_data(spec)
-    record = lambda event: ctx.emit(("stage_event", event))  # noqa: E731
+    record = lambda event: ctx.emit((Emit.STAGE_EVENT, event))  # noqa: E731
     runner = None if spec.strategy in HANDROLLED else TorchPipeline(
         spec.strategy, modules, ctx.world_size, micro, loss_fn, record)
     for step in range(1, spec.num_steps + 1):
@@ -112,5 +115,5 @@ def _train_pipeline(ctx: RankContext, spec: RunSpec) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         grad_print = fingerprint(grads, spec.fingerprint_values)
         optimizer.step()
-        ctx.emit(("pipe_step", PipeStepEvidence(step, loss, fingerprint(
+        ctx.emit((Emit.PIPE_STEP, PipeStepEvidence(step, loss, fingerprint(
             params, spec.fingerprint_values), grad_print, start, end)))

@@ -12,7 +12,11 @@ import torch
 from torch import nn
 
 from distdoctor.tensor.layers import (
-    ColumnParallelLinear, RowParallelLinear, TrafficLog, copy_to_group, local_copy,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TrafficLog,
+    copy_to_group,
+    local_copy,
 )
 
 
@@ -76,7 +80,9 @@ def attention_steps(ctx, kind: str, d: int, heads: int, steps: int, seed: int = 
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (
-            ColwiseParallel, RowwiseParallel, parallelize_module,
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
         )
 
         mesh = init_device_mesh("cpu", (ctx.world_size,))

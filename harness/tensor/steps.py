@@ -51,7 +51,9 @@ def torch_tp(full, size: int, partial_output: bool = False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, RowwiseParallel, parallelize_module,
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
     )
 
     mesh = init_device_mesh("cpu", (size,))

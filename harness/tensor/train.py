@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from distdoctor.models import GroupTensor, GroupTraffic, RunSpec, StepEvidence
+from distdoctor.models.events import Emit
 from distdoctor.tensor.layers import local_copy
 from distdoctor.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
 from distdoctor.tensor.steps import torch_tp
@@ -34,8 +35,8 @@ def tensor_job(ctx, spec: RunSpec) -> None:
     tp_ranks, dp_ranks = spec.tp_group(ctx.rank), spec.dp_group(ctx.rank)
     tp_group, dp_group = _groups(ctx.rank, spec)
     full = build_model(spec, tp_ranks[0])  # one init per replica, then cut
-    ctx.emit(("built", fingerprint(full.parameters(), spec.fingerprint_values)))
-    ctx.emit(("node", spec.node_of(ctx.rank)))
+    ctx.emit((Emit.BUILT, fingerprint(full.parameters(), spec.fingerprint_values)))
+    ctx.emit((Emit.NODE, spec.node_of(ctx.rank)))
     if spec.strategy == "torch-tp":
         model = torch_tp(full, ctx.world_size, partial_output=not knobs.tp_output_allreduce)
         model.fc2.register_forward_hook(lambda m, i, out: setattr(model, "row_output",
@@ -45,8 +46,8 @@ def tensor_job(ctx, spec: RunSpec) -> None:
                   "sum" if knobs.tp_output_allreduce else "none")
         model = TensorParallelMLP(full, part, tp, tp_group, reduce)
     log = getattr(model, "log", None)
-    ctx.emit(("holds", f"tensor slice {part} of {tp}"))
-    ctx.emit(("initial", fingerprint(whole(model, tp_group, tp), spec.fingerprint_values)))
+    ctx.emit((Emit.HOLDS, f"tensor slice {part} of {tp}"))
+    ctx.emit((Emit.INITIAL, fingerprint(whole(model, tp_group, tp), spec.fingerprint_values)))
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.learning_rate)
     x, y = make_dataset(spec)
     use_aux = spec.uses_aux(tp_ranks[0])
@@ -54,7 +55,7 @@ def tensor_job(ctx, spec: RunSpec) -> None:
     rows = tp if knobs.sequence_parallel else 1  # sequence parallelism: a rank's rows
 
     def held(step, name, kind, alike, tensor):
-        ctx.emit(("group_tensor", GroupTensor(step, name, kind, alike, tp_ranks,
+        ctx.emit((Emit.GROUP_TENSOR, GroupTensor(step, name, kind, alike, tp_ranks,
                                               fingerprint([local_copy(tensor)],
                                                           spec.fingerprint_values))))
 
@@ -93,7 +94,7 @@ def tensor_job(ctx, spec: RunSpec) -> None:
         optimizer.step()
         seconds = time.perf_counter() - started
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        ctx.emit(("step", StepEvidence(
+        ctx.emit((Emit.STEP, StepEvidence(
             step=step, epoch=epoch_of(spec, step), sample_ids=tuple(ids), loss=loss_total,
             params=fingerprint(whole(model, tp_group, tp), spec.fingerprint_values),
             grad_local=fingerprint(local, spec.fingerprint_values),
@@ -105,10 +106,10 @@ def tensor_job(ctx, spec: RunSpec) -> None:
         for name in REPLICATED:
             held(step, name, "parameter", True, named[name].detach())
         if log:
-            ctx.emit(("traffic", GroupTraffic(step, "tensor", tp_ranks,
+            ctx.emit((Emit.TRAFFIC, GroupTraffic(step, "tensor", tp_ranks,
                                               sum(log.calls.values()) - before[0],
                                               sum(log.bytes.values()) - before[1])))
-        ctx.emit(("traffic", GroupTraffic(step, "data", dp_ranks, calls, sent)))
+        ctx.emit((Emit.TRAFFIC, GroupTraffic(step, "data", dp_ranks, calls, sent)))
 
 
 def _masks(spec: RunSpec, step: int, ids, part: int):

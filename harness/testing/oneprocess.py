@@ -107,15 +107,16 @@ def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | Non
 
 
 def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
-    from distdoctor.userjob.record import diagnose, script_record
-    from distdoctor.userjob.report import look_at, ranks_phrase
+    from distdoctor.models.calls import ranks_phrase
     from distdoctor.testing.verdict import RankFailure, relative_paths
+    from distdoctor.userjob.record import explain, script_record
+    from distdoctor.userjob.report import look_at
 
     when = "after build, before any step" if at == 0 else f"after step {at}"
     lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "
              f"from one process {when}:"]
     lines += [f"  rank {rank}: {detail}" for rank, detail in sorted(parted.items())]
-    report = diagnose(script_record(result.ends, result.traces, result.wall_s,
+    report = explain(script_record(result.ends, result.traces, result.wall_s,
                                     result.started, deadline), "the training")
     for cause in report.findings:
         lines += [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}",

@@ -17,10 +17,12 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from distdoctor.models.events import Emit
+
 # distdoctor's own frames are left out of reports
 HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-EVENT = "distdoctor.test"  # the kind of the one record a failing rank emits
-OUTPUT = "distdoctor.output"  # the kind of the records that carry what a rank printed
+EVENT = Emit.OUTCOME  # the kind of the one record a failing rank emits
+OUTPUT = Emit.OUTPUT  # the kind of the records that carry what a rank printed
 STALE = "distdoctor.stale"  # what a rank forked before the test was collected returns
 _ITEMS: dict[str, Any] = {}  # nodeid -> pytest Item, filled in the parent before any fork
 

@@ -9,7 +9,9 @@ in this order: the marker's ``deadline=``, ``--distdoctor-deadline``, the ini ke
 the deadline; the deadline is for what cannot be proven (a rank spinning, a peer still
 computing), so it is generous. When pytest-timeout would end the test first, the deadline
 is cut to end 3 s before it, so the diagnosis, not pytest-timeout's stack dump, is what
-the user reads.
+the user reads. pytest-timeout's timeout for a test is learnt from its public hook,
+``pytest_timeout_set_timer``, as it starts the timer; this plugin's own state lives in
+``config.stash`` and ``item.stash``, as pytest-timeout and pytest-xdist keep theirs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from distdoctor.testing.ranks import RanksFactory, cut, judge_job, picklable, po
 DEFAULT_DEADLINE = 300.0
 TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
 _ARGS = ("rank", "world_size")  # per-rank fixtures: not sent from the parent
-_started = pytest.StashKey[float]()
+# per test: pytest-timeout's timeout and when its timer started (from its hook)
+_TIMER = pytest.StashKey[tuple[float, float]]()
+_RUNNING = pytest.StashKey[list[pytest.Item]]()  # per session: the test being run, if any
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,9 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "world_size(n, deadline=None): run the test on n real gloo ranks (a list "
         "of sizes: one test per size), with the default process group initialised")
     _session_deadline(config)  # a bad value is an error at once, not at the first test
+    config.stash[_RUNNING] = []
     from distdoctor.testing import ranks
 
-    ranks.time_left = _time_to_timeout
+    ranks.time_left_from(lambda: _time_to_timeout(config))
 
 
 def _positive(value: Any, where: str) -> float:
@@ -106,25 +111,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     remember(session.items)
 
 
-_running: list[pytest.Item] = []  # the test being run, for the ranks fixture's deadline
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> None:
-    item.stash[_started] = time.monotonic()
-    _running[:] = [item]
+    item.config.stash[_RUNNING][:] = [item]
 
 
-def _time_to_timeout() -> float | None:
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """pytest-timeout starts a test's timer: note its timeout and start, and let it go on
+    (returning None leaves the timer to pytest-timeout itself)."""
+    timeout = getattr(settings, "timeout", None)
+    if timeout and timeout > 0:
+        item.stash[_TIMER] = (float(timeout), time.monotonic())
+    return None
+
+
+def _time_to_timeout(config: pytest.Config) -> float | None:
     """Seconds left before pytest-timeout ends the running test, less TIMEOUT_MARGIN."""
-    if not _running:
+    running = config.stash.get(_RUNNING, [])
+    if not running or _TIMER not in running[0].stash:
         return None
-    item = _running[0]
-    timeout = _pytest_timeout(item)
-    if not timeout:
-        return None
-    spent = time.monotonic() - item.stash.get(_started, time.monotonic())
-    return max(1.0, timeout - spent - TIMEOUT_MARGIN)
+    timeout, started = running[0].stash[_TIMER]
+    return max(1.0, timeout - (time.monotonic() - started) - TIMEOUT_MARGIN)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -220,20 +228,12 @@ def _item_deadline(item: pytest.Item, marker: pytest.Mark) -> float:
 
 
 def _pytest_timeout(item: pytest.Item) -> float | None:
-    """pytest-timeout's timeout for this item, where that plugin is active."""
-    if not item.config.pluginmanager.has_plugin("timeout"):
-        return None
-    try:
-        import pytest_timeout
-
-        timeout = pytest_timeout._get_item_settings(item).timeout
-    except Exception:
-        return None
-    return float(timeout) if timeout and timeout > 0 else None
+    """pytest-timeout's timeout for this item, as its hook told us (None without it)."""
+    return item.stash[_TIMER][0] if _TIMER in item.stash else None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from distdoctor.testing import ranks
 
-    ranks.time_left = lambda: None
-    _running.clear()
+    ranks.time_left_from(None)
+    config.stash.get(_RUNNING, []).clear()

@@ -12,14 +12,21 @@ if TYPE_CHECKING:
 ERROR_GRACE = 1.0  # seconds other ranks get to end after one fails
 
 
-# seconds before something else ends the running test (pytest-timeout, less a margin), or
-# None; set by the plugin. A job's deadline is cut to it, so its report comes first.
-time_left: Callable[[], float | None] = lambda: None
+# the pytest session's clock, when the plugin runs one: seconds before something else ends
+# the running test (pytest-timeout, less a margin), or None. A job's deadline is cut to
+# it, so its report comes first. Helpers called from a test's body cannot reach pytest's
+# config, hence one holder here, set through time_left_from.
+_clock: list[Callable[[], float | None]] = []
+
+
+def time_left_from(clock: Callable[[], float | None] | None) -> None:
+    """Use ``clock`` for the seconds the running test has left (None: no clock)."""
+    _clock[:] = [clock] if clock is not None else []
 
 
 def cut(deadline: float) -> float:
     """``deadline``, or less when the running test would be ended sooner."""
-    left = time_left()
+    left = _clock[0]() if _clock else None
     return min(deadline, left) if left else deadline
 
 

@@ -13,14 +13,20 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from distdoctor.userjob.record import diagnose, script_record
-from distdoctor.userjob.report import (Cause, ReportRank, ScriptReport, call_text, look_at,
-                                   ranks_phrase)
 from distdoctor.launch.results import JobResult
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import RankEnd
 from distdoctor.models.record import is_peer_echo
 from distdoctor.testing.onrank import EVENT
+from distdoctor.userjob.record import explain, script_record
+from distdoctor.userjob.report import (
+    Cause,
+    ReportRank,
+    ScriptReport,
+    call_text,
+    look_at,
+    ranks_phrase,
+)
 
 Status = Literal["passed", "failed", "skipped", "xfailed"]
 # the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
@@ -80,7 +86,7 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
                                f"rank {said[0]} of {n}: {accounts[said[0]]['text']}")
         if not any(e.status in ("hung", "stopped") for e in result.ends):
             own = raised  # only peers' echoes are left: the first of them is the news
-    report = diagnose(script_record(result.ends, result.traces, result.wall_s,
+    report = explain(script_record(result.ends, result.traces, result.wall_s,
                                     result.started, deadline), what)
     cause = report.cause
     if own or died:

@@ -12,7 +12,8 @@ import json
 from typing import Any, Iterable
 
 from distdoctor.models import BatchEvidence
-from distdoctor.trace.tracer import untraced, user_line
+from distdoctor.models.events import Ev
+from distdoctor.trace.tracer import incomplete, user_line
 
 
 def record_batches(tracer: Any) -> None:
@@ -35,12 +36,12 @@ def record_batches(tracer: Any) -> None:
             inner = getattr(sampler, "sampler", None)
             # formatted by hand, the parts fixed for the pass once: a line per batch is on
             # the training loop's path (json.dumps of the whole was 3x the cost)
-            head = json.dumps(dict(ev="batch", loader=number, epoch=epoch,
+            head = json.dumps(dict(ev=Ev.BATCH, loader=number, epoch=epoch,
                                    sampler=type(inner).__name__,
                                    sampler_epoch=getattr(inner, "epoch", None)),
                               separators=(",", ":"), default=repr)[:-1]
         except Exception as exc:  # evidence is best effort: the user's loader goes on
-            untraced(f"cannot record a loader's batches ({type(exc).__name__}: {exc})")
+            incomplete("the batches a loader drew", exc)
             yield from original(sampler)
             return
         where = None
@@ -52,10 +53,10 @@ def record_batches(tracer: Any) -> None:
                     tracer.put(f'{head},"ids":[{",".join([str(int(i)) for i in ids])}],'
                                f'"steps":{tracer.optimizer_steps},"where":{where}}}')
                 except Exception as exc:  # ids that are not sample numbers, say
-                    untraced(f"cannot record a batch ({type(exc).__name__}: {exc})")
+                    incomplete("the batches a loader drew", exc)
                 yield ids
         finally:
-            tracer.write(ev="pass_end", loader=number, epoch=epoch,
+            tracer.write(ev=Ev.PASS_END, loader=number, epoch=epoch,
                          steps=tracer.optimizer_steps)
 
     BatchSampler.__iter__ = batches
@@ -65,8 +66,8 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
     """Each loader batch the rank drew; a pass ``trains`` when an optimiser stepped between
     its first batch and its end (or the loader's next pass)."""
     events = list(events)
-    drawn = [e for e in events if e.get("ev") == "batch"]
-    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == "pass_end"}
+    drawn = [e for e in events if e.get("ev") == Ev.BATCH]
+    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == Ev.PASS_END}
     first: dict[tuple[int, int], int] = {}
     last: dict[tuple[int, int], int] = {}
     for e in drawn:

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from distdoctor.models import Evidence
+from distdoctor.models import Evidence, Incomplete
+from distdoctor.models.events import EMITTED, Emit, Ev, unknown_kinds
 from distdoctor.trace.batches import fold_batches
 from distdoctor.trace.gradients import fold_gradients
 from distdoctor.trace.nonfinite import fold_nonfinite
 from distdoctor.trace.tensorparallel import fold_group_tensors
 from distdoctor.trace.tracer import fold, fold_ddp_forwards
 
-# event kind -> Evidence field, for records that accumulate
-_SERIES = {"backward": "backward", "step": "steps", "stage": "stages",
-           "stage_event": "stage_events", "pipe_step": "pipe_steps",
-           "memory": "memory", "group_tensor": "group_tensors", "traffic": "traffic"}
-# event kind -> Evidence field, for records that happen once
-_ONCE = {"built": "built_params", "initial": "initial_params", "holds": "holds",
-         "node": "node"}
+# record tag -> Evidence field, for records that accumulate
+_SERIES = {Emit.BACKWARD: "backward", Emit.STEP: "steps", Emit.STAGE: "stages",
+           Emit.STAGE_EVENT: "stage_events", Emit.PIPE_STEP: "pipe_steps",
+           Emit.MEMORY: "memory", Emit.GROUP_TENSOR: "group_tensors",
+           Emit.TRAFFIC: "traffic"}
+# record tag -> Evidence field, for records that happen once
+_ONCE = {Emit.BUILT: "built_params", Emit.INITIAL: "initial_params", Emit.HOLDS: "holds",
+         Emit.NODE: "node"}
 
 
 def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidence:
@@ -27,14 +29,29 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
     fields["group_tensors"] = list(fold_group_tensors(trace))
-    ddp = [event for event in trace if event.get("ev") == "ddp"]
+    fields["incomplete"] = list(fold_incomplete(trace))
+    ddp = [event for event in trace if event.get("ev") == Ev.DDP]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])
         fields["ddp_group"] = tuple(ddp[-1].get("group", ()))
-    for kind, payload in events:
+    for kind, payload, *_ in events:
         if kind in _SERIES:
             fields[_SERIES[kind]].append(payload)
         elif kind in _ONCE:
             fields.setdefault(_ONCE[kind], payload)
+        elif kind not in EMITTED:  # our own rank job wrote it: a reader is missing
+            raise ValueError(f"rank {rank} recorded {kind!r}, a kind no reader knows "
+                             f"(distdoctor.models.events.Emit)")
     return Evidence(rank=rank, **{k: tuple(v) if isinstance(v, list) else v
                                   for k, v in fields.items()})
+
+
+def fold_incomplete(trace: tuple) -> tuple[Incomplete, ...]:
+    """The evidence a rank's recorders reported cut short, and trace events of kinds this
+    version cannot read (a trace written by another version): neither passes in silence."""
+    found = [Incomplete(e.get("what", "?"), e.get("step"), e.get("error", ""))
+             for e in trace if e.get("ev") == Ev.INCOMPLETE]
+    found += [Incomplete(f"{count} trace event{'s' * (count > 1)} of unknown kind {kind!r}",
+                         None, "written by another version of distdoctor?")
+              for kind, count in sorted(unknown_kinds(trace).items())]
+    return tuple(found)

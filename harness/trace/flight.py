@@ -7,8 +7,9 @@ Recorder (on for gloo and nccl, 2000 entries by default) numbers every collectiv
 process group as the backend pairs them. So a rank's entry #k tells which op it put at the
 k-th place of that group, whoever made the call. (The recorder's status counts sends and
 receives among its operations, which ranks make in different numbers: a pipeline's middle
-stages twice an end stage's; it is translated into the collectives' own numbering.) Read in a rank's stack thread while the
-main thread is blocked (about a millisecond), only when the parent asks.
+stages twice an end stage's; it is translated into the collectives' own numbering.) Read
+in a rank's stack thread while the main thread is blocked (about a millisecond), only
+when the parent asks.
 """
 
 from __future__ import annotations

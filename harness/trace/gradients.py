@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from distdoctor.models import Fingerprint, GradientEvidence
+from distdoctor.models.events import Ev
 from distdoctor.trace.steps import step_hooks
 from distdoctor.trace.tracer import user_line
 
@@ -117,7 +118,7 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
                 key=lambda p: p.numel())  # ties in the optimiser's order: alike on every rank
             if held:  # formatted by hand, and the step's line left to the last sampled one's
                 rows = np.concatenate([positions(p).of_param(p) for p in held]).astype("<f8")
-                tracer.put(f'{{"ev":"params","step":{steps},"rows":"{rows.tobytes().hex()}",'
+                tracer.put(f'{{"ev":"{Ev.PARAMS}","step":{steps},"rows":"{rows.tobytes().hex()}",'
                            f'"numel":{sum(p.numel() for p in held)}}}')
             return
         mine, now, values, numel = [], [], [], 0
@@ -135,13 +136,13 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
             return  # the first step, before the hooks existed, or no gradients
         # as float64 bytes in hex: exact, and 30x cheaper to write than JSON's float reprs
         rows = np.concatenate(mine + now + values).astype("<f8")
-        tracer.write(ev="grads", step=steps, rows=rows.tobytes().hex(), numel=numel,
+        tracer.write(ev=Ev.GRADS, step=steps, rows=rows.tobytes().hex(), numel=numel,
                      where=user_line())
 
     hooks = step_hooks(tracer)
     hooks.sampled = sampled
-    hooks.accumulated.append(accumulated)
-    hooks.before_step.append(before_step)
+    hooks.accumulated.append(("gradient samples", accumulated))
+    hooks.before_step.append(("gradient samples", before_step))
 def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
     """Each sampled optimiser step's local and applied gradients and parameters; between
     the steps whose gradients were sampled, the parameters alone."""
@@ -151,12 +152,12 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
 
     found, line = [], ""
     for e in events:
-        if e.get("ev") == "params":
+        if e.get("ev") == Ev.PARAMS:
             found.append(GradientEvidence(e["step"], None, None,
                                           print_of(_rows(e["rows"], 1)[0], e["numel"]),
                                           e.get("where", line)))
             continue
-        if e.get("ev") != "grads":
+        if e.get("ev") != Ev.GRADS:
             continue
         line = e.get("where", "")
         if "rows" in e:

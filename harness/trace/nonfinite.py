@@ -35,8 +35,9 @@ from typing import Any, Iterable
 import torch
 
 from distdoctor.models import NonFiniteEvidence
+from distdoctor.models.events import Ev
 from distdoctor.trace.steps import step_hooks
-from distdoctor.trace.tracer import user_line
+from distdoctor.trace.tracer import incomplete, user_line
 
 REPORTS = 3  # non-finite steps written per rank
 
@@ -67,7 +68,7 @@ def record_nonfinite(tracer: Any) -> None:
             return
         written[0] += 1
         names = _names(bad)
-        tracer.write(ev="nonfinite", step=tracer.optimizer_steps + 1,
+        tracer.write(ev=Ev.NONFINITE, step=tracer.optimizer_steps + 1,
                      loss=None if loss_value is None else repr(loss_value),
                      loss_where=loss[1], local=[names[id(p)] for p in bad], where=user_line())
 
@@ -77,12 +78,12 @@ def record_nonfinite(tracer: Any) -> None:
         try:
             if self.numel() == 1:
                 loss[0], loss[1] = self.detach().reshape(()), user_line()
-        except Exception:
-            pass
+        except Exception as exc:
+            incomplete("the losses checked for NaN/Inf", exc)
         return original_backward(self, *args, **kwargs)
 
     torch.Tensor.backward = backward
-    hooks.before_step.append(before_step)
+    hooks.before_step.append(("NaN/Inf checks", before_step))
 
 
 def _names(params: list[torch.Tensor]) -> dict[int, str]:
@@ -111,4 +112,4 @@ def fold_nonfinite(events: Iterable[dict]) -> tuple[NonFiniteEvidence, ...]:
         step=e["step"], loss=None if e.get("loss") is None else float(e["loss"]),
         loss_where=e.get("loss_where", ""), local=tuple(e.get("local", ())),
         where=e.get("where", ""))
-        for e in events if e.get("ev") == "nonfinite")
+        for e in events if e.get("ev") == Ev.NONFINITE)

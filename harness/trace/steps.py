@@ -24,19 +24,20 @@ from typing import Any, Callable
 import torch
 
 from distdoctor.trace.sums import GradSums
-from distdoctor.trace.tracer import plain_params
+from distdoctor.trace.tracer import incomplete, plain_params
 
 SMALL = 1 << 14  # gradients of at most this many elements are summed at every step
-Accumulated = Callable[[torch.Tensor, torch.Tensor], None]  # (param, its strided grad)
-BeforeStep = Callable[[list[torch.Tensor]], None]  # the optimiser's plain parameters
+# each callback with the evidence it records, named for the report when it fails
+Accumulated = tuple[str, Callable[[torch.Tensor, torch.Tensor], None]]  # (param, its grad)
+BeforeStep = tuple[str, Callable[[list[torch.Tensor]], None]]  # the optimiser's parameters
 
 
 class StepHooks:
     """Callbacks run as each plain parameter's gradient is accumulated (on the steps
     ``sampled`` names) and before every optimiser step; with ``summing`` on, gradients'
     sums are kept in ``sums`` (see the module's docstring for which). Evidence is
-    best effort: a callback that raises is skipped for that call, never the user's
-    backward or step."""
+    best effort: a callback that raises is skipped, never the user's backward or step, and
+    its evidence is reported incomplete from that step on (tracer.incomplete)."""
 
     def __init__(self, tracer: Any) -> None:
         self.accumulated: list[Accumulated] = []
@@ -59,8 +60,8 @@ class StepHooks:
             original(optimizer, *args, **kwargs)
             try:  # hooked from construction: step 1's backward is seen too
                 hooks._hook(plain_params(optimizer))
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete("gradient hooks", exc)
 
         Optimizer.__init__ = init
 
@@ -81,27 +82,28 @@ class StepHooks:
         if self.summing and (self._sampling or grad.numel() <= SMALL):
             try:
                 self.sums.add(p, grad)
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete("NaN/Inf checks", exc)
         if not self._sampling or not self.accumulated:
             return
-        for callback in self.accumulated:
+        for what, callback in self.accumulated:
             try:
                 callback(p, grad)
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete(what, exc)
 
     def _before_step(self, optimizer: Any, *args: Any) -> None:
         try:
             params = plain_params(optimizer)
             self._hook(params)  # an optimiser made before the hooks existed
-        except Exception:
+        except Exception as exc:
+            incomplete("gradient hooks", exc)
             return
-        for callback in self.before_step:
+        for what, callback in self.before_step:
             try:
                 callback(params)
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete(what, exc)
 
 
 def step_hooks(tracer: Any) -> StepHooks:

@@ -28,9 +28,10 @@ import torch
 import torch.distributed as dist
 
 from distdoctor.models import Fingerprint, GroupTensor
+from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.steps import step_hooks
-from distdoctor.trace.tracer import user_line
+from distdoctor.trace.tracer import incomplete, user_line
 
 PACKAGE = "torch.distributed.tensor.parallel"
 SAMPLE = 64  # values per tensor
@@ -74,8 +75,8 @@ def record_tensor_parallel(tracer: Any) -> None:
                     dim = _row_parallel_dim(sub)
                     if dim is not None:
                         _hook_output(tracer, sub, name, _dim_group(sub.weight, dim), where)
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete("tensor-parallel samples", exc)
             return out
 
         parallelize_module._distdoctor = True
@@ -84,7 +85,7 @@ def record_tensor_parallel(tracer: Any) -> None:
         if api is not None:
             api.parallelize_module = parallelize_module
 
-    step_hooks(tracer).before_step.append(before_step)
+    step_hooks(tracer).before_step.append(("tensor-parallel samples", before_step))
     if PACKAGE in sys.modules:
         wrap(sys.modules[PACKAGE])
     else:
@@ -110,8 +111,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             run(module)
             try:
                 then(module)
-            except Exception:
-                pass
+            except Exception as exc:
+                incomplete("tensor-parallel samples", exc)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -182,14 +183,14 @@ def _write(tracer, step: int, name: str, kind: str, group, tensor, where: str) -
         return
     at = torch.linspace(0, flat.numel() - 1, min(SAMPLE, flat.numel())).round().long()
     values = flat[at].to(torch.float64).tolist()
-    tracer.write(ev="tp_tensor", step=step, name=name, kind=kind, group=list(group),
+    tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind=kind, group=list(group),
                  values=values, numel=flat.numel(), where=where)
 
 
 def fold_group_tensors(events: Iterable[dict]) -> tuple[GroupTensor, ...]:
     found = []
     for e in events:
-        if e.get("ev") != "tp_tensor":
+        if e.get("ev") != Ev.TP_TENSOR:
             continue
         values = tuple(e["values"])
         found.append(GroupTensor(

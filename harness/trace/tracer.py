@@ -25,6 +25,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distdoctor.models import Call, DDPForward
+from distdoctor.models.calls import ASYNC_POINT_TO_POINT
+from distdoctor.models.calls import direction as direction_of
+from distdoctor.models.events import Ev
 
 # op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
 OPS: dict[str, tuple[str | None, str | None]] = {
@@ -59,8 +62,9 @@ class Tracer:
         self.last_event = time.monotonic()
         self.optimizer_steps = 0  # kept once count_optimizer_steps ran
         self._counting = False
+        self.incomplete_said: set[str] = set()  # evidence already reported as cut short
 
-    def install(self) -> "Tracer":
+    def install(self) -> Tracer:
         global _active
         _active = self
         for name in OPS:
@@ -79,6 +83,7 @@ class Tracer:
             self._ids = 0
             self._seq = {}
             self.optimizer_steps = 0  # a pool's next job numbers its optimiser steps anew
+            self.incomplete_said = set()
             hooks = getattr(self, "_step_hooks", None)
             if hooks is not None:
                 hooks._decided = -1
@@ -109,10 +114,10 @@ class Tracer:
                     group = dist.get_process_group_ranks(ddp.process_group)
                 except Exception:
                     group = []
-                tracer.write(ev="ddp", t=time.monotonic(), params=names, group=group,
+                tracer.write(ev=Ev.DDP, t=time.monotonic(), params=names, group=group,
                              where=user_line())
             except Exception as exc:
-                untraced(f"cannot record DDP's parameters ({type(exc).__name__}: {exc})")
+                incomplete("DDP's parameter names", exc)
 
         DistributedDataParallel.__init__ = init
         forward = DistributedDataParallel.forward
@@ -126,11 +131,11 @@ class Tracer:
                     size = ddp._distdoctor_bytes = sum(
                         p.numel() * p.element_size() for p in ddp.module.parameters()
                         if p.requires_grad)
-                tracer.write(ev="ddp_forward", steps=tracer.optimizer_steps,
+                tracer.write(ev=Ev.DDP_FORWARD, steps=tracer.optimizer_steps,
                              sync=bool(ddp.require_backward_grad_sync), bytes=size,
                              where=user_line())
-            except Exception:
-                pass  # evidence is best effort: never break the user's forward
+            except Exception as exc:  # evidence is best effort: never break the forward
+                incomplete("DDP's forwards", exc)
             return forward(ddp, *args, **kwargs)
 
         DistributedDataParallel.forward = traced_forward
@@ -150,10 +155,9 @@ class Tracer:
     def p2p(self, op: str, peer: int, group: tuple[int, ...]) -> int:
         """Record a send or receive a transport of our own makes (not torch.distributed's),
         numbered on its channel as a traced send or receive is; its id, for mark()."""
-        direction = "send" if op in ("send", "isend") else "recv"
         with self._lock:
             self._ids += 1
-            key = (direction, peer, group, None, 0)
+            key = (direction_of(op), peer, group, None, 0)
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
             call_id = self._ids
@@ -201,19 +205,19 @@ class Tracer:
                 call = self._describe(name, bound, peer_arg, direction)
                 self._put(_enter_line(call))
             except Exception as exc:  # arguments we cannot read: torch judges them, not us
-                untraced(f"cannot trace a {name} call ({type(exc).__name__}: {exc})")
+                incomplete(f"{name} calls", exc)
                 return original(*args, **kwargs)
             self._local.inside = True
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                self.write(ev="error", id=call["id"], t=time.monotonic(), error=repr(exc)[:300])
+                self.write(ev=Ev.ERROR, id=call["id"], t=time.monotonic(), error=repr(exc)[:300])
                 raise
             finally:
                 self._local.inside = False
             if call["async_op"]:
                 return _wrap_works(result, self, call["id"])
-            self.mark("done", call["id"])
+            self.mark(Ev.DONE, call["id"])
             return result
 
         traced.__wrapped__ = original
@@ -226,7 +230,7 @@ class Tracer:
             ops = bound.get("p2p_op_list") or []
             tensors = [op.tensor for op in ops]
             group, pg = _group(ops[0].group if ops else None)
-            peers = [["send" if op.op.__name__ == "isend" else "recv", op.peer] for op in ops]
+            peers = [[direction_of(op.op.__name__), op.peer] for op in ops]
             tags = [getattr(op, "tag", 0) or 0 for op in ops]
             tag = 0  # each op's own, in ``peers``
             peer = None
@@ -260,8 +264,7 @@ class Tracer:
             "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
             "reduce_op": _op_name(op),
             "where": user_line(), "rank": self.rank,
-            "async_op": bool(bound.get("async_op")) or name in ("isend", "irecv",
-                                                                 "batch_isend_irecv"),
+            "async_op": bool(bound.get("async_op")) or name in ASYNC_POINT_TO_POINT,
         }
         if pg is not None:
             call["pg"] = pg  # another group of the same ranks counts its calls apart
@@ -274,6 +277,25 @@ class Tracer:
 
 _active: Tracer | None = None
 _warned: set[str] = set()
+
+
+def incomplete(what: str, exc: BaseException) -> None:
+    """A recorder failed: its evidence (``what``: "gradient samples", "the batches a
+    loader drew", ...) is incomplete from this step on. Said once per kind and job, in
+    the trace, so the report names it instead of giving a clean bill of health, and on
+    stderr. The user's job goes on: a recorder never breaks a step."""
+    tracer = _active
+    error = f"{type(exc).__name__}: {exc}"[:300]
+    if tracer is not None:
+        if what in tracer.incomplete_said:
+            return
+        tracer.incomplete_said.add(what)
+        try:
+            tracer.write(ev=Ev.INCOMPLETE, what=what, step=tracer.optimizer_steps + 1,
+                         error=error)
+        except Exception:  # the trace itself is gone: stderr is all that is left
+            pass
+    untraced(f"cannot record {what} ({error})")
 
 
 def untraced(why: str) -> None:
@@ -307,9 +329,9 @@ class _TracedWork:
         self._work, self._tracer, self._id = work, tracer, call_id
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._tracer.mark("wait", self._id, user_line())
+        self._tracer.mark(Ev.WAIT, self._id, user_line())
         result = self._work.wait(*args, **kwargs)
-        self._tracer.mark("done", self._id)
+        self._tracer.mark(Ev.DONE, self._id)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -382,7 +404,7 @@ def _enter_line(call: dict) -> str:
         else:
             text = json.dumps(value, separators=(",", ":"))
         fields.append(f'"{key}":{text}')
-    return '{"ev":"enter",' + ",".join(fields) + "}"
+    return f'{{"ev":"{Ev.ENTER}",' + ",".join(fields) + "}"
 
 
 def plain_params(optimizer: Any) -> list[torch.Tensor]:
@@ -407,7 +429,7 @@ def user_line(skip: tuple[str, ...] = ()) -> str:
 
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
     return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
-                 for e in events if e.get("ev") == "ddp_forward")
+                 for e in events if e.get("ev") == Ev.DDP_FORWARD)
 
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:
@@ -415,17 +437,17 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
     calls: dict[int, dict] = {}
     for event in events:
         kind = event.get("ev")
-        if kind == "enter":
+        if kind == Ev.ENTER:
             calls[event["id"]] = {k: v for k, v in event.items() if k not in ("ev", "t")}
             calls[event["id"]]["entered"] = event["t"]
         elif event.get("id") in calls:
             call = calls[event["id"]]
-            if kind == "wait":
+            if kind == Ev.WAIT:
                 call.setdefault("waited", event["t"])
                 call.setdefault("wait_where", event.get("where", ""))
-            elif kind == "done":
+            elif kind == Ev.DONE:
                 call["completed"] = event["t"]
-            elif kind == "error":
+            elif kind == Ev.ERROR:
                 call["error"] = event.get("error")
     return tuple(Call(
         id=c["id"], rank=c.get("rank", -1), op=c["op"], seq=c["seq"], group=tuple(c["group"]),

@@ -14,11 +14,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from distdoctor.training.dropout import reference_masks
-from distdoctor.training.fingerprint import fingerprint
 from distdoctor.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
 from distdoctor.models.distance import max_abs_diff, param_history
-from distdoctor.training.workload import batch_ids, build_model, loss_fn, make_dataset, make_optimizer
+from distdoctor.training.dropout import reference_masks
+from distdoctor.training.fingerprint import fingerprint
+from distdoctor.training.workload import (
+    batch_ids,
+    build_model,
+    loss_fn,
+    make_dataset,
+    make_optimizer,
+)
 
 
 def reference_params(spec: RunSpec) -> tuple[Fingerprint, ...]:

@@ -15,10 +15,11 @@ import time
 
 import torch
 
+from distdoctor.launch.rank import RankContext
+from distdoctor.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
+from distdoctor.models.events import Emit
 from distdoctor.training import strategies
 from distdoctor.training.fingerprint import fingerprint
-from distdoctor.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
-from distdoctor.launch.rank import RankContext
 from distdoctor.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
 
@@ -31,13 +32,13 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     ("step", StepEvidence).
     """
     model = build_model(spec, ctx.rank)
-    ctx.emit(("built", fingerprint(model.parameters(), spec.fingerprint_values)))
+    ctx.emit((Emit.BUILT, fingerprint(model.parameters(), spec.fingerprint_values)))
     sizes = [p.numel() for p in model.parameters()]
     owned = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()]
     layers, largest = sum(1 for n in owned if n), max(owned)
     dp = strategies.wrap(model, spec)
     x, y = make_dataset(spec)
-    ctx.emit(("initial", fingerprint(dp.full_params(), spec.fingerprint_values)))
+    ctx.emit((Emit.INITIAL, fingerprint(dp.full_params(), spec.fingerprint_values)))
     budget = int(spec.knobs.memory_budget * sum(sizes))
     use_aux = spec.uses_aux(ctx.rank)
     k = spec.micro_batches
@@ -47,7 +48,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
         dp.zero_grad()
         dp.probe.reset()
         dp.comm.reset()
-        report_backward = _once(lambda: ctx.emit(("backward", BackwardEvidence(
+        report_backward = _once(lambda: ctx.emit((Emit.BACKWARD, BackwardEvidence(
             step=step, no_grad_params=dp.probe.missing()))))
         dp.comm.on_sync = report_backward
         loss_total = 0.0
@@ -70,13 +71,13 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             grads=held.grads, optimizer=held.optimizer, gathered=held.gathered, budget=budget,
             model_params=sum(sizes), largest_layer=largest, layers=layers,
             optimizer_tensors=dp.optimizer_tensors)
-        ctx.emit(("memory", memory))
+        ctx.emit((Emit.MEMORY, memory))
         if budget and memory.total > budget:
             raise torch.OutOfMemoryError(
                 f"out of memory: training state {memory.total} bytes over the budget of "
                 f"{budget} (params {memory.params}, grads {memory.grads}, "
                 f"optimiser {memory.optimizer}, gathered {memory.gathered})")
-        ctx.emit(("step", StepEvidence(
+        ctx.emit((Emit.STEP, StepEvidence(
             step=step,
             epoch=epoch_of(spec, step),
             sample_ids=tuple(ids),

@@ -28,6 +28,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from distdoctor.launch import procs, stacks
+from distdoctor.models.events import Ev
 
 HANG_EXIT = 124  # what --exit-on-hang ends a stalled rank with (timeout(1)'s code)
 
@@ -106,10 +107,10 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
     _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang)
-    tracer.write(ev="start", t=procs.now(), run=_run_id(), rank=int(rank),
+    tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank),
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
-    tracer.write(ev="exit", t=procs.now(), status="raised" if error else "finished", error=error)
+    tracer.write(ev=Ev.EXIT, t=procs.now(), status="raised" if error else "finished", error=error)
     _exit(_exit_code(error))
 
 
@@ -192,7 +193,7 @@ def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool) -
         while True:
             time.sleep(min(1.0, deadline / 4))
             if procs.now() - tracer.last_event >= deadline:
-                tracer.write(ev="stalled", t=procs.now(), threads=thread_names())
+                tracer.write(ev=Ev.STALLED, t=procs.now(), threads=thread_names())
                 faulthandler.dump_traceback(stack_file, all_threads=True)
                 stack_file.flush()
                 _say_stalled(deadline, stack_file.name, exit_on_hang)

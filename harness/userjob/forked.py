@@ -78,7 +78,7 @@ class ForkedProcess:
     def join(self, timeout: float | None = None) -> None:
         if self.exitcode is None:
             wait([self.sentinel], timeout)
-            self.exitcode  # reap it, if it has ended
+            _ = self.exitcode  # reading it reaps the child, if it has ended
 
 
 def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: int,

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
-from distdoctor.userjob.forked import can_fork, fork_rank
-from distdoctor.userjob.output import OutputSpec, RankOutput
 from distdoctor.launch import procs
 from distdoctor.launch.results import JobResult
 from distdoctor.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
 from distdoctor.launch.watch import JobWatch, RankHandle
+from distdoctor.userjob.forked import can_fork, fork_rank
+from distdoctor.userjob.output import OutputSpec, RankOutput
 
 START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
 STORE_TIMEOUT = timedelta(seconds=300)  # torch's default for a TCPStore

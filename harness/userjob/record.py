@@ -4,9 +4,9 @@ the same way."""
 
 from __future__ import annotations
 
-from distdoctor.userjob.report import ScriptReport, report
 from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
 from distdoctor.trace.evidence import evidence_from_events
+from distdoctor.userjob.report import ScriptReport, report
 
 
 def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: float,
@@ -20,7 +20,7 @@ def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: flo
     return RunRecord(spec=spec, ranks=ranks, wall_s=wall_s, started=started)
 
 
-def diagnose(record: RunRecord, script: str, all_frames: bool = False) -> ScriptReport:
+def explain(record: RunRecord, script: str, all_frames: bool = False) -> ScriptReport:
     """Every detector on the record, folded into the causes a user is told."""
     from distdoctor import checks
 

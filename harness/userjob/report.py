@@ -6,12 +6,14 @@ unused-parameters or hang-unknown: a mismatch outranks the crash it caused, and 
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
 that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
 tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
-a replicated parameter part), divergent-parameters (the replicas are different models), gradient-not-averaged (every
-step is N times too large), duplicate-samples (the ranks train on the same data), then
-repeated-epoch-order (each epoch replays the last), and last sync-every-microbatch (it
-costs time, not correctness). Every
-cause found is listed in ``findings``; ``cause`` is the first. Written as JSON, the report
-has the schema ``distdoctor.run.v2`` (v1 had ``cause`` alone, without ``where``).
+a replicated parameter part), divergent-parameters (the replicas are different models),
+gradient-not-averaged (every step is N times too large), duplicate-samples (the ranks
+train on the same data), then repeated-epoch-order (each epoch replays the last), and last
+sync-every-microbatch (it costs time, not correctness). Each cause is chosen by the
+``kind`` its finding carries (set by the check), never by the numbers inside it. Every
+cause found is listed in ``findings``; ``cause`` is the first; evidence the ranks could not
+record is listed in ``incomplete``. Written as JSON, the report has the schema
+``distdoctor.run.v3`` (v2 had no ``incomplete``; v1 had ``cause`` alone, without ``where``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from distdoctor.userjob.stacktext import stack_text
-from distdoctor.models.jsoncodec import to_json
 from distdoctor.models import Call, Finding, RankRecord, RunRecord
+from distdoctor.models.calls import describe_call, ranks_phrase
+from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import is_peer_echo, started_by, user_frame
+from distdoctor.userjob.stacktext import stack_text
 
-RUN_SCHEMA = "distdoctor.run.v2"
+RUN_SCHEMA = "distdoctor.run.v3"
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "hang-unknown", "tp-partial-sums",
                     "tp-replica-drift", "divergent-parameters",
@@ -78,6 +81,9 @@ class ScriptReport:
     wall_s: float
     findings: list[Cause] = field(default_factory=list)  # every cause found, ``cause`` first
     schema: str = RUN_SCHEMA
+    # evidence the ranks could not record ("gradient samples on rank 1 from step 12
+    # (RuntimeError: ...)"): the checks reading it may have missed something
+    incomplete: list[str] = field(default_factory=list)
 
     def write(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -91,46 +97,45 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str,
     causes = ([ended] if ended else []) + silent_causes(findings)
     ranks = [_rank(r, ended is not None, all_frames) for r in record.ranks]
     return ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
-                        ranks, script, record.wall_s, causes)
+                        ranks, script, record.wall_s, causes, incomplete=incomplete(record))
 
 
-# (the finding's fault, a key its measurements carry) -> the cause a user is told, in order
-SILENT_CAUSES: tuple[tuple[str, str, CauseKind], ...] = (
-    ("non-finite", "first_step", "non-finite"),
-    ("missing-tp-allreduce", "layer", "tp-partial-sums"),
-    ("replicated-param-drift", "parameters", "tp-replica-drift"),
-    ("divergent-init", "first_divergent_step", "divergent-parameters"),
-    ("divergent-updates", "first_divergent_step", "divergent-parameters"),
-    ("sum-without-mean", "ratio", "gradient-not-averaged"),
-    ("shared-shuffle-seed", "max_overlap_share", "duplicate-samples"),
-    ("shared-shuffle-seed", "replayed_epochs", "repeated-epoch-order"),
-    ("allreduce-every-microbatch", "syncs_per_step", "sync-every-microbatch"))
+def incomplete(record: RunRecord) -> list[str]:
+    """Each piece of evidence some ranks could not record, with the ranks, as a line."""
+    ranks_of: dict[tuple, list[int]] = {}
+    for rank in record.ranks:
+        for gap in rank.evidence.incomplete:
+            ranks_of.setdefault((gap.what, gap.step, gap.error), []).append(rank.rank)
+    return [f"{what} on {ranks_phrase(ranks)}" + (f" from step {step}" if step is not None
+                                                  else "") + (f" ({error})" if error else "")
+            for (what, step, error), ranks in ranks_of.items()]
+
+
+# the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
+SILENT_ORDER: tuple[CauseKind, ...] = (
+    "non-finite", "tp-partial-sums", "tp-replica-drift", "divergent-parameters",
+    "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
+    "sync-every-microbatch")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
     """The bugs that let the run finish, most fundamental first."""
-    return [Cause(kind, list(f.ranks), f.symptom, f.fix, f.measured.get("where"), f.measured)
-            for fault, key, kind in SILENT_CAUSES for f in findings
-            if f.fault == fault and key in f.measured and not f.inconclusive]
+    return [Cause(kind, list(f.ranks), f.symptom, f.fix, f.where[0] if f.where else None,
+                  f.measured)
+            for kind in SILENT_ORDER for f in findings
+            if f.kind == kind and not f.inconclusive]
 
 
-# findings that name the cause outright, most specific first: finding -> cause reported
-NAMED_CAUSES: tuple[tuple[str, CauseKind], ...] = (
-    ("unused-params", "unused-parameters"), ("collective-mismatch", "collective-mismatch"),
-    ("unmatched-collective", "collective-mismatch"),
-    ("send-before-receive", "p2p-cycle"), ("p2p-cycle", "p2p-cycle"))
+# the causes of a run that stopped which a finding names outright, most specific first
+NAMED_ORDER: tuple[CauseKind, ...] = (
+    "unused-parameters", "collective-mismatch", "p2p-cycle", "rank-exited-early")
 
 
 def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
-    by_fault = {f.fault: f for f in findings}
-    for fault, kind in NAMED_CAUSES:
-        if fault in by_fault:
-            return _cause(kind, by_fault[fault])
-    missing = by_fault.get("missing-from-collective")
-    if missing is not None:
-        ended = all(record.ranks[r].end.status in ("finished", "died", "raised")
-                    for r in missing.ranks)
-        return _cause("rank-exited-early" if ended else "collective-mismatch", missing)
+    for kind in NAMED_ORDER:
+        named = next((f for f in findings if f.kind == kind), None)
+        if named is not None:
+            return _cause(kind, named)
     crashed = [r.end for r in record.ranks
                if r.end.status in ("raised", "died") and not is_peer_echo(r.end)]
     if crashed:
@@ -143,9 +148,8 @@ def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
         early = [r for r in record.ranks if r.end.ok]
         if early:
             return _exited_early(record, early)
-    if "hang-unknown" in by_fault:
-        return _cause("hang-unknown", by_fault["hang-unknown"])
-    return None
+    unknown = next((f for f in findings if f.kind == "hang-unknown"), None)
+    return _cause("hang-unknown", unknown) if unknown is not None else None
 
 
 def _cause(kind: CauseKind, found: Finding) -> Cause:
@@ -156,9 +160,10 @@ def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     """Peers failed only because ranks left: name who left, after how many calls, and
     where the others were waiting for them."""
     left = "; ".join(f"rank {r.rank} ended after {len(r.evidence.calls)} calls"
-                     + (f" (last: {_describe(r.evidence.calls[-1])})" if r.evidence.calls else "")
+                     + (f" (last: {r.evidence.calls[-1].describe(relative=True)})"
+                        if r.evidence.calls else "")
                      for r in early)
-    waiting = "; ".join(f"rank {r.rank} was in {_describe(r.evidence.calls[-1])}"
+    waiting = "; ".join(f"rank {r.rank} was in {r.evidence.calls[-1].describe(relative=True)}"
                         for r in record.ranks if not r.end.ok and r.evidence.calls)
     return Cause("rank-exited-early", [r.rank for r in early],
                  f"{left}, while the others still expected it: {waiting}",
@@ -197,12 +202,6 @@ def _call(call: Call) -> ReportCall:
                       where, call.reduce_op or "")
 
 
-def _describe(call: Call) -> str:
-    from distdoctor.checks.hang import describe
-
-    return describe(call)
-
-
 def raising_line(error: str | None) -> str | None:
     """file:line of the innermost frame of a traceback outside torch and distdoctor."""
     import re
@@ -221,15 +220,8 @@ def _by_line(where: str) -> tuple[str, int]:
 def call_text(call: ReportCall | None) -> str:
     if call is None:
         return "no traced call"
-    shapes = " ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
-                      for s in call.shape)
-    peer = f" peer {call.peer}" if call.peer is not None else ""
-    detail = ", ".join(filter(None, [f"#{call.seq}", shapes, call.dtype, call.reduce_op]))
-    return f"{call.op}{peer} ({detail}) at {call.where}"
-
-
-def ranks_phrase(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    return describe_call(call.op, call.peer, call.seq, call.shape, call.dtype,
+                         call.reduce_op, where=call.where)
 
 
 def look_at(result: ScriptReport) -> list[str]:
@@ -250,7 +242,7 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
     """The human report: cause, ranks, lines and fix first, then each rank's state.
     ``partial``: some evidence could not be read (the verdict says so)."""
     lines = []
-    based = " (from partial evidence)" if partial else ""
+    based = " (from partial evidence)" if partial or result.incomplete else ""
     if result.cause is None:
         lines.append(f"distdoctor {command}: OK{based}: all {len(result.ranks)} ranks of "
                      f"{result.script} finished"
@@ -267,6 +259,8 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
         places = look_at(result)
         if places:
             lines.append("  look at: " + ", ".join(places))
+    lines += [f"  evidence incomplete: {gap}" for gap in result.incomplete]
+    if result.cause is not None:
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):
             for r in root[:1]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distdoctor.models import RankEnd
+from distdoctor.models.events import Ev
 from distdoctor.models.record import is_peer_echo
 
 NO_TRACE = "no trace: its node may have died before it wrote"
@@ -66,7 +67,7 @@ def read(path: Path, rank: int) -> RankTrace:
             continue
         events.append(event)
     events = _foldable(rank, events, unreadable)
-    start = next((e for e in events if e.get("ev") == "start"), {})
+    start = next((e for e in events if e.get("ev") == Ev.START), {})
     run, world = start.get("run"), start.get("world")
     return RankTrace(rank, path, tuple(events), tuple(sorted(unreadable)),
                      run if isinstance(run, str) else None,
@@ -124,10 +125,10 @@ def load(directories: list[str], run: str | None = None) -> Job:
             ends.append(RankEnd(rank, "died", at=0.0, error=NO_TRACE))
             events.append(())
             continue
-        exit_event = next((e for e in reversed(trace.events) if e.get("ev") == "exit"), None)
+        exit_event = next((e for e in reversed(trace.events) if e.get("ev") == Ev.EXIT), None)
         stack_file = trace.path.with_suffix(".stacks")
         raw = stack_file.read_text(errors="replace") if stack_file.exists() else ""
-        stalled = any(e.get("ev") == "stalled" for e in trace.events)
+        stalled = any(e.get("ev") == Ev.STALLED for e in trace.events)
         if exit_event is None and not stalled and not raw.strip():
             # a hung rank notes its stall and, stopped, dumps its stacks: this one went
             # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
@@ -154,7 +155,7 @@ def _still_waiting(end: RankEnd, events: tuple[dict, ...]) -> tuple[RankEnd, tup
     """A rank whose call failed only because a stalled peer went away (it exited with
     --exit-on-hang, or torchrun stopped it) was waiting in that call like the others:
     as evidence, its last call is still open and the rank was stopped in it."""
-    failed = next((e for e in reversed(events) if e.get("ev") == "error"), None)
+    failed = next((e for e in reversed(events) if e.get("ev") == Ev.ERROR), None)
     kept = tuple(e for e in events if e is not failed)
     return RankEnd(end.rank, "stopped", at=end.at,
                    error=f"its call failed only once a stalled peer was gone: {end.headline}"
@@ -165,7 +166,7 @@ def _thread_names(events: tuple[dict, ...]) -> dict[str, str]:
     """The names each rank wrote for its threads' ids (at its start and its stall)."""
     names: dict[str, str] = {}
     for event in events:
-        threads = event.get("threads") if event.get("ev") in ("start", "stalled") else None
+        threads = event.get("threads") if event.get("ev") in (Ev.START, Ev.STALLED) else None
         if isinstance(threads, dict):
             names.update({k: v for k, v in threads.items()
                           if isinstance(k, str) and isinstance(v, str)})

@@ -33,7 +33,7 @@ if tuple(STRATEGIES) != DATA_PARALLEL:  # one list of names: a new strategy is n
                       f"names in distdoctor.models.strategies {DATA_PARALLEL}")
 
 
-def wrap(model: "nn.Module", spec: "RunSpec") -> "DataParallel":
+def wrap(model: nn.Module, spec: RunSpec) -> DataParallel:
     try:
         target = STRATEGIES[spec.strategy]
     except KeyError:

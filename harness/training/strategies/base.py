@@ -56,7 +56,7 @@ class GradProbe:
         self.local: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def on(cls, module: nn.Module) -> "GradProbe":
+    def on(cls, module: nn.Module) -> GradProbe:
         probe = cls((name, p.shape) for name, p in module.named_parameters())
         for name, p in module.named_parameters():
             probe.watch(name, p)

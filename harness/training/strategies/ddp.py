@@ -12,8 +12,13 @@ import torch.distributed as dist
 from torch import nn
 
 from distdoctor.models import RunSpec
-from distdoctor.training.strategies.base import (ManualSync, Replicated, SyncLog, broadcast_from_rank0,
-                                     nbytes)
+from distdoctor.training.strategies.base import (
+    ManualSync,
+    Replicated,
+    SyncLog,
+    broadcast_from_rank0,
+    nbytes,
+)
 
 
 class HandRolledDDP(ManualSync, Replicated):

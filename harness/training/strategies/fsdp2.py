@@ -24,8 +24,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from distdoctor.models import RunSpec
-from distdoctor.training.strategies.base import (GradProbe, HeldBytes, SyncLog, broadcast_from_rank0,
-                                     nbytes, optimizer_state, storage_bytes)
+from distdoctor.training.strategies.base import (
+    GradProbe,
+    HeldBytes,
+    SyncLog,
+    broadcast_from_rank0,
+    nbytes,
+    optimizer_state,
+    storage_bytes,
+)
 from distdoctor.training.workload import make_optimizer
 
 

@@ -23,9 +23,16 @@ from torch import nn
 from torch.func import functional_call
 
 from distdoctor.models import RunSpec
-from distdoctor.training.strategies.base import (GradProbe, HeldBytes, ManualSync, SyncLog,
-                                     broadcast_from_rank0, nbytes, optimizer_state,
-                                     storage_bytes)
+from distdoctor.training.strategies.base import (
+    GradProbe,
+    HeldBytes,
+    ManualSync,
+    SyncLog,
+    broadcast_from_rank0,
+    nbytes,
+    optimizer_state,
+    storage_bytes,
+)
 from distdoctor.training.strategies.zero.layout import Layer, gather_views, layers_of
 from distdoctor.training.workload import make_optimizer
 
@@ -47,7 +54,7 @@ class Gathered:
 
 
 class ShardedLayer(nn.Module):
-    def __init__(self, layer: Layer, module: nn.Module, owner: "Zero3"):
+    def __init__(self, layer: Layer, module: nn.Module, owner: Zero3):
         super().__init__()
         self.layer = layer
         flat = layer.flatten(list(module.parameters(recurse=False)))

@@ -23,6 +23,9 @@ saw) proves the call can never complete.
 
 Only ``enter``, ``wait``, ``done`` and ``error`` lines are read; everything else in the
 stream is skipped without parsing.
+
+The same graph after the fact, from a RunRecord's calls (``wait_edges``), is what the hang
+check judges and the pictures draw: one module says who waits for whom, live or later.
 """
 
 from __future__ import annotations
@@ -30,9 +33,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-P2P = ("send", "recv", "isend", "irecv")
-SEND = ("send", "isend")
-_CALL_EVENTS = (b'{"ev":"enter"', b'{"ev":"wait"', b'{"ev":"done"', b'{"ev":"error"')
+from distdoctor.models.calls import (
+    BATCH,
+    RECEIVES,
+    describe_call,
+    direction,
+    is_collective,
+    is_point_to_point,
+    ranks_phrase,
+)
+from distdoctor.models.events import CALL_EVENTS, Ev
+from distdoctor.models.evidence import Call
+from distdoctor.models.record import RankRecord, RunRecord
+
+STOPPED = ("hung", "stopped")  # a rank's ends that leave it blocked where it was
+_CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
 # Collectives gloo runs with one algorithm, so that one rank in each still completes (or
 # one side does): measured on torch 2.13 gloo, 2 ranks, every other pair of ops hangs, and
 # so do rooted ops with different roots. Shapes, dtypes and reduce ops are not compared: a
@@ -137,9 +152,9 @@ class WaitFor:
     def _event(self, state: _Rank, event: dict) -> None:
         state.events += 1
         kind = event["ev"]
-        if kind == "enter":
+        if kind == Ev.ENTER:
             if event.get("main") is False or \
-                    (event["op"] in ("recv", "irecv") and event.get("peer") is None):
+                    (event["op"] in RECEIVES and event.get("peer") is None):
                 state.unprovable = True
             for key, seq in _channels(event):
                 state.entered[key] = max(state.entered.get(key, 0), seq + 1)
@@ -148,9 +163,9 @@ class WaitFor:
         call = state.open.get(event.get("id"))
         if call is None:
             return
-        if kind == "wait":
+        if kind == Ev.WAIT:
             call.waiting = True
-        elif kind == "error" or not call.event.get("async_op"):
+        elif kind == Ev.ERROR or not call.event.get("async_op"):
             del state.open[event["id"]]
         else:  # an async call's works each report their own wait's end
             call.waiting = False
@@ -172,14 +187,13 @@ class WaitFor:
     def waits(self, rank: int, call: dict) -> set[int] | None:
         """The ranks ``call`` waits for; None when that cannot be known (any-source)."""
         group = _group(call)
-        if call["op"] == "batch_isend_irecv":
-            return {peer for direction, peer, seq, *tag in call.get("peers", ())
-                    if not self._matched(rank, direction, peer, seq, group, tag)}
-        if call["op"] in P2P:
+        if call["op"] == BATCH:
+            return {peer for way, peer, seq, *tag in call.get("peers", ())
+                    if not self._matched(rank, way, peer, seq, group, tag)}
+        if is_point_to_point(call["op"]):
             if call.get("peer") is None:
                 return None
-            direction = "send" if call["op"] in SEND else "recv"
-            return ({call["peer"]} if not self._matched(rank, direction, call["peer"],
+            return ({call["peer"]} if not self._matched(rank, direction(call["op"]), call["peer"],
                                                         call["seq"], group, [call.get("tag")])
                     else set())
         key, place = ("collective", group), self._place(rank, call)
@@ -195,12 +209,12 @@ class WaitFor:
                 found.add(member)
         return found
 
-    def _matched(self, rank: int, direction: str, peer: int, seq: int, group: tuple,
+    def _matched(self, rank: int, way: str, peer: int, seq: int, group: tuple,
                  tag: list) -> bool:
         other = self.ranks.get(peer)
         if other is None:
             return False
-        opposite = "recv" if direction == "send" else "send"
+        opposite = "recv" if way == "send" else "send"
         return other.entered.get((opposite, rank, group, _tag(tag)), 0) > seq
 
     def proof(self) -> Deadlock | None:
@@ -234,7 +248,7 @@ class WaitFor:
                                                   + mismatch[r] for r in ranks))
         gone = sorted({p for r in stuck for p in waits[r] & ended})
         return Deadlock("exited", tuple(sorted(stuck)), calls,
-                        f"rank{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} finished "
+                        f"{ranks_phrase(gone)} finished "
                         f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
                                               for r in sorted(stuck)))
 
@@ -296,11 +310,11 @@ class WaitFor:
 def _channels(event: dict) -> list[tuple[tuple, int]]:
     """The channels or group a call counts on, with its number there."""
     group = _group(event)
-    if event["op"] == "batch_isend_irecv":
+    if event["op"] == BATCH:
         return [((d, p, group, _tag(t)), s) for d, p, s, *t in event.get("peers", ())]
-    if event["op"] in P2P:
-        direction = "send" if event["op"] in SEND else "recv"
-        return [((direction, event.get("peer"), group, _tag([event.get("tag")])), event["seq"])]
+    if is_point_to_point(event["op"]):
+        return [((direction(event["op"]), event.get("peer"), group, _tag([event.get("tag")])),
+                 event["seq"])]
     return [(("collective", group), event["seq"])]
 
 
@@ -312,7 +326,7 @@ def _tag(found: list) -> int:
 
 def collective(call: dict) -> bool:
     """Is the call (an enter event) a collective, not a send, receive or batch of them?"""
-    return call["op"] not in P2P and call["op"] != "batch_isend_irecv"
+    return is_collective(call["op"])
 
 
 def _group(call: dict) -> tuple:
@@ -331,10 +345,10 @@ def _signature(call: dict) -> tuple:
 
 
 def _name(call: dict) -> str:
-    op, peer = call["op"], call.get("peer")
-    target = (f" to {peer}" if op in SEND else f" from {peer}" if op in P2P else
-              f" rooted at {peer}" if peer is not None else "")
-    return f"{op}{target} #{call['seq']} at {call.get('where') or '?'}"
+    """An enter event as every report writes a call."""
+    return describe_call(call["op"], call.get("peer"), call["seq"], call.get("shapes") or (),
+                         call.get("dtype") or "", call.get("reduce_op"), call.get("pg"),
+                         call.get("where") or "")
 
 
 def cycle_of(edges: dict[int, set[int]]) -> list[int] | None:
@@ -351,3 +365,37 @@ def cycle_of(edges: dict[int, set[int]]) -> list[int] | None:
                 return path[path.index(node):]
             path.append(node)
     return None
+
+
+# -- the same graph after the fact, from a RunRecord -----------------------------------
+
+
+def blocking_call(rank: RankRecord) -> Call | None:
+    """The call a stopped rank is inside: the last one it entered and never left."""
+    blocking = [c for c in rank.evidence.calls if c.blocking]
+    return blocking[-1] if blocking else None
+
+
+def same_collective(a: Call, b: Call) -> bool:
+    """Are these one collective of one group (same group, same number), on two ranks?"""
+    return is_collective(a.op) and (a.group, a.pg, a.seq) == (b.group, b.pg, b.seq)
+
+
+def waits_for(call: Call, record: RunRecord) -> set[int]:
+    """The ranks a blocked ``call`` waits for: its peers, or the members of its group that
+    never entered the same collective."""
+    if call.op == BATCH:
+        return {peer for _, peer in call.peers}
+    if is_point_to_point(call.op):
+        return {call.peer} if call.peer is not None else set()
+    joined = {r.rank for r in record.ranks
+              if any(same_collective(c, call) for c in r.evidence.calls)}
+    return set(call.group or range(len(record.ranks))) - joined
+
+
+def wait_edges(record: RunRecord) -> dict[int, set[int]]:
+    """Whom each stopped rank waits for, from the call it is blocked in: the wait-for
+    graph a finished run's hang is judged on, and the one the pictures draw."""
+    stopped = [r for r in record.ranks if r.end.status in STOPPED]
+    blocked = {r.rank: blocking_call(r) for r in stopped}
+    return {rank: waits_for(call, record) for rank, call in blocked.items() if call}

@@ -1,0 +1,79 @@
+"""Every name a rank writes home, defined once: the tracer's JSON events (their ``ev``) and
+the built-in rank jobs' records (the tag of ``ctx.emit((tag, payload))``).
+
+Writers and readers both spell a kind through these constants, so a renamed kind breaks
+at import, not silently in a reader that no longer matches. Readers meet kinds they do
+not know in two ways: a record tag of our own rank jobs that no reader knows is a bug and
+raises; a tracer event from a trace file (written by another version, or cut short) is
+counted and reported as evidence that could not be read, never dropped without a word.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class Ev:
+    """The tracer's JSON events, one line each: ``{"ev": KIND, ...}``."""
+
+    # a call: entered, waited on (asynchronous calls), completed, raised
+    ENTER = "enter"
+    WAIT = "wait"
+    DONE = "done"
+    ERROR = "error"
+    # DDP: its parameters' names at construction, each forward's sync and bytes
+    DDP = "ddp"
+    DDP_FORWARD = "ddp_forward"
+    # sampled parameters before a step, gradients before and after their sync
+    PARAMS = "params"
+    GRADS = "grads"
+    # a DataLoader's batch of sample ids, and the end of a pass over it
+    BATCH = "batch"
+    PASS_END = "pass_end"
+    NONFINITE = "nonfinite"  # the first NaN/Inf a rank saw, in its loss or gradients
+    TP_TENSOR = "tp_tensor"  # a tensor a tensor-parallel group must hold alike or apart
+    # a user's rank: its start, its end, a stall (no call for a while)
+    START = "start"
+    EXIT = "exit"
+    STALLED = "stalled"
+    INCOMPLETE = "incomplete"  # a recorder failed: its evidence stops here (see below)
+
+
+TRACE_EVENTS = frozenset(v for k, v in vars(Ev).items() if k.isupper())
+CALL_EVENTS = (Ev.ENTER, Ev.WAIT, Ev.DONE, Ev.ERROR)  # what the live wait-for graph reads
+
+
+class Emit:
+    """The built-in rank jobs' records, ``ctx.emit((TAG, payload))``."""
+
+    BUILT = "built"  # parameters' fingerprint as constructed
+    INITIAL = "initial"  # ... once the strategy has wrapped (and synchronised) them
+    BACKWARD = "backward"  # gradients right after the first backward
+    STEP = "step"  # StepEvidence, per optimiser step
+    MEMORY = "memory"  # MemoryEvidence: bytes of model state held
+    HOLDS = "holds"  # which part of the model the rank holds, in words
+    NODE = "node"  # the node the rank sits on
+    STAGE = "stage"  # StageCost: a pipeline stage's layers, parameters, FLOPs
+    STAGE_EVENT = "stage_event"  # StageEvent: one forward or backward of a micro-batch
+    PIPE_STEP = "pipe_step"  # PipeStepEvidence, per pipeline step
+    GROUP_TENSOR = "group_tensor"  # GroupTensor, tensor parallelism
+    TRAFFIC = "traffic"  # GroupTraffic: bytes a group's collectives moved in a step
+    # check-collective's jobs: a transport waiting on a peer, a call into the transport
+    WAITING = "waiting"
+    TRANSPORT_CALL = "transport-call"
+    # the pytest plugin's jobs: a rank's output, and its test's outcome
+    OUTPUT = "distdoctor.output"
+    OUTCOME = "distdoctor.test"
+
+
+EMITTED = frozenset(v for k, v in vars(Emit).items() if k.isupper())
+
+
+def unknown_kinds(events: Iterable[dict]) -> dict[str, int]:
+    """Tracer events of kinds this version does not know, with how many of each."""
+    found: dict[str, int] = {}
+    for event in events:
+        kind = event.get("ev")
+        if kind not in TRACE_EVENTS:
+            found[str(kind)] = found.get(str(kind), 0) + 1
+    return found
