@@ -1,3 +1,5 @@
+SHELL := /bin/bash
+
 # `make demo` and `make test` work from a fresh clone: they create .venv when it is
 # missing and install the project pinned to the CPU torch on this machine's disk.
 PYTHON ?= python3
@@ -5,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.distdoctor-installed
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test lint typecheck bench soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +17,24 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/distdoctor demo --all
 
-test: $(STAMP)
+test: lint $(STAMP)
 	$(BIN)/python -m pytest
+
+# ruff (lint and import order) and mypy, on the whole tree. mypy reads the package as it is
+# installed, under its one name: harness/, checks/ and faults/ are copied into
+# build/typecheck/distdoctor/ (the editable install maps them with an import hook, which
+# mypy does not run), and the copy's paths are written back as the repository's.
+lint: $(STAMP)
+	$(BIN)/ruff check harness checks faults tests bench examples conftest.py
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck
+	cp -r harness build/typecheck/distdoctor
+	cp -r checks faults build/typecheck/distdoctor/
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p distdoctor \
+		| sed -e 's#^distdoctor/checks/#checks/#' -e 's#^distdoctor/faults/#faults/#' \
+		      -e 's#^distdoctor/#harness/#'; exit $${PIPESTATUS[0]}
 
 bench: $(STAMP)
 	$(BIN)/python bench/launch.py

@@ -16,7 +16,8 @@ WARM_UP = 5
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 steps = int(sys.argv[2])
-data = TensorDataset(torch.randn(64 * (steps + WARM_UP), 512), torch.randn(64 * (steps + WARM_UP), 1))
+samples = 64 * (steps + WARM_UP)
+data = TensorDataset(torch.randn(samples, 512), torch.randn(samples, 1))
 sampler = DistributedSampler(data)
 loader = DataLoader(data, batch_size=32, sampler=sampler)
 model = DistributedDataParallel(nn.Sequential(

@@ -66,16 +66,18 @@ def median_of(fn, repeats: int, *args) -> float:
 
 
 def main() -> None:
+    smoke = "--smoke" in sys.argv[1:]  # the suite's run: N=2, each way once or a few times
+    spawns, forks, jobs = (1, 1, 3) if smoke else (3, 10, WARM_JOBS)
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; medians; "
-          f"fresh spawn x3, fresh fork x10, warm x{WARM_JOBS}", flush=True)
+          f"fresh spawn x{spawns}, fresh fork x{forks}, warm x{jobs}", flush=True)
     rows = []
-    for world_size in (2, 4):
+    for world_size in (2,) if smoke else (2, 4):
         print(f"measuring N={world_size} ...", flush=True)
-        spawned = median_of(spawn_fresh, 3, world_size)
-        forked = median_of(fork_fresh, 10, world_size)
+        spawned = median_of(spawn_fresh, spawns, world_size)
+        forked = median_of(fork_fresh, forks, world_size)
         with RankPool(world_size) as pool:
             warm(pool)
-            warmed = median_of(warm, WARM_JOBS, pool)
+            warmed = median_of(warm, jobs, pool)
         rows.append((world_size, spawned, forked, warmed))
     print()
     print(f"{'N':>2}  {'fresh spawn':>12}  {'fresh fork':>11}  {'warm job':>9}  "

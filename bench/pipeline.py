@@ -17,14 +17,15 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from distdoctor import faults  # noqa: E402
-from distdoctor.checks.stage_balance import per_rank_times  # noqa: E402
+from distdoctor.cli.tables import step_time  # noqa: E402
+from distdoctor.faultloop.runspec import run  # noqa: E402
 from distdoctor.models import Knobs, PipeShape, RunSpec  # noqa: E402
+from distdoctor.models.timing import per_rank_times  # noqa: E402
 from distdoctor.pipeline.report import measured_bubble, simulated_for  # noqa: E402
 from distdoctor.pipeline.simulate import simulate  # noqa: E402
-from distdoctor.faultloop.runspec import run  # noqa: E402
-from distdoctor.cli.tables import step_time  # noqa: E402
 
-REPEATS = 5
+SMOKE = "--smoke" in sys.argv[1:]  # the suite's run: S=2, one run each, two schedules
+REPEATS = 1 if SMOKE else 5
 
 
 def balance(record) -> float:
@@ -49,9 +50,10 @@ def rebalancing(world_size: int) -> None:
 
 def bubbles() -> None:
     shape = PipeShape(seq_len=256, d_model=64)
-    for strategy in ("pipe-gpipe", "pipe-1f1b", "torch-pipe-gpipe", "torch-pipe-1f1b",
-                     "torch-pipe-interleaved", "torch-pipe-dualpipev"):
-        for world_size in (2, 4):
+    strategies = ("pipe-gpipe", "pipe-1f1b", "torch-pipe-gpipe", "torch-pipe-1f1b",
+                  "torch-pipe-interleaved", "torch-pipe-dualpipev")
+    for strategy in strategies[:2] if SMOKE else strategies:
+        for world_size in (2,) if SMOKE else (2, 4):
             record = run(RunSpec(strategy=strategy, world_size=world_size, batch_size=32,
                                  micro_batches=8, num_steps=4, pipe=shape))
             name, timeline = simulated_for(record)
@@ -63,7 +65,7 @@ def bubbles() -> None:
 
 if __name__ == "__main__":
     print("rebalancing (unbalanced-stages workload, 1F1B):")
-    for world_size in (2, 4):
+    for world_size in (2,) if SMOKE else (2, 4):
         rebalancing(world_size)
     print("\nbubble, real run against the simulator with the run's own costs:")
     bubbles()

@@ -98,7 +98,11 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=30, help="tests per file (default 30)")
     parser.add_argument("--mptc-tests", type=int, default=None,
                         help="MultiProcessTestCase tests (default: as many as --tests)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the suite's run: 2 plugin tests and 1 MultiProcessTestCase test")
     args = parser.parse_args()
+    if args.smoke:
+        args.tests, args.mptc_tests = 2, 1
     if args.tests < 1 or (args.mptc_tests is not None and args.mptc_tests < 1):
         parser.error("test counts must be at least 1")
     total = sum(range(WORLD))

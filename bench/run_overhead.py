@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from distdoctor.trace.gradients import STRIDE  # noqa: E402 (after the path is set)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPEATS = 5
+SMOKE = "--smoke" in sys.argv[1:]  # the suite's run: every part, tiny and once or twice
+REPEATS = 1 if SMOKE else 5
 
 
 def wall(command: list[str]) -> float:
@@ -103,7 +104,9 @@ def tracer_overhead() -> None:
     with RankPool(2) as pool:
         for hooked in (False, True):
             pool.run(ddp_steps, hooked, 2, 20, deadline=60)  # warm up
-            blocks = pool.run(ddp_steps, hooked, 40, 50, deadline=300).raise_for_status().values[0]
+            count, steps = (4, 5) if SMOKE else (40, 50)
+            blocks = pool.run(ddp_steps, hooked, count, steps,
+                              deadline=300).raise_for_status().values[0]
             ratios = sorted(on / off for on, off in blocks)
             quartiles = statistics.quantiles(ratios, n=4)
             off = statistics.median(b[1] for b in blocks)
@@ -157,6 +160,12 @@ def evidence_in_rank(ranks: int, rounds: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
+    if SMOKE:
+        script_overhead(2, 5)
+        tracer_overhead()
+        evidence_in_rank(2, 3, STRIDE)
+        evidence_overhead(2, 8, repeats=2)
+        sys.exit()
     if sys.argv[1:] == ["evidence"]:
         evidence_in_rank(2, 200, 2 * STRIDE)
         evidence_overhead(2, 200)

@@ -32,7 +32,8 @@ DEFAULT_CASE = "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
 # the hypothesis tests, run with fresh random examples (the suite's are the same each run)
 PROPERTY_TESTS = ("tests/test_collective_properties.py", "tests/test_models.py")
 # one core's worth of busy loop that ends by itself, whatever happens to the soak
-HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
+HOG = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
+       "while time.monotonic() < end: pass\n")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the hogs end by themselves after this long (default: %(default)s)")
     parser.add_argument("--keep", default="soak-failures", metavar="DIR",
                         help="where the output of failing runs goes (default: %(default)s)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the suite's run: one quick diagnose case, nothing else")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.demo = args.suite = args.explore = 0
+        args.diagnose, args.case = 1, "--strategy ddp --fault sum-without-mean --world-size 2"
     if min(args.demo, args.suite, args.diagnose, args.explore) < 0 or args.max_hours <= 0:
         parser.error("counts must be zero or more and --max-hours positive")
     todo = jobs(args)

@@ -19,8 +19,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from distdoctor.cli.args import count  # noqa: E402
-from distdoctor.models import RunRecord, RunSpec  # noqa: E402
 from distdoctor.faultloop.runspec import run  # noqa: E402
+from distdoctor.models import RunRecord, RunSpec  # noqa: E402
 from distdoctor.models.strategies import stage_of  # noqa: E402
 
 STRATEGIES = ("ddp", "torch-ddp", "zero1", "zero2", "zero3", "torch-zero", "fsdp2",
@@ -85,8 +85,12 @@ def main() -> None:
     parser.add_argument("--steps", type=count(WARMUP_STEPS + 1), default=12,
                         help=f"steps per run, the first {WARMUP_STEPS} untimed (default 12)")
     parser.add_argument("--rounds", type=count(1), default=3, help="runs per strategy (default 3)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the suite's run: N=2, a small MLP, one short round")
     args = parser.parse_args()
-    for world_size in (2, 4):
+    if args.smoke:
+        args.hidden, args.steps, args.rounds = 16, WARMUP_STEPS + 1, 1
+    for world_size in (2,) if args.smoke else (2, 4):
         measure(world_size, args.hidden, args.steps, args.rounds)
         print()
 

@@ -8,7 +8,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module,
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
 )
 
 dist.init_process_group("gloo")

@@ -4,6 +4,7 @@ import signal
 import sys
 
 import jobs
+
 from distdoctor.launch.pool import launch
 
 # Ctrl-C as at a terminal, even when whoever started the suite ran it in the background

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor.models import Knobs, RunSpec
 from distdoctor.faultloop.runspec import judge, run
+from distdoctor.models import Knobs, RunSpec
 
 STRATEGIES = ["ddp", "torch-ddp"]
 

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from distdoctor.checks import (gradient_scale, non_finite, param_spread, sample_overlap, sync_frequency,
-                    unused_params)
+from distdoctor.checks import (
+    gradient_scale,
+    non_finite,
+    param_spread,
+    sample_overlap,
+    sync_frequency,
+    unused_params,
+)
 from distdoctor.models import (
-    BackwardEvidence, BatchEvidence, Evidence, Fingerprint, GradientEvidence,
-    NonFiniteEvidence, RankEnd,
-    RankRecord, RunRecord, RunSpec,
+    BackwardEvidence,
+    BatchEvidence,
+    Evidence,
+    Fingerprint,
+    GradientEvidence,
+    NonFiniteEvidence,
+    RankEnd,
+    RankRecord,
+    RunRecord,
+    RunSpec,
     StepEvidence,
 )
 

@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
-from distdoctor import faults
 import pytest
 
+from distdoctor import faults
 from distdoctor.cli.main import main
-from distdoctor.models.jsoncodec import to_json
 from distdoctor.models import load_report
+from distdoctor.models.jsoncodec import to_json
 
 
 def test_train_prints_the_table_and_writes_a_passing_record(tmp_path, capsys):

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import uuid
 
-from distdoctor import faults
+import proctable
 import pytest
 
-import proctable
+from distdoctor import faults
 from distdoctor.cli.main import main
 
 SCRIPT = """import os

@@ -65,8 +65,8 @@ def argvs(draw) -> list[str]:
 
 @pytest.fixture
 def stop_before_ranks(monkeypatch):
-    from distdoctor.userjob import launcher
     from distdoctor.launch import pool
+    from distdoctor.userjob import launcher
 
     def would_run(*args, **kwargs):
         raise WouldRun

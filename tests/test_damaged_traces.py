@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_run_examples import EXAMPLES, _torchrun
 
 from distdoctor.cli.main import main
-from test_run_examples import EXAMPLES, _torchrun
 
 TRIED = {"damaged": 0}  # how many generated damages were analysed, for the closing note
 

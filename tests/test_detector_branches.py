@@ -5,11 +5,29 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor.checks import (collective_mismatch, ddp_reduction, hang, memory_budget, param_spread,
-                    stage_balance, unused_params)
-from distdoctor.models import (BackwardEvidence, Call, Evidence, Fingerprint, MemoryEvidence,
-                            PipeStepEvidence, RankEnd, RankRecord, RunRecord, RunSpec,
-                            StageEvent, StepEvidence)
+from distdoctor.checks import (
+    collective_mismatch,
+    ddp_reduction,
+    hang,
+    memory_budget,
+    param_spread,
+    stage_balance,
+    unused_params,
+)
+from distdoctor.models import (
+    BackwardEvidence,
+    Call,
+    Evidence,
+    Fingerprint,
+    MemoryEvidence,
+    PipeStepEvidence,
+    RankEnd,
+    RankRecord,
+    RunRecord,
+    RunSpec,
+    StageEvent,
+    StepEvidence,
+)
 
 
 def call(rank: int, op: str, seq: int = 0, peer: int | None = None, shape=(4,),
@@ -202,11 +220,11 @@ def test_ddp_s_parameter_indices_are_named_from_the_ranks_own_record():
 def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
     """The built-in workload records missing gradients itself, so ddp_reduction steps aside
     there; user code does not, and this clean DDP run is where it must stay quiet."""
-    from distdoctor.userjob.record import script_record
-    from distdoctor.launch.pool import shared_pool
+    import jobs
 
     from distdoctor import checks
-    import jobs
+    from distdoctor.launch.pool import shared_pool
+    from distdoctor.userjob.record import script_record
 
     result = shared_pool(2, evidence=True).run(jobs.ddp_training, 3, deadline=60)
     record = script_record(result.raise_for_status().ends, result.traces, result.wall_s,

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from distdoctor import checks
-from distdoctor import faults
+from distdoctor import checks, faults
 from distdoctor.faultloop.diagnose import diagnose
+from distdoctor.faultloop.runspec import run, run_decided
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import Knobs, RunSpec
 from distdoctor.pipeline import PIPELINE_STRATEGIES
-from distdoctor.faultloop.runspec import run, run_decided
 from distdoctor.training.workload import MLP
 
 CASES = [(fault.id, variant.name, strategy, world_size)

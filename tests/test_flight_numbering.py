@@ -8,7 +8,6 @@ numbering. Found as a fault-matrix case that timed out instead of being proven, 
 from __future__ import annotations
 
 from distdoctor import faults
-
 from distdoctor.faultloop.diagnose import diagnose
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import RunSpec

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import jobs
 import pytest
-
 import sockettable
+
 from distdoctor.cli.main import main
 
 TESTS = Path(__file__).parent

@@ -13,12 +13,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distdoctor.models.jsoncodec import SchemaError, from_json, to_json
 from distdoctor.models import (
-    REPORT_SCHEMA, Assessment, Finding, Knobs, ReferenceComparison, RunRecord, RunReport,
-    RunSpec, Verdict, dump_report, load_report,
+    REPORT_SCHEMA,
+    Assessment,
+    Finding,
+    Knobs,
+    ReferenceComparison,
+    RunRecord,
+    RunReport,
+    RunSpec,
+    Verdict,
+    dump_report,
+    load_report,
 )
+from distdoctor.models.jsoncodec import SchemaError, from_json, to_json
 from distdoctor.models.spec import PipeShape
+
 
 def values_of(hint):
     """Every value a field typed ``hint`` may hold, by its annotation alone: so a field

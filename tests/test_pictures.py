@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from browser import CHROMIUM, MISSING, render
+
 from distdoctor.cli.main import main
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason=MISSING)

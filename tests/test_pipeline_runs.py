@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distdoctor.models import Knobs, RunSpec
+from distdoctor.faultloop.runspec import assess, run
+from distdoctor.models import Evidence, Knobs, RankEnd, RankRecord, RunRecord, RunSpec, StageEvent
 from distdoctor.pipeline import PIPELINE_STRATEGIES
 from distdoctor.pipeline.model import balance_ranks, partition
 from distdoctor.pipeline.report import measured_bubble
-from distdoctor.faultloop.runspec import assess, run
-from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, StageEvent
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

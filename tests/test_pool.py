@@ -8,9 +8,9 @@ import jobs
 import proctable
 import pytest
 
-from distdoctor.models import RankEnd
 from distdoctor.launch.pool import PoolStartError, RankPool
 from distdoctor.launch.results import JobResult, RanksFailed
+from distdoctor.models import RankEnd
 
 
 @pytest.fixture

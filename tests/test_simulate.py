@@ -11,7 +11,11 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from distdoctor.pipeline.gantt import png_gantt, text_gantt
 from distdoctor.pipeline.orders import Action, Layout, Schedule, build
 from distdoctor.pipeline.simulate import (
-    Costs, closed_form, gpipe_bubble_fraction, run_schedule, simulate,
+    Costs,
+    closed_form,
+    gpipe_bubble_fraction,
+    run_schedule,
+    simulate,
 )
 
 

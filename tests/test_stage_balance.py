@@ -10,8 +10,17 @@ import statistics
 import pytest
 
 from distdoctor.checks import stage_balance
-from distdoctor.models import (Evidence, Fingerprint, PipeStepEvidence, RankEnd, RankRecord,
-                            RunRecord, RunSpec, StageCost, StageEvent)
+from distdoctor.models import (
+    Evidence,
+    Fingerprint,
+    PipeStepEvidence,
+    RankEnd,
+    RankRecord,
+    RunRecord,
+    RunSpec,
+    StageCost,
+    StageEvent,
+)
 
 NOTHING = Fingerprint(numel=0, digest="", norm=0.0, values=())
 

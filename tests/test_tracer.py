@@ -9,8 +9,8 @@ import pytest
 
 from distdoctor import checks
 from distdoctor.checks import collective_mismatch, hang
-from distdoctor.trace.evidence import evidence_from_events
 from distdoctor.models import RankRecord, RunRecord, RunSpec
+from distdoctor.trace.evidence import evidence_from_events
 from distdoctor.trace.tracer import fold
 
 JOBS = jobs.__file__

@@ -9,11 +9,11 @@ import math
 
 import pytest
 
+from distdoctor.faultloop.runspec import assess, run
 from distdoctor.memory.measured import compare
 from distdoctor.models import RunRecord, RunSpec
-from distdoctor.training.reference import reference_params
-from distdoctor.faultloop.runspec import assess, run
 from distdoctor.models.distance import max_abs_diff
+from distdoctor.training.reference import reference_params
 from distdoctor.training.workload import MLP
 
 SHARDED = ["zero1", "zero2", "zero3", "torch-zero", "fsdp2", "fsdp2-grad-op"]

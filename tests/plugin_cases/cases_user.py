@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distdoctor.testing import (RankFailure, assert_same_on_all_ranks,
-                             assert_trains_like_one_process)
+from distdoctor.testing import RankFailure, assert_same_on_all_ranks, assert_trains_like_one_process
 
 
 @pytest.mark.world_size(4)
