@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from distdoctor.models import Finding, RunRecord
+from distdoctor.models import Finding, GroupTensor, RunRecord
 from distdoctor.models.distance import spread
 
 
@@ -74,7 +74,7 @@ def group_disagreements(record: RunRecord, kind: str) -> list[dict]:
     """Per step, the tensors of ``kind`` that a tensor-parallel group must hold alike and
     does not: step, name, group, the largest difference between two ranks' values, the
     ranks differing from the group's first, and the user's line. In step order."""
-    held: dict[tuple, dict[int, object]] = {}
+    held: dict[tuple, dict[int, GroupTensor]] = {}
     for rank in record.ranks:
         for t in rank.evidence.group_tensors:
             if t.kind == kind and t.alike and len(t.group) > 1:

@@ -46,7 +46,8 @@ def _collectives(record: RunRecord) -> list[Finding]:
 
 
 def _point_to_point(record: RunRecord) -> list[Finding]:
-    sends, recvs = {}, {}
+    sends: dict[tuple, Call] = {}
+    recvs: dict[tuple, Call] = {}
     for rank in record.ranks:
         for call in rank.evidence.calls:
             channel = (call.pg or "", call.tag, call.seq)  # as gloo pairs them

@@ -46,15 +46,17 @@ def check(record: RunRecord) -> list[Finding]:
         return []
     blocked = {r.rank: blocking_call(r) for r in stopped}
     edges = wait_edges(record)
-    calls = {r.rank: blocked[r.rank].describe(relative=True) if blocked[r.rank] else _from_stack(r)
+    calls = {r.rank: _describe(blocked[r.rank]) if blocked[r.rank] else _from_stack(r)
              for r in stopped}
     measured = {"blocked_in": {str(k): v for k, v in calls.items()},
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
     listing = "; ".join(f"rank {k}: {v}" for k, v in sorted(calls.items()))
 
     cycle = cycle_of(edges)
-    if cycle and all(is_point_to_point(blocked[r].op) for r in cycle):
-        kinds = {direction(blocked[r].op) for r in cycle}
+    in_cycle = [blocked[r] for r in cycle or ()]
+    p2p = [c for c in in_cycle if c is not None and is_point_to_point(c.op)]
+    if cycle and len(p2p) == len(in_cycle):
+        kinds = {direction(c.op) for c in p2p}
         ring = " -> ".join(map(str, cycle + [cycle[0]]))
         if kinds == {"send"}:
             return [finding(
@@ -141,6 +143,10 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
             "make every rank of the group make the same collective calls", absent,
             {"seq": call.seq, "missing": absent, "waiting": inside})
     return None
+
+
+def _describe(call: Call | None) -> str:
+    return call.describe(relative=True) if call is not None else ""
 
 
 def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:

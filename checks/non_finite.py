@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.models import Finding, RunRecord
+from distdoctor.models import Finding, Fingerprint, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
 NAME = "non_finite"
@@ -74,17 +74,21 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
+def _finite(gradient: Fingerprint | None) -> bool:
+    """A recorded gradient's norm is finite (a gradient not recorded counts as finite)."""
+    return gradient is None or math.isfinite(gradient.norm)
+
+
 def _built_in(record: RunRecord) -> list[Finding]:
     """The built-in workload records every step's loss and gradient norms itself."""
     bad = [(r.rank, s) for r in record.ranks for s in r.evidence.steps
-           if not (math.isfinite(s.loss) and math.isfinite(s.grad_local.norm)
-                   and math.isfinite(s.grad_synced.norm))]
+           if not (math.isfinite(s.loss) and _finite(s.grad_local) and _finite(s.grad_synced))]
     if not bad:
         return []
     first = min(s.step for _, s in bad)
     at_first = [(rank, s) for rank, s in bad if s.step == first]
     origin = sorted(rank for rank, s in at_first
-                    if not (math.isfinite(s.loss) and math.isfinite(s.grad_local.norm)))
+                    if not (math.isfinite(s.loss) and _finite(s.grad_local)))
     received = sorted(rank for rank, _ in at_first if rank not in origin)
     culprits = origin or received
     return [Finding(

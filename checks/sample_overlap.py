@@ -38,13 +38,14 @@ def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
     (evaluation loaders read the same samples on every rank by design), grouped by the DDP
     group each rank averages over: pipeline stages or tensor-parallel shards read the same
     batches by design, and only ranks that share a DDP are known to be replicas."""
-    steps = defaultdict(lambda: defaultdict(dict))  # what a rank holds -> epoch -> rank
+    # what a rank holds -> epoch -> rank -> its batches
+    steps: defaultdict = defaultdict(lambda: defaultdict(dict))
     for rank in record.ranks:
         for step in rank.evidence.steps:
             steps[rank.evidence.holds][step.epoch].setdefault(rank.rank, []).append(
                 step.sample_ids)
     found = [(steps[min(steps)], None, True)] if steps else []
-    loaders = defaultdict(lambda: defaultdict(dict))  # (loader, group) -> epoch -> rank
+    loaders: defaultdict = defaultdict(lambda: defaultdict(dict))  # (loader, group) -> epoch
     loops: dict[int, Loop] = {}
     for rank in record.ranks:
         group = rank.evidence.ddp_group
@@ -66,7 +67,8 @@ class Loop:
 
 
 def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
-    shares, ranks_involved = {}, set()
+    shares: dict[int, float] = {}
+    ranks_involved: set[int] = set()
     for epoch, per_rank in sorted(batches.items()):
         seen = defaultdict(set)
         for rank, rank_batches in per_rank.items():

@@ -58,7 +58,7 @@ def check(record: RunRecord) -> list[Finding]:
     mean = sum(times.values()) / len(times)
     if len(judged) < MIN_STEPS or mean < MIN_COMPUTE_S:
         return []
-    slowest = max(times, key=times.get)
+    slowest = max(times, key=lambda rank: times[rank])
     ratios = [steps[slowest][n] / statistics.fmean(s[n] for s in steps.values())
               for n in judged]
     low, ratio, high = interval(ratios)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from distdoctor.checks import finding, group_disagreements
-from distdoctor.models import Finding, RunRecord
+from distdoctor.models import Finding, GroupTensor, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
 NAME = "tp_dropout_masks"
@@ -57,7 +57,7 @@ def check(record: RunRecord) -> list[Finding]:
 def _identical_slices(record: RunRecord):
     """(mask, group, steps, log10 chance) of sharded masks identical on every rank at
     every step, when that is rarer than CHANCE; else None."""
-    held: dict[tuple, dict[int, dict[int, object]]] = {}
+    held: dict[tuple, dict[int, dict[int, GroupTensor]]] = {}
     for rank in record.ranks:
         for t in rank.evidence.group_tensors:
             if t.kind == "mask" and not t.alike and len(t.group) > 1:

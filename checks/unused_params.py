@@ -27,10 +27,10 @@ def check(record: RunRecord) -> list[Finding]:
         if problem is None:
             continue
         missing = missing_by_step[step]
-        names = sorted({name for names in missing.values() for name in names})
+        names = sorted({name for held in missing.values() for name in held})
         by_names: dict[tuple[str, ...], list[int]] = {}
-        for rank, names in sorted(missing.items()):
-            by_names.setdefault(names, []).append(rank)
+        for number, held in sorted(missing.items()):
+            by_names.setdefault(held, []).append(number)
         listing = "; ".join(f"{', '.join(names)} on {ranks_phrase(ranks)}"
                             for names, ranks in by_names.items())
         return [finding(

@@ -164,7 +164,8 @@ def deepspeed_note(model: Model, n: int, precision: Precision) -> str:
     ours2, ours3 = model.at(2, n, master), model.at(3, n, master)
     ds2, ds3 = deepspeed_estimate(2, p, n), deepspeed_estimate(3, p, n, layer)
     return (f"DeepSpeed's estimators (fp16 with fp32 master copy, model states only): "
-            f"ZeRO-2 2P + 18P/N = {size(ds2)}, ZeRO-3 4L + 18P/N = {size(ds3)}; ours in "
+            f"ZeRO-2 2P + 18P/N = {size(ds2 or 0.0)}, ZeRO-3 4L + 18P/N = {size(ds3 or 0.0)}; "
+            f"ours in "
             f"mixed-master: ZeRO-2 2P + 14P/N = {size(ours2.total - ours2.activations)}, "
             f"ZeRO-3 4L + 16P/N = {size(ours3.total - ours3.activations)}. DeepSpeed also "
             f"holds the reduced gradient partition in fp32 for the optimiser (4 bytes per "

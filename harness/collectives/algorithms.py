@@ -118,14 +118,16 @@ def broadcast(t: Transport, x: torch.Tensor, src: int = 0) -> torch.Tensor:
     v = (t.rank - src) % n
     rounds = math.ceil(math.log2(n)) if n > 1 else 0
     with t.collective(f"broadcast from rank {src}"):
-        value = x.clone() if v == 0 else None
+        value = x.clone() if v == 0 else None  # a rank has it once its parent sent it
         for k in reversed(range(rounds)):
             t.step()
             bit = 1 << k
             if v % (2 * bit) == 0 and v + bit < n:
+                assert value is not None  # the tree's order: a parent has received first
                 t.send(value, (v + bit + src) % n)
             elif v % (2 * bit) == bit:
                 value = t.recv((v - bit + src) % n)
+        assert value is not None
         return value
 
 
@@ -135,7 +137,7 @@ def all_gather(t: Transport, x: torch.Tensor) -> list[torch.Tensor]:
     Inputs may differ in size between ranks; the result lists them in rank order."""
     n, r = t.world_size, t.rank
     with t.collective("all-gather"):
-        blocks: list[torch.Tensor | None] = [None] * n
+        blocks: list[torch.Tensor] = [x] * n  # placeholders, each replaced as it arrives
         blocks[r] = x.clone()
         right, left = (r + 1) % n, (r - 1) % n
         for s in range(n - 1):

@@ -62,9 +62,9 @@ def run_native(ctx, name: str, inputs: list[torch.Tensor], op: str = "sum",
         dist.broadcast(x, src=src)
         return x
     if name == "allgather":
-        out = [torch.empty_like(x) for _ in range(ctx.world_size)]
-        dist.all_gather(out, x)
-        return out
+        gathered = [torch.empty_like(x) for _ in range(ctx.world_size)]
+        dist.all_gather(gathered, x)
+        return gathered
     if name == "reduce-scatter":
         out = torch.empty(x.numel() // ctx.world_size, dtype=x.dtype)
         dist.reduce_scatter(out, list(x.chunk(ctx.world_size)), op=reduce)

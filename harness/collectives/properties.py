@@ -81,6 +81,7 @@ def expected_share(case: Case, rank: int) -> torch.Tensor:
 def mismatch(kind: str, case: Case, outputs: list) -> str | None:
     """How ``outputs`` (one per rank) differ from the reference, or None if they do not."""
     for rank, got in enumerate(outputs):
+        expected: torch.Tensor | list[torch.Tensor]
         if kind == "allreduce":
             expected = reduced(case)
         elif kind == "broadcast":
@@ -95,8 +96,9 @@ def mismatch(kind: str, case: Case, outputs: list) -> str | None:
                 for g, e in zip(got, expected):
                     same(g, e, case)
             elif kind == "broadcast":
-                assert torch.equal(got, expected)
+                assert isinstance(expected, torch.Tensor) and torch.equal(got, expected)
             else:
+                assert isinstance(expected, torch.Tensor)
                 same(got, expected, case)
         except (AssertionError, TypeError, RuntimeError):
             return f"rank {rank}: expected {_show(expected)}, got {_show(got)}"

@@ -37,8 +37,9 @@ class RendezvousTransport(QueueTransport):
         super().__init__(rank, world_size, mesh, timeout)
         self._sent = [0] * world_size  # sends posted to each peer
         self._answered = [0] * world_size  # answers received from each peer
-        self._early = [deque() for _ in range(world_size)]  # data that came while waiting
-        self._owed = [[] for _ in range(world_size)]  # (ticket, traced call) of each isend
+        # data that came while waiting, and (ticket, traced call) of each isend, per peer
+        self._early: list[deque] = [deque() for _ in range(world_size)]
+        self._owed: list[list[tuple]] = [[] for _ in range(world_size)]
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         call = self._enter("send", dst)

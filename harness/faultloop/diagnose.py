@@ -9,7 +9,7 @@ from __future__ import annotations
 from distdoctor.faultloop.runspec import run_decided, undecided_note
 from distdoctor.faults import Fault
 from distdoctor.launch.pool import RankPool
-from distdoctor.models import RunReport, RunSpec, Verdict, apply_changes
+from distdoctor.models import Outcome, RunReport, RunSpec, Verdict, apply_changes
 from distdoctor.models.distance import built_spread, spreads
 
 
@@ -23,7 +23,7 @@ def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
                          fault=label)
     if not before.decided:
         masked = fault.masked_by.get(spec.strategy)
-        outcome = "masked" if masked and before.healthy else "not-reproduced"
+        outcome: Outcome = "masked" if masked and before.healthy else "not-reproduced"
         note = masked or (f"no detector fired on {spec.strategy}; the run is "
                           f"{'healthy' if before.healthy else 'unhealthy'}")
         return RunReport(record, Verdict(outcome, before, note=note + _construction(record)),

@@ -177,7 +177,7 @@ class RankPool:
 
     # -- internals -------------------------------------------------------------------------
     def _fork(self) -> None:
-        ctx = mp.get_context(self.start_method)
+        ctx: Any = mp.get_context(self.start_method)  # fork, forkserver or spawn
         pipes = [_RankPipes.open(ctx) for _ in range(self.world_size)]
         n = self.world_size
         self._queues = [[_queue(ctx) for _ in range(n)] for _ in range(n)] if self.mesh else None

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 from distdoctor.models import Frame, ThreadStack
 
@@ -93,8 +94,9 @@ def request_stacks(
     ``targets`` holds (stack connection, pid, faulthandler read fd) per rank. A rank whose
     stack thread does not answer within ``timeout`` gets SIGUSR1 and its faulthandler text.
     """
-    answers = {index: (stacks, None) for index, stacks
-               in ask([conn for conn, _, _ in targets], "stacks", timeout).items()}
+    answers: dict[int, tuple[tuple[ThreadStack, ...], str | None]] = {
+        index: (stacks, None)
+        for index, stacks in ask([conn for conn, _, _ in targets], "stacks", timeout).items()}
     silent = [i for i in range(len(targets)) if i not in answers]
     for index in silent:
         try:
@@ -110,7 +112,7 @@ def request_stacks(
 _serial = 0  # numbers the requests this process sends
 
 
-def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, object]:
+def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, Any]:
     """Ask each rank's stack thread, all at once; index -> answer, for those that answered
     within ``timeout``. A late answer to an earlier request is dropped."""
     global _serial
@@ -125,7 +127,8 @@ def ask(conns: list[Connection], kind: str, timeout: float) -> dict[int, object]
             pass
     end = time.monotonic() + timeout
     while asked and (left := end - time.monotonic()) > 0:
-        for conn in wait(list(asked), left):
+        for ready in wait(list(asked), left):
+            conn = cast(Connection, ready)
             try:
                 serial, answer = conn.recv()
             except (EOFError, OSError):

@@ -15,6 +15,7 @@ import ipaddress
 import os
 import socket
 from datetime import timedelta
+from typing import MutableMapping
 
 LOOPBACK = "127.0.0.1"
 
@@ -26,7 +27,8 @@ class AddressError(ValueError):
 def addresses(host: str) -> set[str]:
     """Every address ``host`` names."""
     try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+        return {str(info[4][0])
+                for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
     except socket.gaierror as exc:
         raise AddressError(f"cannot resolve address {host!r}: {exc.strerror}") from None
 
@@ -76,11 +78,11 @@ def master_store(world_size: int, timeout: timedelta, host: str = LOOPBACK, port
     return store
 
 
-def pin_gloo_to_loopback(env: dict[str, str] | None = None) -> None:
+def pin_gloo_to_loopback(env: MutableMapping[str, str] | None = None) -> None:
     """Make gloo (and NCCL's bootstrap) listen on the loopback interface, unless the user
     chose an interface: by default gloo binds the address the host name resolves to,
     which on many machines is the network's."""
-    env = os.environ if env is None else env
+    target: MutableMapping[str, str] = os.environ if env is None else env
     if os.path.exists("/sys/class/net/lo"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        target.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        target.setdefault("NCCL_SOCKET_IFNAME", "lo")

@@ -17,11 +17,11 @@ import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
-from distdoctor.models import InFlight, RankEnd
+from distdoctor.models import InFlight, RankEnd, RankStatus
 from distdoctor.models.waitfor import WaitFor, collective
 
 # DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
@@ -46,7 +46,7 @@ class RankHandle:
     """The parent's end of one rank process."""
 
     rank: int
-    process: BaseProcess
+    process: Any  # a BaseProcess, or userjob's ForkedProcess or PopenProcess, alike to it
     conn: Connection
     ctrl: Connection
     faulthandler_fd: int
@@ -80,11 +80,12 @@ class JobWatch:
         self.echo = echo
         self.waitfor = WaitFor([h.rank for h in ranks])
         self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
-        self.suspect = None  # (proof, since, bytes seen of its ranks) until confirmed
+        # (proof, since, bytes seen of its ranks) until confirmed
+        self.suspect: tuple[Any, float, Any] | None = None  # a Deadlock, then the rest
         self.last_line = self.started  # when a trace line was last read, from any rank
         self.asked = float("-inf")  # when the Flight Recorder was last asked for
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
-        self.streams = {}  # fd -> (rank, reader), while the rank's end is open
+        self.streams: dict[int, tuple[int, Any]] = {}  # fd -> (rank, reader), while open
         self.names: dict[int, str] = {}  # fd -> "stdout" or "stderr", for echo
         for h in ranks:
             self.streams[h.stderr_fd] = (h.rank, self.stderr[h.rank])
@@ -114,7 +115,7 @@ class JobWatch:
             now = procs.now()
             awake = [fd for fd in self.streams if self.resting.get(fd, 0.0) <= now]
             wake = min((t for t in self.resting.values() if t > now), default=now + timeout)
-            watched = [h.conn for h in running] + [h.process.sentinel for h in running]
+            watched: list[Any] = [h.conn for h in running] + [h.process.sentinel for h in running]
             pause = min(timeout, wake - now)
             ready = wait(watched + awake, max(0.0, pause)) if pause > 0 else []
             if not ready:
@@ -278,13 +279,14 @@ class JobWatch:
                       else f"still running {self.error_grace:.1f} s after another rank failed")
         flights = stacks.ask([h.ctrl for h in running], "collectives", FLIGHT_TIMEOUT)
         answers = stacks.request_stacks(
-            [(h.ctrl, h.process.pid, h.faulthandler_fd) for h in running])
+            [(h.ctrl, h.process.pid or 0, h.faulthandler_fd) for h in running])
         for index, (handle, (threads, raw)) in enumerate(zip(running, answers)):
             # it may have ended while we asked (a receive's own deadline can expire at the
             # same moment): what it said of itself, or its exit, beats "hung"
             self._drain(handle)
             if handle.rank not in self.ends:
-                self.ends[handle.rank] = RankEnd(handle.rank, status, at=at, error=why,
+                self.ends[handle.rank] = RankEnd(handle.rank, cast(RankStatus, status), at=at,
+                                                 error=why,
                                                  stacks=threads, raw_stack=raw,
                                                  in_flight=self._untraced(
                                                      handle.rank, flights.get(index)))
@@ -341,7 +343,7 @@ class _Tail:
 
 def _read_available(fd: int) -> bytes | None:
     """What a non-blocking pipe holds now: b"" at end of file, None when empty."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         try:
             chunk = os.read(fd, 65536)

@@ -51,4 +51,5 @@ def spreads(record: RunRecord) -> tuple[float, ...]:
 def built_spread(record: RunRecord) -> float | None:
     """Parameter spread across ranks as each rank built its model, before any wrapping."""
     prints = [r.evidence.built_params for r in record.ranks]
-    return spread(prints) if prints and all(p is not None for p in prints) else None
+    built = [p for p in prints if p is not None]
+    return spread(built) if built and len(built) == len(prints) else None

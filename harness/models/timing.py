@@ -15,7 +15,7 @@ def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
     complete = set.intersection(*done) if done else set()
     times = {}
     for rank in record.ranks:
-        by_step = defaultdict(float)
+        by_step: defaultdict[int, float] = defaultdict(float)
         for event in rank.evidence.stage_events:
             if event.step in complete:
                 by_step[event.step] += event.cpu

@@ -160,7 +160,7 @@ class WaitFor:
                 state.entered[key] = max(state.entered.get(key, 0), seq + 1)
             state.open[event["id"]] = _Open(event, waiting=not event.get("async_op"))
             return
-        call = state.open.get(event.get("id"))
+        call = state.open.get(event.get("id", -1))
         if call is None:
             return
         if kind == Ev.WAIT:
@@ -219,10 +219,12 @@ class WaitFor:
 
     def proof(self) -> Deadlock | None:
         blocked = self.blocked()
-        waits = {rank: self.waits(rank, call) for rank, call in blocked.items()}
+        known = {rank: self.waits(rank, call) for rank, call in blocked.items()}
+        # a wait nobody can know (a receive from any source) takes no part in a proof
+        waits = {rank: w for rank, w in known.items() if w is not None}
         mismatch = self._mismatch(blocked)
         ended = {rank for rank, state in self.ranks.items() if state.finished}
-        stuck = {r for r, w in waits.items() if w is not None} | ended
+        stuck = set(waits) | ended
         changed = True
         while changed:  # drop every rank none of whose awaited ranks is stuck
             changed = False

@@ -6,6 +6,7 @@ budget."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from distdoctor.models import RunRecord
 from distdoctor.pictures import page
@@ -15,8 +16,8 @@ W, H, LEFT, TOP, BOTTOM = 540, 240, 64, 30, 34
 FLOOR = 1e-12  # where zero is drawn on a log scale
 
 
-def line_chart(series: list[tuple[str, list[tuple[float, float]]]], label: str,
-               log: bool = False, marks: list[tuple[float, str]] = ()) -> str:
+def line_chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], label: str,
+               log: bool = False, marks: Sequence[tuple[float, str]] = ()) -> str:
     points = [p for _, pts in series for p in pts]
     if not points:
         return ""

@@ -69,7 +69,8 @@ def shown(all_bars: list[Bar], ranks: int) -> tuple[list[Bar], dict[int, tuple[f
 def pairs(drawn: list[Bar]) -> list[tuple[Bar, Bar]]:
     """Each send joined to the receive that takes it: the k-th send from A to B on a
     channel (group, tag) with the k-th receive on B from A."""
-    sends, recvs = {}, {}
+    sends: dict[tuple, list[Bar]] = {}
+    recvs: dict[tuple, list[Bar]] = {}
     for bar in sorted(drawn, key=lambda b: b.start):
         c = bar.call
         if kind(c) == "send":
@@ -122,15 +123,15 @@ def picture(record: RunRecord) -> page.Section | None:
             body.append(text(x(bar.start) + 4, y + lane * 0.6, words, 10, "start", "#ffffff",
                              "bold"))
     for rank in range(n):  # waiting in a collective torch made itself (DDP's): untraced
-        end = record.ranks[rank].end
-        if end.collective and end.status in ("hung", "stopped"):
+        rank_end = record.ranks[rank].end
+        if rank_end.collective and rank_end.status in ("hung", "stopped"):
             mine = [b.end for b in all_bars if b.rank == rank]
             start = max(mine) if mine else t0
             y = top + rank * lane
             body.append(rect(x(start), y + 3, x(t1) - x(start), lane - 8, "#f3d6d7",
-                             f"rank {rank}: {end.collective}", "blocked",
+                             f"rank {rank}: {rank_end.collective}", "blocked",
                              stroke=COLOURS["blocked"]))
-            words = end.collective.split(" (")[0]
+            words = rank_end.collective.split(" (")[0]
             if lane >= 20:
                 body.append(text(x(start) + 6, y + lane * 0.6, words + " (untraced)", 10,
                                  colour=COLOURS["blocked"], weight="bold"))

@@ -61,9 +61,9 @@ def picture(record: RunRecord) -> page.Section | None:
         ring = " -> ".join(map(str, cycle + cycle[:1]))
         html += page.paragraph(f"A cycle of waits: ranks {ring}. None of them can go on.",
                                "note")
-    missing = sorted(waited & ended)
-    if missing:
+    gone = sorted(waited & ended)
+    if gone:
         html += page.paragraph(
             "Waited for, but already ended: " + ", ".join(
-                f"rank {r} ({record.ranks[r].end.status})" for r in missing) + ".", "note")
+                f"rank {r} ({record.ranks[r].end.status})" for r in gone) + ".", "note")
     return page.Section("Who waits for whom", "waitgraph", html)

@@ -20,7 +20,7 @@ def text_gantt(timeline: Timeline, max_width: int = 200) -> str:
     if width * cell > max_width:
         return (f"(chart omitted: {width} time steps would need {width * cell} columns; "
                 f"use --png or fewer micro-batches)")
-    first_stage = {}
+    first_stage: dict = {}
     for slot in timeline.slots:
         first_stage.setdefault(slot.rank, slot.action.parts[0].stage if slot.action.parts
                                else slot.action.stage)

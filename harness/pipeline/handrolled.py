@@ -39,19 +39,20 @@ class Exchanger:
     def run(self, send: tuple[torch.Tensor, int] | None,
             recv: tuple[tuple[int, ...], int] | None) -> torch.Tensor | None:
         buffer = torch.empty(recv[0]) if recv else None
-        paired = send is not None and recv is not None and send[1] == recv[1]
-        if paired and self.order == "batched":
+        if send is not None and recv is not None and buffer is not None \
+                and send[1] == recv[1] and self.order == "batched":
             ops = [dist.P2POp(dist.isend, send[0], send[1]),
                    dist.P2POp(dist.irecv, buffer, recv[1])]
-            for work in dist.batch_isend_irecv(ops):
+            for work in dist.batch_isend_irecv(ops) or ():
                 work.wait()
-        elif paired and self.order == "even-odd" and self.rank % 2:
+        elif send is not None and recv is not None and buffer is not None \
+                and send[1] == recv[1] and self.order == "even-odd" and self.rank % 2:
             dist.recv(buffer, src=recv[1])
             dist.send(send[0], dst=send[1])
         else:  # send first: fine when the peers differ (the chain drains from its end)
             if send is not None:
                 dist.send(send[0], dst=send[1])
-            if recv is not None:
+            if recv is not None and buffer is not None:
                 dist.recv(buffer, src=recv[1])
         return buffer
 
@@ -77,7 +78,9 @@ def run_step(schedule: str, stage: nn.Module, rank: int, world: int, step: int,
             p2p.run(pending, None)  # only steady-state neighbours exchange at once
             pending = None
         if action.kind == "F":
-            x = inputs[m] if first else p2p.run(pending, (shape, rank - 1))
+            received = inputs[m] if first else p2p.run(pending, (shape, rank - 1))
+            assert received is not None  # a receive always fills its buffer
+            x = received
             if first and pending is not None:
                 p2p.run(pending, None)
             pending = None
@@ -98,8 +101,8 @@ def run_step(schedule: str, stage: nn.Module, rank: int, world: int, step: int,
             x, out = saved.pop(m)
             with _timed(record, step, rank, m, "B"):
                 out.backward(grad)
-            if not first:
-                pending = (x.grad, rank - 1)
+            if not first:  # a stage whose output ignores its input still owes a gradient
+                pending = (x.grad if x.grad is not None else torch.zeros_like(x), rank - 1)
     if pending is not None:
         p2p.run(pending, None)
     return total if last else None

@@ -191,8 +191,9 @@ def split_layers(spec: RunSpec, costs: list[LayerCost], owner: list[int],
                  times: list[float] | None = None) -> list[tuple[int, int]]:
     """The stage boundaries the spec's knob asks for (by parameter count, FLOPs or time),
     balanced per rank when ranks hold several stages (``owner``: the rank of each stage)."""
+    weights: list[float]
     if spec.knobs.stage_split == "params":
-        weights = [c.params for c in costs]
+        weights = [float(c.params) for c in costs]
     elif spec.knobs.stage_split == "time":
         if times is None:
             raise ValueError("a split by time needs the layers' measured times")

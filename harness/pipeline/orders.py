@@ -184,11 +184,11 @@ def dualpipev(ranks: int, micro: int) -> Schedule:
 def _eight_steps(phase_stage: tuple[int, int], half: int, h: int, per_phase: int) -> tuple:
     """DualPipe's eight steps for one rank: its two phases' stages, the number of ranks per
     direction-half, its position from the nearer end, and micro-batches per phase."""
-    counts = {}
+    counts: dict[tuple[str, int], int] = {}
     weights: list[Action] = []
     order: list[Action] = []
 
-    def take(kind: str, phase: int) -> Action:
+    def take(kind: Kind, phase: int) -> Action:
         stage = phase_stage[phase]
         key = ("F" if kind == "F" else "B", stage)
         counts[key] = counts.get(key, 0) + 1

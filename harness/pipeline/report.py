@@ -95,10 +95,11 @@ def measured_costs(record: RunRecord) -> Costs:
                 by_stage[(event.stage, event.kind)].append(event.end - event.start)
     stages = sorted({stage for stage, _ in by_stage})
     mean = {key: statistics.mean(values) for key, values in by_stage.items()}
-    per_stage = tuple(tuple(mean.get((s, k), 0.0) for k in "FBW") for s in stages)
+    per_stage = tuple((mean.get((s, "F"), 0.0), mean.get((s, "B"), 0.0), mean.get((s, "W"), 0.0))
+                      for s in stages)
     share = len(stages) / len(record.ranks)
-    uniform = [statistics.mean(p[i] for p in per_stage) * share for i in range(3)]
-    return Costs(*uniform, comm=hop_latency(record), per_stage=per_stage)
+    f, b, w = (statistics.mean(p[i] for p in per_stage) * share for i in range(3))
+    return Costs(f, b, w, comm=hop_latency(record), per_stage=per_stage)
 
 
 def hop_latency(record: RunRecord) -> float:

@@ -111,11 +111,12 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> Timeline:
     slots: list[Slot] = []
 
     def ready_at(action: Action) -> float | None:
-        needs = []
+        needs: list[tuple[str, int, int]] = []
         for part in action.parts or (action,):
             k, m = part.stage, part.micro
             if part.kind == "F":
-                needs += [("F", prev[k], m)] if prev[k] is not None else []
+                before = prev[k]
+                needs += [("F", before, m)] if before is not None else []
             elif part.kind in ("B", "BW"):
                 nxt = layout.next_stage[k]
                 needs += [("F", k, m), ("B", nxt, m) if nxt is not None else ("F", k, m)]

@@ -89,17 +89,17 @@ def _train_pipeline(ctx: RankContext, spec: RunSpec) -> None:
     modules = {k: nn.Sequential(*layers[bounds[k][0]:bounds[k][1]]) for k in mine}
     ctx.emit((Emit.HOLDS, "stage" + "s" * (len(mine) > 1) + " " + ", ".join(map(str, mine))))
     for k in mine:
-        first, end = bounds[k]
-        ctx.emit((Emit.STAGE, StageCost(k, first, end, spec.pipe.layers[first:end],
-                                     sum(c.params for c in costs[first:end]),
-                                     sum(c.forward_flops for c in costs[first:end]),
-                                     sum(c.backward_flops for c in costs[first:end]))))
+        first, past = bounds[k]
+        ctx.emit((Emit.STAGE, StageCost(k, first, past, spec.pipe.layers[first:past],
+                                     sum(c.params for c in costs[first:past]),
+                                     sum(c.forward_flops for c in costs[first:past]),
+                                     sum(c.backward_flops for c in costs[first:past]))))
     params = [p for k in mine for p in modules[k].parameters()]
     optimizer = torch.optim.SGD(params, lr=spec.learning_rate)
     x, y = make_data(spec)
     record = lambda event: ctx.emit((Emit.STAGE_EVENT, event))  # noqa: E731
     runner = None if spec.strategy in HANDROLLED else TorchPipeline(
-        spec.strategy, modules, ctx.world_size, micro, loss_fn, record)
+        spec.strategy, dict(modules), ctx.world_size, micro, loss_fn, record)
     for step in range(1, spec.num_steps + 1):
         batch = step_batch(spec, step)
         optimizer.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@ gradient of the input the three projections read, summed once for all three)."""
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -86,8 +87,9 @@ def attention_steps(ctx, kind: str, d: int, heads: int, steps: int, seed: int = 
         )
 
         mesh = init_device_mesh("cpu", (ctx.world_size,))
-        model = parallelize_module(full, mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(),
-                                                "v": ColwiseParallel(), "o": RowwiseParallel()})
+        model = cast(TensorParallelAttention, parallelize_module(
+            full, mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                         "v": ColwiseParallel(), "o": RowwiseParallel()}))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = attention_data(d, steps, seed)
     grads, traffic = {}, None
@@ -95,7 +97,8 @@ def attention_steps(ctx, kind: str, d: int, heads: int, steps: int, seed: int = 
         optimizer.zero_grad()
         (model(x.requires_grad_(True)) - y).pow(2).mean().backward()
         if step == 0:
-            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()}
+            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()
+                     if p.grad is not None}
             log = getattr(model, "log", None)
             traffic = log and {"calls": dict(log.calls), "bytes": dict(log.bytes)}
         optimizer.step()

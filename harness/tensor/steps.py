@@ -35,7 +35,8 @@ def train_steps(ctx, kind: str, spec: RunSpec, steps: int, input_grad: bool = Fa
         out, aux = model(x[ids].requires_grad_(input_grad))
         loss_fn(out, aux, y[ids]).backward()
         if step == 0:
-            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()}
+            grads = {n: local_copy(p.grad) for n, p in model.named_parameters()
+                     if p.grad is not None}
             if kind == "tp":
                 traffic = {"calls": dict(model.log.calls), "bytes": dict(model.log.bytes)}
         optimizer.step()

@@ -87,7 +87,7 @@ def tensor_job(ctx, spec: RunSpec) -> None:
             if knobs.tp_sync_replicated_grads:
                 named = dict(model.named_parameters())
                 for name in REPLICATED:  # each rank's share of the rows' gradient
-                    if named[name].grad is not None:
+                    if named[name].grad is not None and log is not None:
                         log.all_reduce(named[name].grad, "backward", tp_group)
         local = whole(model, tp_group, tp, grads=True)
         calls, sent = _average(model, dp_group, spec.dp_degree)

@@ -43,7 +43,7 @@ def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
                                  f"{world_size} ranks cannot share equally")
     from distdoctor.testing.onrank import call
 
-    job = (_train, (build, step, batches), {})
+    job: tuple[Callable, tuple, dict] = (_train, (build, step, batches), {})
     many = run_on(world_size, deadline, call, *job, evidence=True)
     outcome = judge_job(many, deadline, "the training on ranks")
     if outcome.status != "passed":

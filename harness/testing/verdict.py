@@ -89,6 +89,7 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     report = explain(script_record(result.ends, result.traces, result.wall_s,
                                     result.started, deadline), what)
     cause = report.cause
+    named: tuple[int, ...]
     if own or died:
         first = min(own + died, key=lambda e: e.at if e.at is not None else float("inf"))
         head, detail = _failed(first, accounts.get(first.rank), n)

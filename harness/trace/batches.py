@@ -59,7 +59,7 @@ def record_batches(tracer: Any) -> None:
             tracer.write(ev=Ev.PASS_END, loader=number, epoch=epoch,
                          steps=tracer.optimizer_steps)
 
-    BatchSampler.__iter__ = batches
+    setattr(BatchSampler, "__iter__", batches)  # noqa: B010 (a patch)
 
 
 def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from distdoctor.models import Evidence, Incomplete
 from distdoctor.models.events import EMITTED, Emit, Ev, unknown_kinds
 from distdoctor.trace.batches import fold_batches
@@ -22,7 +24,7 @@ _ONCE = {Emit.BUILT: "built_params", Emit.INITIAL: "initial_params", Emit.HOLDS:
 
 def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidence:
     """``events`` as the rank emitted them; ``trace`` its tracer's JSON events."""
-    fields: dict = {name: [] for name in _SERIES.values()}
+    fields: dict[str, Any] = {name: [] for name in _SERIES.values()}
     fields["calls"] = list(fold(trace))
     fields["batches"] = list(fold_batches(trace))
     fields["gradients"] = list(fold_gradients(trace))
@@ -42,8 +44,9 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
         elif kind not in EMITTED:  # our own rank job wrote it: a reader is missing
             raise ValueError(f"rank {rank} recorded {kind!r}, a kind no reader knows "
                              f"(distdoctor.models.events.Emit)")
-    return Evidence(rank=rank, **{k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in fields.items()})
+    built: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                             for k, v in fields.items()}
+    return Evidence(rank=rank, **built)
 
 
 def fold_incomplete(trace: tuple) -> tuple[Incomplete, ...]:

@@ -24,13 +24,17 @@ def in_flight() -> dict[str | None, dict]:
     is off or unreadable."""
     try:
         import torch.distributed.distributed_c10d as c10d
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+            _dump_fr_trace_json,  # in torch's C module, but not in its type stubs
+        )
 
         dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
         default = c10d._get_default_group().group_name
     except Exception:
         return {}
-    names, ops, op_ids = {}, {}, {}
+    names: dict = {}
+    ops: dict = {}
+    op_ids: dict = {}
     for entry in dump.get("entries", ()):
         pg = str(entry.get("pg_id"))
         name = (entry.get("process_group") or [None])[0]

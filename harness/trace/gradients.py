@@ -160,6 +160,7 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
         if e.get("ev") != Ev.GRADS:
             continue
         line = e.get("where", "")
+        params: list[float] | None
         if "rows" in e:
             local, applied, params = _rows(e["rows"])
         else:  # written before the rows were packed

@@ -82,7 +82,7 @@ def record_nonfinite(tracer: Any) -> None:
             incomplete("the losses checked for NaN/Inf", exc)
         return original_backward(self, *args, **kwargs)
 
-    torch.Tensor.backward = backward
+    setattr(torch.Tensor, "backward", backward)  # noqa: B010 (a patch)
     hooks.before_step.append(("NaN/Inf checks", before_step))
 
 
@@ -102,8 +102,8 @@ def _names(params: list[torch.Tensor]) -> dict[int, str]:
         for name, p in module.named_parameters():
             if id(p) in wanted and len(name) > len(names.get(id(p), "")):
                 names[id(p)] = name
-    for p in params:
-        names.setdefault(id(p), f"a {tuple(p.shape)} parameter")
+    for param in params:
+        names.setdefault(id(param), f"a {tuple(param.shape)} parameter")
     return names
 
 

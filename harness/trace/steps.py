@@ -63,7 +63,7 @@ class StepHooks:
             except Exception as exc:
                 incomplete("gradient hooks", exc)
 
-        Optimizer.__init__ = init
+        setattr(Optimizer, "__init__", init)  # noqa: B010 (a patch)
 
     def _hook(self, params: list[torch.Tensor]) -> None:
         for p in params:

@@ -53,7 +53,9 @@ def optimizer_class(spec: RunSpec) -> type[torch.optim.Optimizer]:
 
 def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
     """The spec's optimiser over ``params`` (a strategy's shards, or the whole model)."""
-    return optimizer_class(spec)(params, lr=spec.learning_rate)
+    if spec.optimizer_name == "adam":
+        return torch.optim.Adam(params, lr=spec.learning_rate)
+    return torch.optim.SGD(params, lr=spec.learning_rate)
 
 
 def make_dataset(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,9 +32,11 @@ import random
 import signal
 import sys
 from multiprocessing.connection import wait
+from typing import Any
 
 # Python's own dispositions at start-up: SIGINT raises KeyboardInterrupt, SIGPIPE is ignored
-_PYTHON_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN}
+_PYTHON_DEFAULTS: dict[int, Any] = {signal.SIGINT: signal.default_int_handler,
+                                    signal.SIGPIPE: signal.SIG_IGN}
 
 
 def can_fork(env: dict[str, str]) -> str | None:
@@ -131,9 +133,12 @@ def _make_fresh(env: dict[str, str]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     encoding = env.get("PYTHONIOENCODING", "").split(":")[0] or None
-    sys.stdin = sys.__stdin__ = _stream(0, "r", encoding, False)
-    sys.stdout = sys.__stdout__ = _stream(1, "w", encoding, unbuffered)
-    sys.stderr = sys.__stderr__ = _stream(2, "w", encoding, unbuffered, "backslashreplace")
+    # a fresh interpreter's streams, its __std*__ too (typeshed marks those final: only
+    # an interpreter sets them, and here we stand in for one)
+    sys.stdin = sys.__stdin__ = _stream(0, "r", encoding, False)  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = _stream(1, "w", encoding, unbuffered)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _stream(  # type: ignore[misc]
+        2, "w", encoding, unbuffered, "backslashreplace")
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:

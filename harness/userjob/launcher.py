@@ -24,12 +24,13 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from distdoctor.launch import procs
 from distdoctor.launch.results import JobResult
 from distdoctor.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
 from distdoctor.launch.watch import JobWatch, RankHandle
-from distdoctor.userjob.forked import can_fork, fork_rank
+from distdoctor.userjob.forked import ForkedProcess, can_fork, fork_rank
 from distdoctor.userjob.output import OutputSpec, RankOutput
 
 START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
@@ -113,7 +114,8 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
             h.ctrl.close()
             for fd in (h.faulthandler_fd, h.stderr_fd, h.stdout_fd, h.trace_fd,
                        h.process.sentinel):
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
         del store
 
 
@@ -128,12 +130,13 @@ def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: 
         (trace_read, trace_write) = pipes
     fds = [conn_child.fileno(), ctrl_child.fileno(), fh_write, trace_write]
     argv = ["--fds", ",".join(map(str, fds)), *(["--light"] if light else []), script, *args]
+    process: ForkedProcess | PopenProcess
     try:
         if fork:  # the child closes this rank's parent ends and every earlier rank's
             theirs = [fd for h in earlier for fd in (h.conn.fileno(), h.ctrl.fileno(),
                                                     h.faulthandler_fd, h.stderr_fd,
                                                     h.stdout_fd, h.trace_fd,
-                                                    h.process.sentinel)]
+                                                    h.process.sentinel) if fd is not None]
             process = fork_rank(argv, env, out_write, err_write, theirs + [
                 conn_parent.fileno(), ctrl_parent.fileno(), fh_read, err_read, out_read,
                 trace_read])
@@ -166,7 +169,7 @@ def _wait_until_ready(handles: list[RankHandle]) -> None:
                 tail = _read_all(handle.stderr_fd)
                 raise ScriptStartError(f"rank {handle.rank} exited while starting "
                                        f"(code {handle.process.exitcode}): {tail[-2000:]}")
-            waiting.pop(item).conn.recv()
+            waiting.pop(cast(Connection, item)).conn.recv()
 
 
 def _read_all(fd: int) -> str:

@@ -233,7 +233,7 @@ def look_at(result: ScriptReport) -> list[str]:
     places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
     cause = result.cause
     if cause is not None and cause.kind in ("rank-crashed", "unused-parameters"):
-        root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
+        root = [r for r in result.ranks if r.rank in cause.ranks and r.error is not None]
         places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
     return sorted(places, key=_by_line)
 
@@ -264,7 +264,7 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):
             for r in root[:1]:
-                lines.append(f"\nrank {r.rank} (root cause):\n" + r.error.rstrip())
+                lines.append(f"\nrank {r.rank} (root cause):\n" + (r.error or "").rstrip())
     for r in result.ranks:
         if r.collective:
             lines.append(f"\nrank {r.rank}: blocked; {r.collective}"

@@ -117,7 +117,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
     notes = [f"{t.path}: {'lines' if len(t.unreadable) > 1 else 'line'} "
              f"{_lines(t.unreadable)} could not be read, skipped"
              for t in traces if t.unreadable]
-    ends, events = [], []
+    ends: list[RankEnd] = []
+    events: list[tuple[dict, ...]] = []
     for rank in range(world):
         trace = by_rank.get(rank)
         if trace is None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from distdoctor.models import RunSpec
 from distdoctor.training.strategies.base import (
@@ -96,11 +96,12 @@ class FSDP2:
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        self.module.set_requires_gradient_sync(False)
+        module = cast(FSDPModule, self.module)
+        module.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            self.module.set_requires_gradient_sync(True)
+            module.set_requires_gradient_sync(True)
 
     def finish_backward(self) -> None:
         pass  # FSDP reduce-scattered each layer's gradient inside backward
@@ -113,11 +114,11 @@ class FSDP2:
         self.optimizer.step()
 
     def full_params(self) -> list[torch.Tensor]:
-        params = list(self.module.parameters())
+        params: list[Any] = list(self.module.parameters())  # DTensors, each a row shard
         return _gather_rows([p.to_local().detach() for p in params], [p.shape for p in params])
 
     def full_grads(self) -> list[torch.Tensor]:
-        params = list(self.module.parameters())
+        params: list[Any] = list(self.module.parameters())  # DTensors, each a row shard
         local = [p.grad.to_local() if p.grad is not None else torch.zeros_like(p.to_local())
                  for p in params]
         return _gather_rows(local, [p.shape for p in params])

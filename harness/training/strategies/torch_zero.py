@@ -11,6 +11,9 @@ gradient bytes are the buckets' and nothing is counted twice.
 
 from __future__ import annotations
 
+from typing import cast
+
+import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -33,9 +36,13 @@ class TorchZero(TorchDDP):
         self.optimizer_tensors = len(self._mine())  # the parameters this rank steps
 
     def _mine(self) -> list[nn.Parameter]:
-        return [p for group in self.optimizer.optim.param_groups for p in group["params"]]
+        return [p for group in self._local().param_groups for p in group["params"]]
+
+    def _local(self) -> torch.optim.Optimizer:
+        """The optimiser ZeroRedundancyOptimizer steps this rank's shard with."""
+        return cast(ZeroRedundancyOptimizer, self.optimizer).optim
 
     def held(self) -> HeldBytes:
         params = list(self.module.parameters())
         return HeldBytes(storage_bytes(params), storage_bytes(p.grad for p in params),
-                         storage_bytes(optimizer_state(self.optimizer.optim)))
+                         storage_bytes(optimizer_state(self._local())))

@@ -77,7 +77,9 @@ class Bucket:
 def buckets_of(layers: list[Layer], cap_bytes: int = BUCKET_BYTES) -> list[Bucket]:
     """Layers in the order backward finishes them (last first), cut into buckets of at most
     ``cap_bytes`` of fp32 padded parameters (a larger layer gets a bucket of its own)."""
-    buckets, indices, size = [], [], 0
+    buckets: list[list[int]] = []
+    indices: list[int] = []
+    size = 0
     for index in reversed(range(len(layers))):
         nbytes = 4 * layers[index].padded
         if indices and size + nbytes > cap_bytes:

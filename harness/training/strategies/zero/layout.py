@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ class Layer:
     def own(self) -> slice:
         return slice(self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel)
 
-    def flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    def flatten(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """One padded flat buffer from the layer's tensors (zeros for a missing one)."""
         flat = torch.zeros(self.padded)
         for view, tensor in zip(self.views(flat), tensors):

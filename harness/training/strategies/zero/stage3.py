@@ -54,6 +54,11 @@ class Gathered:
 
 
 class ShardedLayer(nn.Module):
+    # kept in __dict__, not as submodules (their placeholders are not state): declared
+    # here so that reading them is typed, not nn.Module.__getattr__'s Tensor | Module
+    inner: nn.Module
+    owner: Zero3
+
     def __init__(self, layer: Layer, module: nn.Module, owner: Zero3):
         super().__init__()
         self.layer = layer
