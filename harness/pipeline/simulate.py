@@ -11,7 +11,6 @@ formula and the schedule disagree, both are shown.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from distdoctor.pipeline.orders import CHUNKS, Action, Schedule, build
@@ -44,11 +43,6 @@ class Costs:
             return sum(self.duration(part, stage_units) for part in action.parts)
         f, b, w = self.per_stage[action.stage]
         return {"F": f, "B": b, "W": w, "BW": b + w}[action.kind]
-
-    @property
-    def full_backward(self) -> float:
-        return self.b + self.w
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -195,7 +189,3 @@ def gpipe_bubble_fraction(ranks: int, micro: int) -> float:
 def run_schedule(name: str, ranks: int, micro: int, costs: Costs = Costs(),
                  chunks: int = CHUNKS) -> Timeline:
     return simulate(build(name, ranks, micro, chunks), costs)
-
-
-def is_close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)

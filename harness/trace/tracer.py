@@ -89,12 +89,6 @@ class Tracer:
             if hooks is not None:
                 hooks._decided = -1
 
-    def uninstall(self) -> None:
-        for name, original in self._originals.items():
-            setattr(c10d, name, original)
-            setattr(dist, name, original)
-        self._originals = {}
-
     def record_ddp_parameters(self) -> None:
         """Make every DistributedDataParallel write down its parameters' names, in the
         order its reducer numbers them, so DDP's "Parameter indices which did not receive
