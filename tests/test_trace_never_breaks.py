@@ -57,7 +57,7 @@ def test_a_failing_hook_lets_the_collective_through_and_says_so_once(pools):
     result = pools(2).run(jobs.all_reduce_with_a_broken_tracer, deadline=60)
     assert result.raise_for_status().values == (4.0, 4.0)
     for end in result.ends:
-        assert end.stderr.count("distdoctor: cannot trace a all_reduce call "
+        assert end.stderr.count("distdoctor: cannot record all_reduce calls "
                                 "(ZeroDivisionError: the tracer's own bug)") == 1
 
 
@@ -67,4 +67,5 @@ def test_a_loader_whose_samples_are_not_numbers_loads_on_untraced():
     result = shared_pool(2, evidence=True).run(jobs.loader_of_named_samples, deadline=60)
     assert result.raise_for_status().values == ([[1.0, 2.0], [3.0, 4.0]],) * 2
     for end in result.ends:
-        assert end.stderr.count("distdoctor: cannot record a batch (ValueError") == 1
+        assert end.stderr.count("distdoctor: cannot record the batches a loader drew "
+                                "(ValueError") == 1
