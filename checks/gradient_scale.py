@@ -7,6 +7,12 @@ reports them). On a user's script the tracer samples each parameter's gradient a
 positions, as backward left it and as the optimiser applied it, and the same projection
 is taken over those samples; steps where no synchronisation changed any rank's gradient
 are skipped too.
+
+A wrong average (a sum, or a division by the wrong count) scales every step's gradient
+by the same factor. A factor that changes from step to step is something else: gradient
+clipping (``clip_grad_norm_`` scales by max_norm over the norm, which moves as training
+does) or an adaptive scaler; those are left alone (found on healthy code: clipping read
+as "0.08x the mean"). So a sum hidden under clipping is not reported here either.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ def check(record: RunRecord) -> list[Finding]:
     ratio = statistics.median(ratios)
     if abs(ratio - 1.0) <= TOLERANCE:
         return []
+    if any(abs(r / ratio - 1.0) > TOLERANCE for r in ratios):
+        return []  # no one scale: clipping (its factor follows the norm), not a wrong average
     summed = abs(ratio - world_size) <= TOLERANCE * world_size
     return [finding(
         "sum-without-mean", NAME, f"gradient {ratio:.2f}x the mean",

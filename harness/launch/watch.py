@@ -60,11 +60,14 @@ class JobWatch:
 
     def __init__(self, ranks: list[RankHandle], deadline: float, error_grace: float,
                  echo: Callable[[int, str, bytes], None] | None = None,
-                 limit: float | None = None):
+                 limit: float | None = None, exit_zero_finishes: bool = False):
         """``limit``: seconds the job may run in all, progress or not (a test's deadline);
         None: only the no-progress ``deadline`` stops it. ``echo(rank, stream, chunk)`` is
         given what each rank writes to stderr (and stdout, where it has a pipe) as it
-        comes."""
+        comes. ``exit_zero_finishes``: a rank that exits with code 0 without reporting has
+        finished (a user's script leaving by ``os._exit(0)``), not died; a warm pool's
+        ranks never leave on their own, so there it stays a death."""
+        self.exit_zero_finishes = exit_zero_finishes
         self.ranks = ranks
         self.deadline = deadline
         self.limit = limit
@@ -244,6 +247,9 @@ class JobWatch:
             # its last words, all written before it died: kept, and passed on like the rest
             self._read_streams([fd for fd in (handle.stderr_fd, handle.stdout_fd)
                                 if fd in self.streams])
+            if self.exit_zero_finishes and handle.process.exitcode == 0:
+                self._end(RankEnd(rank, "finished", at=procs.now() - self.started, exitcode=0))
+                return
             last_words = f"; its stderr ended with:\n{tail.last_lines(60)}" if str(tail) else ""
             self._end(RankEnd(rank, "died", at=procs.now() - self.started,
                               error=describe_exit(handle.process) + last_words,

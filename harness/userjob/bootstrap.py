@@ -31,6 +31,7 @@ from distdoctor.launch import procs, stacks
 from distdoctor.models.events import Ev
 
 HANG_EXIT = 124  # what --exit-on-hang ends a stalled rank with (timeout(1)'s code)
+_REAL_EXIT = os._exit  # ours: the script's own os._exit is patched to say so first
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,8 +74,12 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
         error = _run_script(options.script, options.args)
-        conn.send(("raised", procs.now(), error) if error else ("done", procs.now(), None))
-        code = 1 if error else 0
+        code = _exit_code(error, quiet=True)
+        if error:
+            conn.send(("raised", procs.now(), error))
+        elif code == 0:
+            conn.send(("done", procs.now(), None))
+        # else: sys.exit(N) with N != 0, a crash by its exit code, as any launcher sees it
     except (EOFError, OSError, KeyboardInterrupt):
         pass
     finally:
@@ -106,12 +111,14 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
+    _patch_os_exit(tracer)
     _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang)
     tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank),
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
-    tracer.write(ev=Ev.EXIT, t=procs.now(), status="raised" if error else "finished", error=error)
-    _exit(_exit_code(error))
+    code = _exit_code(error)
+    _say_exit(tracer, code, error)
+    _exit(code)
 
 
 def _run_id() -> str:
@@ -123,19 +130,43 @@ def _run_id() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
-def _exit_code(error: str | None) -> int:
-    """The code the script would have exited with on its own, saying what Python says:
-    an uncaught exception's traceback on stderr and 1; ``sys.exit(code)``'s code."""
+def _exit_code(error: str | None, quiet: bool = False) -> int:
+    """The code the script would have exited with on its own, saying what Python says
+    (unless ``quiet``: the parent says it): an uncaught exception's traceback on stderr
+    and 1; ``sys.exit(code)``'s code."""
     if error:
-        sys.stderr.write(error)
+        if not quiet:
+            sys.stderr.write(error)
         return 1
     left = next((kept for kept in _KEPT if isinstance(kept, SystemExit)), None)
     if left is None or left.code is None:
         return 0
     if isinstance(left.code, int):
         return left.code
-    sys.stderr.write(f"{left.code}\n")  # sys.exit("message"), as Python prints it
+    if not quiet:
+        sys.stderr.write(f"{left.code}\n")  # sys.exit("message"), as Python prints it
     return 1
+
+
+def _say_exit(tracer, code: int, error: str | None = None) -> None:
+    """The rank's end in its trace: finished (code 0), raised (a traceback), or exited
+    with a code; ``distdoctor analyze`` reads it."""
+    status = "raised" if error else "finished" if code == 0 else "exited"
+    tracer.write(ev=Ev.EXIT, t=procs.now(), status=status, error=error, code=code)
+
+
+def _patch_os_exit(tracer) -> None:
+    """A script that leaves by ``os._exit(code)`` (common, to skip the process group's
+    teardown) still says how it ended: its trace gets the exit, written (unbuffered, like
+    every trace line) before the process goes, so it reads as finished, not killed."""
+    def _exit_said(code: int) -> None:
+        try:
+            _say_exit(tracer, int(code))
+        except Exception:
+            pass
+        _REAL_EXIT(code)
+
+    setattr(os, "_exit", _exit_said)  # noqa: B010 (a patch)
 
 
 def _install(fd: int, light: bool = False):
@@ -221,5 +252,5 @@ def _exit(code: int) -> None:
             stream.flush()
         except Exception:
             pass
-    os._exit(code)  # no interpreter teardown: torch's destructors can deadlock there
+    _REAL_EXIT(code)  # no interpreter teardown: torch's destructors can deadlock there
 

@@ -104,7 +104,8 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
             fork = start_method != "spawn" and why_not is None
             handles.append(_start(rank, env, script, args, light, fork, handles))
         _wait_until_ready(handles)
-        watch = JobWatch(handles, deadline, error_grace, lines.feed if echo else None)
+        watch = JobWatch(handles, deadline, error_grace, lines.feed if echo else None,
+                         exit_zero_finishes=True)
         return watch.run(b"go")
     finally:
         procs.kill([h.process for h in handles])

@@ -142,6 +142,10 @@ def load(directories: list[str], run: str | None = None) -> Job:
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
                                 error=error if isinstance(error, str) else "raised"))
+        elif exit_event.get("status") == "exited":  # sys.exit(N) or os._exit(N), N != 0
+            code = exit_event.get("code")
+            ends.append(RankEnd(rank, "died", at=0.0, error=f"exited with code {code}",
+                                exitcode=code if isinstance(code, int) else None))
         else:
             ends.append(RankEnd(rank, "finished"))
         events.append(trace.events)

@@ -1,0 +1,158 @@
+"""Healthy code that nobody here wrote for distdoctor reports OK: a false alarm costs as much
+as a miss. ``examples/healthy/`` holds scripts in the shapes people use (how a rank ends,
+loaders with workers, checkpoints, object collectives, rank-dependent logging, evaluation
+on one rank, DDP's options, ZeRO, FSDP2, two process groups); each runs through the real
+command, some under a real torchrun with ``analyze`` afterwards, and the data-parallel
+steps through ``assert_trains_like_one_process``. A bug added to a few of them is still
+named, under the right headline. Add a script here for every false alarm found."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from distdoctor.testing import assert_trains_like_one_process
+
+HEALTHY = Path(__file__).resolve().parent.parent / "examples" / "healthy"
+# (script, arguments, ranks)
+CORPUS = [
+    ("exit_os_exit.py", (), 2),
+    ("exit_destroy_then_os_exit.py", (), 2),
+    ("exit_sys_exit.py", (), 2),
+    ("exception_caught.py", (), 2),
+    ("daemon_thread.py", (), 2),
+    ("dataloader_workers.py", (), 2),
+    ("dataloader_workers.py", ("persistent",), 2),
+    ("checkpoint_save_load.py", (), 2),
+    ("uneven_objects.py", (), 3),
+    ("rank_logging.py", (), 2),
+    ("eval_on_rank0_module.py", (), 2),
+    *[("ddp_variants.py", (variant,), 2) for variant in (
+        "clip", "autocast", "checkpoint", "static-graph", "bucket-view", "comm-hook",
+        "find-unused")],
+    ("zero_redundancy.py", (), 2),
+    ("fully_shard.py", (), 2),
+    ("two_groups_mesh.py", (), 4),
+]
+
+
+def test_every_healthy_script_is_in_the_corpus():
+    scripts = {p.name for p in HEALTHY.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == {script for script, _, _ in CORPUS}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script, args, ranks", CORPUS,
+                         ids=[" ".join((s, *a)) for s, a, _ in CORPUS])
+def test_healthy_code_reports_ok(distdoctor, monkeypatch, script, args, ranks):
+    monkeypatch.chdir(HEALTHY)
+    done = distdoctor("run", "--nproc-per-node", str(ranks), script, *args)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert f"distdoctor run: OK: all {ranks} ranks of {script} finished" in done.stdout
+
+
+TORCHRUN = ["exit_os_exit.py", "exit_destroy_then_os_exit.py", "exit_sys_exit.py",
+            "daemon_thread.py", "uneven_objects.py"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("script", TORCHRUN)
+def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, tmp_path, script):
+    """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces:
+    a rank that left by os._exit(0) wrote its exit into its trace first."""
+    project = tmp_path / "project"
+    shutil.copytree(HEALTHY, project)
+    traces = tmp_path / "traces"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "distdoctor.userjob",
+                           "--trace-dir", str(traces), script], cwd=project,
+                          capture_output=True, text=True, timeout=150,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    analysed = distdoctor("analyze", str(traces))
+    assert analysed.returncode == 0, analysed.stdout
+    assert analysed.stdout.startswith("distdoctor analyze: OK: all 2 ranks")
+
+
+# -- a bug added to the healthy shapes is still named, under the right headline --------
+
+def test_a_summing_bug_before_os_exit_is_named_not_called_a_crash(distdoctor, monkeypatch,
+                                                                   tmp_path):
+    script = (HEALTHY / "exit_sys_exit.py").read_text().replace(
+        "            p.grad /= dist.get_world_size()\n", "").replace(
+        "    return 0", "    os._exit(0)").replace("import sys", "import os\nimport sys")
+    _write(tmp_path, "summing_os_exit.py", script)
+    monkeypatch.chdir(tmp_path)
+    done = distdoctor("run", "--nproc-per-node", "2", "summing_os_exit.py")
+    assert done.returncode == 1
+    assert "distdoctor run: FAILED: gradient-not-averaged (ranks 0, 1)" in done.stdout
+    assert "rank-crashed" not in done.stdout
+
+
+def test_a_rank_that_leaves_by_os_exit_while_its_peer_waits_exited_early(distdoctor,
+                                                                        monkeypatch, tmp_path):
+    _write(tmp_path, "leaves.py", "import os\nimport torch\nimport torch.distributed as dist\n"
+           "dist.init_process_group('gloo')\nt = torch.ones(2)\ndist.all_reduce(t)\n"
+           "if dist.get_rank() == 0:\n    os._exit(0)\ndist.all_reduce(t)  # LEFT ALONE\n")
+    monkeypatch.chdir(tmp_path)
+    done = distdoctor("run", "--nproc-per-node", "2", "--deadline", "20", "leaves.py")
+    assert done.returncode == 1
+    assert "distdoctor run: FAILED: rank-exited-early (rank 0)" in done.stdout
+
+
+def test_a_non_zero_exit_is_a_crash(distdoctor, monkeypatch, tmp_path):
+    _write(tmp_path, "exits.py", "import sys\nimport torch.distributed as dist\n"
+           "dist.init_process_group('gloo')\ndist.barrier()\n"
+           "if dist.get_rank() == 1:\n    sys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    done = distdoctor("run", "--nproc-per-node", "2", "exits.py")
+    assert done.returncode == 1
+    assert "distdoctor run: FAILED: rank-crashed (rank 1)" in done.stdout
+    assert "exited with code 3" in done.stdout
+
+
+def _write(folder: Path, name: str, text: str) -> None:
+    shutil.copy(HEALTHY / "_common.py", folder / "_common.py")
+    (folder / name).write_text(text)
+
+
+# -- the same data-parallel steps through assert_trains_like_one_process ---------------
+
+def _build(options: dict):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    wrapped = DistributedDataParallel(net, **options) if dist.is_initialized() else net
+    return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1)
+
+
+def _step(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+    optimizer.step()
+
+
+_data = torch.Generator().manual_seed(3)
+BATCHES = [(torch.randn(8, 4, generator=_data), torch.randn(8, 1, generator=_data))
+           for _ in range(3)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("options", [{}, {"static_graph": True},
+                                     {"gradient_as_bucket_view": True},
+                                     {"find_unused_parameters": True}],
+                         ids=["plain", "static-graph", "bucket-view", "find-unused"])
+def test_ddp_options_train_like_one_process(options):
+    assert_trains_like_one_process(functools.partial(_build, options), _step, BATCHES,
+                                   world_size=2)
