@@ -61,8 +61,9 @@ def test_healthy_code_reports_ok(distdoctor, monkeypatch, script, args, ranks):
     assert f"distdoctor run: OK: all {ranks} ranks of {script} finished" in done.stdout
 
 
-TORCHRUN = ["exit_os_exit.py", "exit_destroy_then_os_exit.py", "exit_sys_exit.py",
-            "daemon_thread.py", "uneven_objects.py"]
+# the endings, where torchrun's path differs from ours (a rank's exit is read from its
+# trace); every other shape ends by returning, as under distdoctor run above
+TORCHRUN = ["exit_os_exit.py", "exit_destroy_then_os_exit.py", "exit_sys_exit.py"]
 
 
 @pytest.mark.timeout(180)
