@@ -6,16 +6,12 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from _common import batches, model
+from _common import model, train
 from torch.nn.parallel import DistributedDataParallel
 
 dist.init_process_group("gloo")
 ddp = DistributedDataParallel(model())
-optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-for x, y in batches():
-    optimizer.zero_grad()
-    torch.nn.functional.mse_loss(ddp(x), y).backward()
-    optimizer.step()
+train(ddp)
 folder = [tempfile.mkdtemp(prefix="dcp-") if dist.get_rank() == 0 else None]
 dist.broadcast_object_list(folder, src=0)
 dcp.save({"model": ddp.module.state_dict()}, checkpoint_id=folder[0])

@@ -3,9 +3,8 @@
 import threading
 import time
 
-import torch
 import torch.distributed as dist
-from _common import batches, model
+from _common import model, train
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -17,9 +16,5 @@ def heartbeat() -> None:
 threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
 dist.init_process_group("gloo")
 ddp = DistributedDataParallel(model())
-optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-for x, y in batches():
-    optimizer.zero_grad()
-    torch.nn.functional.mse_loss(ddp(x), y).backward()
-    optimizer.step()
+train(ddp)
 dist.destroy_process_group()
