@@ -61,25 +61,33 @@ def test_healthy_code_reports_ok(distdoctor, monkeypatch, script, args, ranks):
     assert f"distdoctor run: OK: all {ranks} ranks of {script} finished" in done.stdout
 
 
-# the endings, where torchrun's path differs from ours (a rank's exit is read from its
-# trace); every other shape ends by returning, as under distdoctor run above
-TORCHRUN = ["exit_os_exit.py", "exit_destroy_then_os_exit.py", "exit_sys_exit.py"]
+# Under torchrun a rank's end reaches distdoctor only through its trace, so the torchrun
+# path is run for every shape whose end or process tree differs: the endings, and the
+# scripts that start processes (DataLoader workers leave by os._exit too, and inherit the
+# rank's trace) or threads of their own. The other shapes return as under distdoctor run.
+TORCHRUN = [("exit_os_exit.py", ()), ("exit_destroy_then_os_exit.py", ()),
+            ("exit_sys_exit.py", ()), ("daemon_thread.py", ()), ("dataloader_workers.py", ()),
+            ("dataloader_workers.py", ("persistent",)), ("checkpoint_save_load.py", ())]
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("script", TORCHRUN)
-def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, tmp_path, script):
-    """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces:
-    a rank that left by os._exit(0) wrote its exit into its trace first."""
+@pytest.mark.parametrize("script, args", TORCHRUN, ids=[" ".join((s, *a)) for s, a in TORCHRUN])
+def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, tmp_path, script, args):
+    """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces.
+    Each rank's trace holds one exit, its own: a rank that left by os._exit(0) wrote it
+    first, and no forked worker wrote one for it."""
     project = tmp_path / "project"
     shutil.copytree(HEALTHY, project)
     traces = tmp_path / "traces"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "-m", "distdoctor.userjob",
-                           "--trace-dir", str(traces), script], cwd=project,
+                           "--trace-dir", str(traces), script, *args], cwd=project,
                           capture_output=True, text=True, timeout=150,
                           env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        lines = (traces / f"rank-{rank}.jsonl").read_text().splitlines()
+        assert sum(line.startswith('{"ev":"exit"') for line in lines) == 1, rank
     analysed = distdoctor("analyze", str(traces))
     assert analysed.returncode == 0, analysed.stdout
     assert analysed.stdout.startswith("distdoctor analyze: OK: all 2 ranks")

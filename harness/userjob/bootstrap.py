@@ -159,11 +159,18 @@ def _patch_os_exit(tracer) -> None:
     """A script that leaves by ``os._exit(code)`` (common, to skip the process group's
     teardown) still says how it ended: its trace gets the exit, written (unbuffered, like
     every trace line) before the process goes, so it reads as finished, not killed."""
+    rank_pid = os.getpid()
+
     def _exit_said(code: int) -> None:
-        try:
-            _say_exit(tracer, int(code))
-        except Exception:
-            pass
+        # only the rank itself: a process forked from it (a DataLoader worker) inherits
+        # this patch and the trace's descriptor, and multiprocessing's children leave by
+        # os._exit; a worker's end written as the rank's would make a hung rank read as
+        # finished
+        if os.getpid() == rank_pid:
+            try:
+                _say_exit(tracer, int(code))
+            except Exception:
+                pass
         _REAL_EXIT(code)
 
     setattr(os, "_exit", _exit_said)  # noqa: B010 (a patch)
