@@ -119,15 +119,19 @@ def test_a_rank_that_leaves_by_os_exit_while_its_peer_waits_exited_early(distdoc
     assert "distdoctor run: FAILED: rank-exited-early (rank 0)" in done.stdout
 
 
-def test_a_non_zero_exit_is_a_crash(distdoctor, monkeypatch, tmp_path):
+@pytest.mark.parametrize("leave, said", [("sys.exit(3)", "exited with code 3"),
+                                         ("sys.exit('no data for this rank')",
+                                          "no data for this rank")])
+def test_a_non_zero_exit_is_a_crash_with_what_it_said(distdoctor, monkeypatch, tmp_path,
+                                                      leave, said):
     _write(tmp_path, "exits.py", "import sys\nimport torch.distributed as dist\n"
            "dist.init_process_group('gloo')\ndist.barrier()\n"
-           "if dist.get_rank() == 1:\n    sys.exit(3)\n")
+           f"if dist.get_rank() == 1:\n    {leave}\n")
     monkeypatch.chdir(tmp_path)
     done = distdoctor("run", "--nproc-per-node", "2", "exits.py")
     assert done.returncode == 1
     assert "distdoctor run: FAILED: rank-crashed (rank 1)" in done.stdout
-    assert "exited with code 3" in done.stdout
+    assert said in done.stdout
 
 
 def _write(folder: Path, name: str, text: str) -> None:

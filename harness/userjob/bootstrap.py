@@ -74,7 +74,7 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
         error = _run_script(options.script, options.args)
-        code = _exit_code(error, quiet=True)
+        code = _exit_code(error, traceback_to_stderr=False)  # the parent shows it
         if error:
             conn.send(("raised", procs.now(), error))
         elif code == 0:
@@ -130,12 +130,12 @@ def _run_id() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
-def _exit_code(error: str | None, quiet: bool = False) -> int:
-    """The code the script would have exited with on its own, saying what Python says
-    (unless ``quiet``: the parent says it): an uncaught exception's traceback on stderr
-    and 1; ``sys.exit(code)``'s code."""
+def _exit_code(error: str | None, traceback_to_stderr: bool = True) -> int:
+    """The code the script would have exited with on its own, saying what Python says: an
+    uncaught exception's traceback on stderr (unless the parent reports it) and 1;
+    ``sys.exit(code)``'s code, and its message on stderr when the code is one."""
     if error:
-        if not quiet:
+        if traceback_to_stderr:
             sys.stderr.write(error)
         return 1
     left = next((kept for kept in _KEPT if isinstance(kept, SystemExit)), None)
@@ -143,8 +143,7 @@ def _exit_code(error: str | None, quiet: bool = False) -> int:
         return 0
     if isinstance(left.code, int):
         return left.code
-    if not quiet:
-        sys.stderr.write(f"{left.code}\n")  # sys.exit("message"), as Python prints it
+    sys.stderr.write(f"{left.code}\n")  # sys.exit("message"), as Python prints it
     return 1
 
 
