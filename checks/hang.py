@@ -29,6 +29,7 @@ from distdoctor.models.calls import (
 )
 from distdoctor.models.record import started_by, user_frame
 from distdoctor.models.waitfor import (
+    ENDED,
     STOPPED,
     blocking_call,
     cycle_of,
@@ -46,8 +47,8 @@ def check(record: RunRecord) -> list[Finding]:
         return []
     blocked = {r.rank: blocking_call(r) for r in stopped}
     edges = wait_edges(record)
-    calls = {r.rank: _describe(blocked[r.rank]) if blocked[r.rank] else _from_stack(r)
-             for r in stopped}
+    calls = {r.rank: call.describe(relative=True) if (call := blocked[r.rank]) else
+             _from_stack(r) for r in stopped}
     measured = {"blocked_in": {str(k): v for k, v in calls.items()},
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
     listing = "; ".join(f"rank {k}: {v}" for k, v in sorted(calls.items()))
@@ -130,7 +131,7 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                 f"make every rank of the group make the {call.op} at {relative_line(call.where)}, "
                 f"or none", inside,
                 {"seq": call.seq, "missing": absent, "waiting": inside})
-        ended = all(record.ranks[r].end.status in ("finished", "died", "raised") for r in absent)
+        ended = all(record.ranks[r].end.status in ENDED for r in absent)
         return _uncatalogued(
             "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
             f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
@@ -145,10 +146,6 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
     return None
 
 
-def _describe(call: Call | None) -> str:
-    return call.describe(relative=True) if call is not None else ""
-
-
 def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:
     """Is ``call`` the one that differs? Every absent rank is waiting in a collective torch
     made itself (DDP's, seen by the Flight Recorder), not missing: it waits for the others
@@ -161,7 +158,7 @@ def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:
 
 
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:
-    if rank.end.status in ("finished", "raised", "died"):
+    if rank.end.status in ENDED:
         return f"it {rank.end.status}"
     return f"blocked in {call.describe(relative=True)}" if call else _from_stack(rank)
 

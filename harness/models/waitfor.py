@@ -47,6 +47,7 @@ from distdoctor.models.evidence import Call
 from distdoctor.models.record import RankRecord, RunRecord
 
 STOPPED = ("hung", "stopped")  # a rank's ends that leave it blocked where it was
+ENDED = ("finished", "raised", "died")  # a rank's ends after which it makes no call
 _CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
 # Collectives gloo runs with one algorithm, so that one rank in each still completes (or
 # one side does): measured on torch 2.13 gloo, 2 ranks, every other pair of ops hangs, and

@@ -36,7 +36,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])
         fields["ddp_group"] = tuple(ddp[-1].get("group", ()))
-    for kind, payload, *_ in events:
+    for kind, payload in events:
         if kind in _SERIES:
             fields[_SERIES[kind]].append(payload)
         elif kind in _ONCE:
