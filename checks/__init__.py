@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
+from typing import Literal
 
-from distdoctor.models import Finding, GroupTensor, RunRecord
+from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
 from distdoctor.models.distance import spread
 
 
@@ -33,7 +34,8 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
 
 def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,
             ranks=(), measured: dict | None = None, cause: str | None = None,
-            fix: str | None = None, inconclusive: bool = False, kind: str = "",
+            fix: str | None = None, inconclusive: bool = False,
+            kind: CauseKind | Literal[""] = "",
             first_step: int | None = None, where: str | None | tuple[str, ...] = ()
             ) -> Finding:
     """A finding for a catalogued failure mode, with its cause and fix text. ``kind``,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distdoctor.checks import finding
-from distdoctor.models import Call, Finding, RankRecord, RunRecord
+from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import (
     direction,
     is_collective,
@@ -176,7 +176,7 @@ def _from_stack(rank: RankRecord) -> str:
     return "in no traced call, and no stack of the user's code"
 
 
-def _uncatalogued(fault: str, kind: str, headline: str, symptom: str, cause: str, fix: str,
+def _uncatalogued(fault: str, kind: CauseKind, headline: str, symptom: str, cause: str, fix: str,
                   ranks, measured: dict) -> Finding:
     """A finding of a failure mode the fault catalogue cannot inject into the built-in
     workload (it has no knob), named by ``fault``; ``kind``: the cause a user is told."""

@@ -55,6 +55,7 @@ from distdoctor.models.spec import (
 from distdoctor.models.verdict import (
                                      REPORT_SCHEMA,
                                      Assessment,
+                                     CauseKind,
                                      Finding,
                                      Outcome,
                                      ReferenceComparison,
@@ -65,7 +66,7 @@ from distdoctor.models.verdict import (
 )
 
 __all__ = [
-    "AuxSkip", "Assessment", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
+    "AuxSkip", "Assessment", "CauseKind", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
     "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic",
     "Incomplete", "Knobs", "MemoryEvidence",

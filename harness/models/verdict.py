@@ -17,6 +17,15 @@ Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-r
                   "inconclusive"]
 
 
+# the causes a user of their own script is told, one name each: a check sets one on its
+# finding (Finding.kind), and the report orders and words them (userjob/report.py)
+CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
+                    "unused-parameters", "hang-unknown", "tp-partial-sums",
+                    "tp-replica-drift", "divergent-parameters",
+                    "gradient-not-averaged", "sync-every-microbatch",
+                    "duplicate-samples", "repeated-epoch-order", "non-finite"]
+
+
 @dataclass(frozen=True)
 class Finding:
     """A detected failure mode, with the numbers that show it and the fix as knob changes."""
@@ -35,8 +44,8 @@ class Finding:
     inconclusive: bool = False
     # What the report and the pictures read, set by the check itself; nothing downstream
     # reads the names inside ``measured``, which are free to change.
-    kind: str = ""  # the cause a user of their own script is told (userjob/report.py's
-    # CauseKind); "" for what only the built-in workload shows (stage balance, memory)
+    kind: CauseKind | Literal[""] = ""  # the cause a user of their own script is told;
+    # "" for what only the built-in workload shows (stage balance, memory)
     first_step: int | None = None  # the step the symptom first shows at
     where: tuple[str, ...] = ()  # the user's lines to look at, most telling first
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -184,7 +184,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     from distdoctor.testing import onrank
 
-    n = int(pyfuncitem.funcargs.get("world_size") or _sizes(marker)[0])  # type: ignore[call-overload]
+    n = cast(int, pyfuncitem.funcargs.get("world_size") or _sizes(marker)[0])
     deadline = _item_deadline(pyfuncitem, marker)
     names = pyfuncitem._fixtureinfo.argnames
     funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}

@@ -23,18 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from distdoctor.models import Call, Finding, RankRecord, RunRecord
+from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import describe_call, ranks_phrase
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import is_peer_echo, started_by, user_frame
 from distdoctor.userjob.stacktext import stack_text
 
 RUN_SCHEMA = "distdoctor.run.v3"
-CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
-                    "unused-parameters", "hang-unknown", "tp-partial-sums",
-                    "tp-replica-drift", "divergent-parameters",
-                    "gradient-not-averaged", "sync-every-microbatch",
-                    "duplicate-samples", "repeated-epoch-order", "non-finite"]
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
