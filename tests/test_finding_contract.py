@@ -56,3 +56,14 @@ def test_a_renamed_key_really_is_gone_from_the_finding():
                     first_step=3, where=("x.py:1",))
     assert renamed(found).measured == {"renamed_first_step": 3, "renamed_where": "x.py:1"}
     assert (renamed(found).first_step, renamed(found).where) == (3, ("x.py:1",))
+
+
+def test_every_cause_kind_has_its_place_in_the_report():
+    """A kind the report does not order would be set by a check and never shown."""
+    from typing import get_args
+
+    from distdoctor.models import CauseKind
+    from distdoctor.userjob.report import NAMED_ORDER, SILENT_ORDER
+
+    placed = set(NAMED_ORDER) | set(SILENT_ORDER) | {"rank-crashed", "hang-unknown"}
+    assert placed == set(get_args(CauseKind))
