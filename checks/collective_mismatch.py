@@ -4,14 +4,16 @@ Calls that should meet share a sequence number: the k-th collective on a group, 
 k-th send from a to b and the k-th receive at b from a. gloo lets some mismatches through
 silently (SUM on one rank, MAX on another; shape [4] against [2, 2]) and answers others by
 aborting one rank ("Received data size doesn't match expected size") while the rest see
-only "Connection reset by peer". Either way the mismatch is the root cause. Runs that
-hung are left to the hang check, which names mismatches among the calls blocked.
+only "Connection reset by peer". Either way the mismatch is the root cause: the first number at
+which a group's collectives part (models/sequences.py), blamed on the odd ranks out. Runs
+that hung are left to the hang check, which names the same parting first.
 """
 
 from __future__ import annotations
 
 from distdoctor.models import Call, Finding, RunRecord
-from distdoctor.models.calls import RECEIVES, SENDS, is_collective, is_point_to_point
+from distdoctor.models.calls import RECEIVES, SENDS, ranks_phrase, relative_line
+from distdoctor.models.sequences import Parting, first_parting
 from distdoctor.models.waitfor import STOPPED
 
 NAME = "collective_mismatch"
@@ -19,30 +21,50 @@ NAME = "collective_mismatch"
 
 def check(record: RunRecord) -> list[Finding]:
     if any(r.end.status in STOPPED for r in record.ranks):
-        return []
+        return []  # the hang check names a parting among ranks that were stopped
     return _collectives(record) or _point_to_point(record)
 
 
-ROOT_LISTS = ("scatter", "gather")  # the root alone passes the list (scatter_list, gather_list)
-
-
-def _signature(call: Call) -> tuple:
-    """What must agree across ranks. Of a scatter or gather, only the tensor every rank
-    passes: the root's list is its own (torch's distribute_tensor scatters this way)."""
-    shapes = call.shapes[:1] if call.op in ROOT_LISTS else call.shapes
-    return (call.op, call.peer, shapes, call.dtype, call.reduce_op)
-
-
 def _collectives(record: RunRecord) -> list[Finding]:
-    slots: dict[tuple, dict[int, Call]] = {}
-    for rank in record.ranks:
-        for call in rank.evidence.calls:
-            if is_collective(call.op):
-                slots.setdefault((call.group, call.pg, call.seq), {})[rank.rank] = call
-    for (group, _, seq), calls in sorted(slots.items(), key=lambda item: item[0][2]):
-        if len({_signature(c) for c in calls.values()}) > 1:
-            return [_finding(f"collective #{seq} on group {list(group)}", calls)]
-    return []
+    found = first_parting({r.rank: r.evidence.calls for r in record.ranks}, len(record.ranks))
+    return [parted(found, len(record.ranks), NAME)] if found else []
+
+
+FIELDS = ("op", "root or peer", "shape", "dtype", "reduce op")  # agreement()'s, in order
+
+
+def parted(parting: Parting, world: int, check: str) -> Finding:
+    """The finding of a group whose collectives parted (the hang check's too, for a run
+    that hung after it): the odd ranks out, their line first, the others' after it."""
+    differs = [name for index, name in enumerate(FIELDS)
+               if len({s.made.key[index] for s in parting.sides}) > 1]
+    culprits = ranks_phrase(parting.culprits)
+    line = parting.lines[0] if parting.lines else "the line it names"
+    op = parting.sides[0].made.key[0]
+    if parting.blame == "even":
+        cause = ("the ranks made different collectives (or different shapes, dtypes or "
+                 "reduce ops) at the same point of their sequence, and no side stands out")
+        fix = ("make every rank make the same collectives in the same order with the same "
+               "shapes, dtypes and reduce ops (" + " or ".join(parting.lines) + ")")
+    else:
+        cause = (f"{culprits} made a call the rest of the group did not make there (a "
+                 f"rank-dependent branch: logging, a metric, a check); gloo may pair it with "
+                 f"the others' next call, so every hang or error after it follows from it")
+        fix = (f"make every rank of the group make the {op} at {line}, or none"
+               if any(s.extra for s in parting.sides) or differs == ["op"] else
+               f"make {culprits} make the call the others make at {parting.lines[-1]} "
+               f"(the same shapes, dtypes and reduce op), or every rank make the one at "
+               f"{line}")
+    return Finding(
+        check=check, fault="collective-mismatch", kind="collective-mismatch",
+        headline=f"{' and '.join(differs) or 'call'} "
+                 f"{'differ' if len(differs) > 1 else 'differs'} at collective "
+                 f"#{parting.seq}",
+        symptom=f"the ranks' {parting.where_said()} differs in {', '.join(differs)}: "
+                f"{parting.sentence(world)}",
+        cause=cause, fix=fix, fix_changes={}, ranks=parting.culprits, where=parting.lines,
+        measured={"seq": parting.seq, "blame": parting.blame, "differs": differs,
+                  "calls": {str(r): s.made.text for s in parting.sides for r in s.ranks}})
 
 
 def _point_to_point(record: RunRecord) -> list[Finding]:
@@ -64,25 +86,21 @@ def _point_to_point(record: RunRecord) -> list[Finding]:
 
 
 def _finding(what: str, calls: dict[int, Call]) -> Finding:
+    """A send against its receive: only shapes and dtypes can differ (their ops and peers
+    differ by nature)."""
     listing = "; ".join(f"rank {rank}: {call.describe(relative=True)}"
                         for rank, call in sorted(calls.items()))
-    pair = all(is_point_to_point(c.op) for c in calls.values())  # a send against its receive: their
-    # ops and peers differ by nature
-    differs = [name for name, index in (("op", 0), ("root or peer", 1), ("shape", 2),
-                                        ("dtype", 3), ("reduce op", 4))
-               if len({_signature(c)[index] for c in calls.values()}) > 1
-               and not (pair and name in ("op", "root or peer"))]
+    differs = [name for name, field in (("shape", "shapes"), ("dtype", "dtype"))
+               if len({getattr(c, field) for c in calls.values()}) > 1]
     return Finding(
         check=NAME, fault="collective-mismatch",
-        headline=f"{' and '.join(differs) or 'call'} "
-                 f"{'differ' if len(differs) > 1 else 'differs'} at {what.split(' on ')[0]}",
-        symptom=f"the ranks' {what} differ in {', '.join(differs) or 'their calls'}: {listing}",
-        cause="the ranks issued different calls (or different shapes, dtypes or reduce ops) "
-              "at the same point in their sequence; any connection errors on other ranks "
-              "follow from this",
-        fix="make every rank issue the same collectives in the same order with the same "
-            "shapes, dtypes and reduce ops, and match each send with a receive of the same "
-            "shape and dtype",
-        kind="collective-mismatch", fix_changes={}, ranks=tuple(sorted(calls)), measured={
-            "calls": {str(k): v.describe(relative=True) for k, v in calls.items()},
-            "differs": differs})
+        headline=f"{' and '.join(differs)} {'differ' if len(differs) > 1 else 'differs'} "
+                 f"at {what}",
+        symptom=f"the ranks' {what} differ in {', '.join(differs)}: {listing}",
+        cause="a send and the receive it pairs with disagree on the tensor; any connection "
+              "errors on other ranks follow from this",
+        fix="match each send with a receive of the same shape and dtype",
+        kind="collective-mismatch", fix_changes={}, ranks=tuple(sorted(calls)),
+        where=tuple(relative_line(c.where) for _, c in sorted(calls.items()) if c.where),
+        measured={"calls": {str(k): v.describe(relative=True) for k, v in calls.items()},
+                  "differs": differs})

@@ -6,10 +6,12 @@ ranks it waits for: a send or receive waits for its peer; a collective waits for
 of its group that never entered the same collective (same group, same sequence number).
 The cause, in order of precedence:
 
+* the first number at which a group's collectives parted (models/sequences.py), whatever
+  the ranks are blocked in now: gloo may have paired the differing calls and let some
+  ranks on, so the calls blocked at the end no longer differ, and the odd ranks out of
+  that first number are to blame;
 * a cycle of point-to-point calls: every rank in it waits for the next (all sending first
   is the send-before-receive deadlock; all receiving first is its mirror);
-* ranks at the same collective sequence number with different ops, shapes, dtypes or
-  reduce ops;
 * a rank missing from a collective the others are in (and where it is instead);
 * otherwise, each rank's blocking call, so a person can take it from there.
 """
@@ -19,15 +21,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distdoctor.checks import finding
+from distdoctor.checks.collective_mismatch import parted
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import (
     direction,
+    grouped,
     is_collective,
     is_point_to_point,
     ranks_phrase,
     relative_line,
 )
 from distdoctor.models.record import started_by, user_frame
+from distdoctor.models.sequences import first_parting
 from distdoctor.models.waitfor import (
     ENDED,
     STOPPED,
@@ -51,8 +56,12 @@ def check(record: RunRecord) -> list[Finding]:
              _from_stack(r) for r in stopped}
     measured = {"blocked_in": {str(k): v for k, v in calls.items()},
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
-    listing = "; ".join(f"rank {k}: {v}" for k, v in sorted(calls.items()))
+    listing = "; ".join(grouped(calls))
 
+    parting = first_parting({r.rank: r.evidence.calls for r in record.ranks},
+                            len(record.ranks))
+    if parting is not None:  # whatever followed, it follows from the calls that parted
+        return [parted(parting, len(record.ranks), NAME)]
     cycle = cycle_of(edges)
     in_cycle = [blocked[r] for r in cycle or ()]
     p2p = [c for c in in_cycle if c is not None and is_point_to_point(c.op)]
@@ -75,9 +84,6 @@ def check(record: RunRecord) -> list[Finding]:
             "first, odd ranks receive first), or use isend/irecv and wait on both",
             cycle, {**measured, "cycle": cycle})]
 
-    mismatch = _collective_mismatch(blocked, record)
-    if mismatch:
-        return [mismatch]
     missing = _missing(blocked, record)
     if missing:
         return [missing]
@@ -88,36 +94,14 @@ def check(record: RunRecord) -> list[Finding]:
         "look at the lines each rank is blocked on", [r.rank for r in stopped], measured)]
 
 
-def _collective_mismatch(blocked: dict[int, Call | None], record: RunRecord) -> Finding | None:
-    for call in (c for c in blocked.values() if c and is_collective(c.op)):
-        peers = {r.rank: c for r in record.ranks for c in r.evidence.calls
-                 if same_collective(c, call)}
-        signature = {rank: (c.op, c.peer, c.shapes, c.dtype, c.reduce_op)
-                     for rank, c in peers.items()}
-        if len(set(signature.values())) > 1:
-            listing = "; ".join(f"rank {rank}: {c.describe(relative=True)}"
-                                for rank, c in sorted(peers.items()))
-            return _uncatalogued(
-                "collective-mismatch", "collective-mismatch",
-                f"mismatch at {call.op} #{call.seq}",
-                f"the ranks' collective #{call.seq} on group {list(call.group)} differs: "
-                f"{listing}", "the ranks issued different collectives (or different shapes, "
-                "dtypes or reduce ops) at the same point in their sequence",
-                "make every rank issue the same collectives in the same order with the same "
-                "shapes, dtypes and reduce ops", sorted(peers),
-                {"seq": call.seq,
-                 "calls": {str(k): v.describe(relative=True) for k, v in peers.items()}})
-    return None
-
-
 def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | None:
     for call in (c for c in blocked.values() if c and is_collective(c.op)):
         absent = sorted(waits_for(call, record))
         if not absent:
             continue
         inside = sorted(r for r, c in blocked.items() if c and same_collective(c, call))
-        where = "; ".join(f"rank {r}: {_whereabouts(record.ranks[r], blocked.get(r))}"
-                          for r in absent)
+        where = "; ".join(grouped({r: _whereabouts(record.ranks[r], blocked.get(r))
+                                   for r in absent}))
         if _only_some_call(call, absent, record):
             return _uncatalogued(
                 "unmatched-collective", "collective-mismatch",
@@ -125,12 +109,13 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                 f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
                 f"{call.describe(relative=True)}, "
                 f"a call {ranks_phrase(absent)} never made there, while "
-                + "; ".join(f"rank {r} is {_from_stack(record.ranks[r])}" for r in absent),
+                + "; ".join(grouped({r: _from_stack(record.ranks[r]) for r in absent}, " is ")),
                 "a collective that only some ranks make (a rank-dependent branch): the others "
                 "went on to the collectives torch makes itself, which never pair with it",
                 f"make every rank of the group make the {call.op} at {relative_line(call.where)}, "
                 f"or none", inside,
-                {"seq": call.seq, "missing": absent, "waiting": inside})
+                {"seq": call.seq, "missing": absent, "waiting": inside},
+                where=(relative_line(call.where),))
         ended = all(record.ranks[r].end.status in ENDED for r in absent)
         return _uncatalogued(
             "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
@@ -177,9 +162,9 @@ def _from_stack(rank: RankRecord) -> str:
 
 
 def _uncatalogued(fault: str, kind: CauseKind, headline: str, symptom: str, cause: str, fix: str,
-                  ranks, measured: dict) -> Finding:
+                  ranks, measured: dict, where: tuple[str, ...] = ()) -> Finding:
     """A finding of a failure mode the fault catalogue cannot inject into the built-in
     workload (it has no knob), named by ``fault``; ``kind``: the cause a user is told."""
     return Finding(check=NAME, fault=fault, symptom=symptom, cause=cause, fix=fix,
                    fix_changes={}, ranks=tuple(ranks), measured=measured, headline=headline,
-                   kind=kind)
+                   kind=kind, where=where)

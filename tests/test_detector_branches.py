@@ -71,7 +71,7 @@ def test_broadcasts_from_different_roots_differ_in_root():
     (found,) = collective_mismatch.check(calls_record(
         [call(0, "broadcast", peer=0)], [call(1, "broadcast", peer=1)]))
     assert found.measured["differs"] == ["root or peer"]
-    assert "rank 1: broadcast rooted at 1" in found.symptom
+    assert "rank 1 made broadcast rooted at 1" in found.symptom
 
 
 def test_a_scatter_whose_root_alone_passes_the_list_matches():

@@ -251,3 +251,50 @@ def test_collectives_in_flight_at_one_number_of_different_kinds_are_proven_witho
     same.flight(0, view(67, 66, {67: "broadcast"}))
     same.flight(1, view(68, 65, {66: "broadcast", 67: "broadcast", 68: "broadcast"}))
     assert same.proof() is None
+
+
+DONE = {"ev": "done", "t": 0.0}
+
+
+def made(seqs_and_sizes, group=GROUP, line=1):
+    """One rank's all-reduces, each completed but the last: (seq, elements) pairs."""
+    events = []
+    for index, (seq, size) in enumerate(seqs_and_sizes):
+        events.append(enter(index + 1, "all_reduce", seq, group=group, shapes=[[size]],
+                            where=f"s.py:{line if size != 1 else 8}"))
+        if index + 1 < len(seqs_and_sizes):
+            events.append({**DONE, "id": index + 1})
+    return events
+
+
+def test_a_parting_that_gloo_paired_is_proven_from_history():
+    """Rank 0's extra all-reduce of 1 element met the others' #2 of 4, let rank 0 through,
+    and every rank now blocks at the same line, rank 0 in #3, the others in #2: counted,
+    the others wait for nobody; by history, nothing of that group after #2 can pair."""
+    group = [0, 1, 2, 3]
+    culprit = made([(0, 4), (1, 4), (2, 1), (3, 4)], group)
+    others = [made([(0, 4), (1, 4), (2, 4)], group) for _ in range(3)]
+    waits = state(culprit, *others, world=4)
+    proof = waits.proof()
+    assert (proof.kind, proof.ranks) == ("parted", (0, 1, 2, 3))
+    assert "collective #2 on group [0, 1, 2, 3] parted" in proof.text
+    assert "ranks 1-3 of 4 made all_reduce (#2, (4,), float32) at s.py:1" in proof.text
+    assert "rank 0 made all_reduce (#2, (1,), float32) at s.py:8, an extra call" in proof.text
+
+
+def test_a_parting_is_no_proof_while_a_rank_computes_or_a_call_can_return():
+    group = [0, 1, 2]
+    culprit = made([(0, 4), (1, 1), (2, 4)], group)
+    assert state(culprit, made([(0, 4), (1, 4)], group), [], world=3).proof() is None
+    # every member still inside the number where they parted: gloo pairs them
+    assert state(made([(0, 4), (1, 1)], group), made([(0, 4), (1, 4)], group),
+                 made([(0, 4), (1, 4)], group), world=3).proof() is None
+
+
+def test_the_same_calls_in_every_rank_leave_no_history_behind():
+    waits = state(*[made([(seq, 4) for seq in range(50)]) for _ in range(2)])
+    assert waits.proof() is None
+    assert waits.groups[((0, 1), None)].made == {}  # each number dropped once all made it
+    waits.feed(0, json.dumps(enter(60, "all_reduce", 50), separators=(",", ":")).encode()
+               + b"\n")
+    assert list(waits.groups[((0, 1), None)].made) == [50]  # until rank 1 makes it

@@ -50,9 +50,38 @@ def describe_call(op: str, peer: int | None, seq: int, shapes: Iterable = (),
 
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
-    """'rank 1' or 'ranks 0, 2', in rank order."""
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    """'rank 1', 'ranks 0, 2', 'ranks 1-15', 'ranks 0-31 except 7': a set of ranks short
+    enough to read at 64 ranks. A run of three or more is a range; a set that is a range
+    with at most three holes, eight ranks or more, is written as the range and its holes."""
+    ranks = sorted(set(ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs = rank_runs(ranks)
+    holes = sorted(set(range(ranks[0], ranks[-1] + 1)) - set(ranks)) if ranks else []
+    if holes and len(holes) <= 3 and len(ranks) >= 8 and len(runs) > 1:
+        return f"ranks {ranks[0]}-{ranks[-1]} except {', '.join(map(str, holes))}"
+    return "ranks " + ", ".join(runs)
+
+
+def grouped(said: dict[int, str], sep: str = ": ") -> list[str]:
+    """'ranks 1-15: X', 'rank 0: Y': ranks that say the same thing, once, in rank order of
+    their first member (one line per distinct thing at 64 ranks, not one per rank)."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, text in sorted(said.items()):
+        ranks_of.setdefault(text, []).append(rank)
+    return [f"{ranks_phrase(ranks)}{sep}{text}" for text, ranks in ranks_of.items()]
+
+
+def rank_runs(ranks: Iterable[int]) -> list[str]:
+    """Sorted ranks as runs: [0, 1, 2, 3, 5, 7, 8] -> ['0-3', '5', '7', '8']."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run))
+            for run in runs]
 
 
 def relative_line(where: str) -> str:

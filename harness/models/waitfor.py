@@ -41,10 +41,12 @@ from distdoctor.models.calls import (
     is_collective,
     is_point_to_point,
     ranks_phrase,
+    relative_line,
 )
 from distdoctor.models.events import CALL_EVENTS, Ev
 from distdoctor.models.evidence import Call
 from distdoctor.models.record import RankRecord, RunRecord
+from distdoctor.models.sequences import Made, agreement, parting_at
 
 STOPPED = ("hung", "stopped")  # a rank's ends that leave it blocked where it was
 ENDED = ("finished", "raised", "died")  # a rank's ends after which it makes no call
@@ -60,10 +62,10 @@ _FAMILY = {"reduce_scatter": "all_reduce", "reduce_scatter_tensor": "all_reduce"
 
 @dataclass(frozen=True)
 class Deadlock:
-    """A proven hang: its kind ("cycle", "mismatch" or "exited"), the stuck ranks, the open
-    call of each (rank -> call id, to confirm it is still the same later) and a sentence."""
+    """A proven hang: its kind, the stuck ranks, the open call of each (rank -> call id,
+    to confirm it is still the same later) and a sentence."""
 
-    kind: str
+    kind: str  # "cycle", "mismatch", "exited", or "parted" (a group's history differs)
     ranks: tuple[int, ...]
     calls: tuple[tuple[int, int], ...]
     text: str
@@ -88,11 +90,21 @@ class _Rank:
     flight_at: int = -1  # ``events`` when it was read
 
 
+@dataclass
+class _History:
+    """One group's collectives, as its members made them, for the numbers still open."""
+
+    members: tuple[int, ...]
+    made: dict[int, dict[int, Made]] = field(default_factory=dict)  # seq -> rank -> call
+    parted: int | None = None  # the first number at which two members' calls differ
+
+
 class WaitFor:
     """Feed each rank's trace bytes as they arrive; ask :meth:`proof` when ranks are quiet."""
 
     def __init__(self, ranks):
         self.ranks = {rank: _Rank() for rank in ranks}
+        self.groups: dict[tuple, _History] = {}  # each group's collectives, rank by rank
 
     def feed(self, rank: int, chunk: bytes) -> None:
         state = self.ranks[rank]
@@ -101,9 +113,29 @@ class WaitFor:
         for line in lines:
             if line.startswith(_CALL_EVENTS):
                 try:
-                    self._event(state, json.loads(line))
+                    event = json.loads(line)
                 except ValueError:
-                    pass  # a torn line: the rank was killed mid-write
+                    continue  # a torn line: the rank was killed mid-write
+                self._event(state, event)
+                if event["ev"] == Ev.ENTER and collective(event):
+                    self._history(rank, event)
+
+    def _history(self, rank: int, event: dict) -> None:
+        """Keep what each member made at each number of the group until every member has
+        made the same call there; the first number where two differ stays, with the next."""
+        key = _group(event)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _History(
+                tuple(m for m in event.get("group") or self.ranks if m in self.ranks))
+        seq = event["seq"]
+        slot = group.made.setdefault(seq, {})
+        slot[rank] = _made(event)
+        if len({m.key for m in slot.values()}) > 1:
+            group.parted = seq if group.parted is None else min(group.parted, seq)
+        elif len(slot) == len(group.members) and (group.parted is None
+                                                   or seq > group.parted + 1):
+            del group.made[seq]  # every member made the same call: nothing to compare
 
     def finished(self, rank: int) -> None:
         """The rank ended normally: it will make no more calls."""
@@ -235,7 +267,7 @@ class WaitFor:
                     changed = True
         stuck -= ended
         if not stuck:
-            return self._flight_mismatch(blocked)
+            return self._flight_mismatch(blocked) or self._parted(blocked, known)
         calls = tuple((r, blocked[r]["id"]) for r in sorted(stuck))
         cycle = cycle_of({r: waits[r] & stuck for r in stuck if r not in mismatch})
         if cycle:
@@ -254,6 +286,52 @@ class WaitFor:
                         f"{ranks_phrase(gone)} finished "
                         f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
                                               for r in sorted(stuck)))
+
+    def _parted(self, blocked: dict[int, dict], waits: dict[int, set[int] | None]
+                ) -> Deadlock | None:
+        """Every rank blocked (or finished) after a group's collectives parted: a number
+        means something else on each side of a parting, so a collective of that group
+        after it can never be trusted to pair, and counting no longer tells who waits.
+        Proven when every rank that has not finished is blocked either in such a
+        collective (``_past_parting``) or in a call that, counted, still waits for
+        someone: nobody computes, and nothing is known to be about to return. (A job
+        whose calls parted but still pair, SUM against MAX, keeps making calls, and a
+        proof must hold unchanged to stop it.)"""
+        parted = {key: g for key, g in self.groups.items() if g.parted is not None}
+        if not parted or not blocked:
+            return None
+        for rank, state in self.ranks.items():
+            if state.finished:
+                continue
+            call = blocked.get(rank)
+            if call is None:
+                return None  # it computes, or made a call counting cannot pair
+            untrusted = collective(call) and self._past_parting(_group(call), call["seq"])
+            if not untrusted and not waits.get(rank):
+                return None  # its call has all it waits for: it may be about to return
+        key, group = min(parted.items(), key=lambda item: min(
+            m.entered for m in item[1].made[item[1].parted or 0].values()))
+        seq = group.parted or 0
+        parting = parting_at(key[0] or tuple(self.ranks), key[1], seq, group.made[seq],
+                             group.made.get(seq + 1, {}))
+        ranks = tuple(sorted(blocked))
+        said = parting.sentence(len(group.members)) if parting else ""
+        return Deadlock("parted", ranks, tuple((r, blocked[r]["id"]) for r in ranks),
+                        f"the ranks' {parting.where_said() if parting else 'collectives'} "
+                        f"parted ({said}), and every rank is blocked since")
+
+    def _past_parting(self, key: tuple, seq: int) -> bool:
+        """Is a collective at ``seq`` of this group one no member can be trusted to pair?
+        After the number where the group parted, none is; at that number, only once a
+        member has gone past it or finished (while every member is still inside it, gloo
+        pairs their calls, silently or with an error: SUM against MAX, 4 against 5)."""
+        group = self.groups.get(key)
+        if group is None or group.parted is None or seq < group.parted:
+            return False
+        return seq > group.parted or any(
+            self.ranks[m].finished
+            or self.ranks[m].entered.get(("collective", key), 0) > group.parted + 1
+            for m in group.members)
 
     def _flight_mismatch(self, blocked: dict[int, dict]) -> Deadlock | None:
         """Ranks whose Flight Recorders each hold a collective in flight at the same number
@@ -345,6 +423,14 @@ def _family(op: str) -> str:
 def _signature(call: dict) -> tuple:
     """What must agree for a collective to pair up at all: its algorithm and its root."""
     return _family(call["op"]), call.get("peer")
+
+
+def _made(event: dict) -> Made:
+    """What a rank made, from its enter event, as sequences.py compares it."""
+    return Made(agreement(event["op"], event.get("peer"), event.get("shapes") or (),
+                          event.get("dtype") or "", event.get("reduce_op")),
+                _name({**event, "where": relative_line(event.get("where") or "")}),
+                event.get("where") or "", event.get("t", 0.0))
 
 
 def _name(call: dict) -> str:

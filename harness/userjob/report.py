@@ -13,7 +13,8 @@ sync-every-microbatch (it costs time, not correctness). Each cause is chosen by 
 ``kind`` its finding carries (set by the check), never by the numbers inside it. Every
 cause found is listed in ``findings``; ``cause`` is the first; evidence the ranks could not
 record is listed in ``incomplete``. Written as JSON, the report has the schema
-``distdoctor.run.v3`` (v2 had no ``incomplete``; v1 had ``cause`` alone, without ``where``).
+``distdoctor.run.v4`` (v3 had no ``also_at``; v2 no ``incomplete``; v1 had ``cause`` alone,
+without ``where``).
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import Literal
 
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
-from distdoctor.models.calls import describe_call, ranks_phrase
+from distdoctor.models.calls import describe_call, ranks_phrase, relative_line
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import is_peer_echo, started_by, user_frame
 from distdoctor.userjob.stacktext import stack_text
 
-RUN_SCHEMA = "distdoctor.run.v3"
+RUN_SCHEMA = "distdoctor.run.v4"
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
@@ -65,6 +66,9 @@ class Cause:
     fix: str
     where: str | None = None  # the script's line to change, when the evidence names one
     measured: dict = field(default_factory=dict)  # the detector's numbers, for the silent kinds
+    # the other lines the cause involves, after ``where`` (the majority's call, where the
+    # odd ranks out made another)
+    also_at: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,8 @@ def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
 
 
 def _cause(kind: CauseKind, found: Finding) -> Cause:
-    return Cause(kind, list(found.ranks), found.symptom, found.fix)
+    return Cause(kind, list(found.ranks), found.symptom, found.fix,
+                 found.where[0] if found.where else None, also_at=list(found.where[1:]))
 
 
 def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
@@ -212,6 +217,25 @@ def _by_line(where: str) -> tuple[str, int]:
     return (path, int(line)) if line.isdigit() else (where, 0)
 
 
+def _section(r: ReportRank, cause: Cause | None) -> str:
+    """What the report says of one rank after its number: its state, the call it was in,
+    its last error line and its stack (identical sections are shown once for all)."""
+    if r.collective:
+        lines = [f"blocked; {r.collective}{', ' + r.started_by if r.started_by else ''}"
+                 f"{'; last traced call: ' + call_text(r.call) if r.call else ''}"]
+    elif r.state == "running":
+        lines = [f"running, in no collective or send/receive: {r.running or 'no stack'}; "
+                 f"last call: {call_text(r.call)}"]
+    else:
+        lines = [f"{r.state}; {'blocked in' if r.state == 'blocked' else 'last call'}: "
+                 f"{call_text(r.call)}"]
+    if r.error and r.rank not in (cause.ranks if cause else []):
+        lines.append("  " + r.error.strip().splitlines()[-1][:300])
+    if r.stack and r.state in ("blocked", "running"):
+        lines.append("  " + r.stack.replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
 def call_text(call: ReportCall | None) -> str:
     if call is None:
         return "no traced call"
@@ -220,8 +244,9 @@ def call_text(call: ReportCall | None) -> str:
 
 
 def look_at(result: ScriptReport) -> list[str]:
-    """The user's lines the cause points at, in file and line order: where ranks wait,
-    where findings point, where a running rank was, where the root cause raised."""
+    """The user's lines the cause points at: the cause's own first, in its order (the odd
+    ranks' call, then the majority's), then in file and line order where ranks wait, where
+    the other findings point, where a running rank was, where the root cause raised."""
     places = {r.call.where for r in result.ranks  # (a rank in DDP's collective: its line)
               if r.call and r.state not in ("finished", "running") and not r.collective}
     places |= {c.where for c in result.findings if c.where}
@@ -230,7 +255,10 @@ def look_at(result: ScriptReport) -> list[str]:
     if cause is not None and cause.kind in ("rank-crashed", "unused-parameters"):
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error is not None]
         places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
-    return sorted(places, key=_by_line)
+    first = [cause.where, *cause.also_at] if cause is not None and cause.where else []
+    first = [relative_line(p) for p in dict.fromkeys(first)]
+    rest = sorted({relative_line(p) for p in places} - set(first), key=_by_line)
+    return first + rest
 
 
 def render(result: ScriptReport, command: str = "run", partial: bool = False) -> str:
@@ -260,22 +288,10 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
         if cause.kind in ("rank-crashed", "unused-parameters"):
             for r in root[:1]:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + (r.error or "").rstrip())
+    sections: dict[str, list[int]] = {}  # ranks in the same state at the same lines: once
     for r in result.ranks:
-        if r.collective:
-            lines.append(f"\nrank {r.rank}: blocked; {r.collective}"
-                         f"{', ' + r.started_by if r.started_by else ''}"
-                         f"{'; last traced call: ' + call_text(r.call) if r.call else ''}")
-        elif r.state == "running":
-            lines.append(f"\nrank {r.rank}: running, in no collective or send/receive: "
-                         f"{r.running or 'no stack'}; last call: {call_text(r.call)}")
-        else:
-            lines.append(f"\nrank {r.rank}: {r.state}; "
-                         f"{'blocked in' if r.state == 'blocked' else 'last call'}: "
-                         f"{call_text(r.call)}")
-        if r.error and r.rank not in (result.cause.ranks if result.cause else []):
-            lines.append("  " + r.error.strip().splitlines()[-1][:300])
-        if r.stack and r.state in ("blocked", "running"):
-            lines.append("  " + r.stack.replace("\n", "\n  "))
+        sections.setdefault(_section(r, result.cause), []).append(r.rank)
+    lines += [f"\n{ranks_phrase(ranks)}: {text}" for text, ranks in sections.items()]
     aborted = [r.rank for r in result.ranks if r.error and "by signal SIGABRT" in r.error]
     if aborted:
         lines.append(f"\nnote: {ranks_phrase(aborted)} {'was' if len(aborted) == 1 else 'were'} "

@@ -1,0 +1,179 @@
+"""Where the ranks' collective sequences part, and which ranks parted from the rest.
+
+In every correct program each member of a group makes the same collectives on it in the
+same order: its k-th collective there is every other member's k-th, with the same op, root,
+shapes, dtype and reduce op. The first number at which two members differ is where the
+program went wrong, whatever happened next: gloo may abort, or pair the calls anyway (an
+extra all-reduce of 1 element on one rank meets the others' all-reduce of 4 and lets that
+rank through), and from then on a number means something else on each side, so every hang
+after it follows from it and every result after it is suspect. The number of calls made
+is compared by the hang proof (a member that finished early), not here.
+
+Blame goes to the odd ranks out: the ranks whose call differs from the one a strict
+majority made. With no majority (two ranks, or two equal halves) the evidence may still
+tell: a side whose next call is the other side's call at this number made an extra call
+there, and is to blame. Otherwise every side is named as such, and every rank blamed.
+
+One module for the live proof (waitfor.py, from the trace's enter events as they come) and
+the checks after the fact (from a RunRecord's calls): both describe what a rank made at a
+number as a :class:`Made` and ask :func:`parting_at`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Literal, Sequence
+
+from distdoctor.models.calls import is_collective, ranks_phrase, relative_line
+from distdoctor.models.evidence import Call
+
+# each rank passes its own split sizes: their shapes differ in correct programs
+UNEVEN = frozenset({"all_to_all", "all_to_all_single"})
+# the tensor a rank passes is one of the list the others see (the root alone passes the
+# list of a gather or scatter; an uneven all_gather's input is its own entry of the list):
+# the set of shapes must agree, not the sequence
+ONE_OF_A_LIST = frozenset({"all_gather", "gather", "scatter"})
+
+Blame = Literal["majority", "extra", "even"]
+
+
+def agreement(op: str, peer: int | None, shapes: Iterable, dtype: str,
+              reduce_op: str | None) -> tuple:
+    """What every member's call at one number of a group must share in a correct program."""
+    if op in UNEVEN:
+        shown: object = None
+    elif op in ONE_OF_A_LIST:
+        shown = frozenset(tuple(s) for s in shapes)
+    else:
+        shown = tuple(tuple(s) for s in shapes)
+    return op, peer, shown, dtype, reduce_op or None
+
+
+@dataclass(frozen=True)
+class Made:
+    """The call one rank made at one number of a group's sequence."""
+
+    key: tuple  # agreement(...)
+    text: str  # the call as every report writes it (describe_call)
+    where: str  # its file:line
+    entered: float = 0.0  # on the machine-wide monotonic clock, where known
+
+
+def made(call: Call) -> Made:
+    return Made(agreement(call.op, call.peer, call.shapes, call.dtype, call.reduce_op),
+                call.describe(relative=True), call.where, call.entered)
+
+
+@dataclass(frozen=True)
+class Side:
+    """The ranks that made one and the same call at the number where the group parted."""
+
+    ranks: tuple[int, ...]
+    made: Made
+    extra: bool = False  # their next call is another side's call here: this one was extra
+
+
+@dataclass(frozen=True)
+class Parting:
+    """The first number of a group's collectives at which its members' calls differ."""
+
+    group: tuple[int, ...]  # the group's global ranks (every rank: the default group)
+    pg: str | None
+    seq: int
+    sides: tuple[Side, ...]  # the odd ranks out first, then the rest, largest side first
+    culprits: tuple[int, ...]  # the ranks to blame (every side's, with ``blame`` "even")
+    blame: Blame  # how: against a strict majority, an extra call, or no side stands out
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        """The lines to look at: the culprits' first, then the others', once each."""
+        found: list[str] = []
+        for side in self.sides:
+            line = relative_line(side.made.where) if side.made.where else ""
+            if line and line not in found:
+                found.append(line)
+        return tuple(found)
+
+    def sentence(self, world: int) -> str:
+        """'ranks 1-15 of 16 made all_reduce (#2, (4,), float32) at train.py:6; rank 0
+        made all_reduce (#2, (1,), float32) at train.py:8, an extra call', majority first."""
+        ordered = sorted(self.sides, key=lambda s: (-len(s.ranks), s.ranks))
+        said = "; ".join(
+            f"{ranks_phrase(s.ranks)}{f' of {world}' if i == 0 else ''} made {s.made.text}"
+            + (", an extra call (the call after it is the others' call here)"
+               if s.extra else "")
+            for i, s in enumerate(ordered))
+        if self.blame == "majority":
+            return said
+        sizes = {len(s.ranks) for s in self.sides}
+        even = "two equal sides" if len(self.sides) == 2 and len(sizes) == 1 else \
+            f"{len(self.sides)} sides"
+        return f"{even}, no majority: {said}"
+
+    def where_said(self) -> str:
+        """'collective #2 on group [0, 1, 2, 3]' (or on process group NAME)."""
+        on = f"process group {self.pg}" if self.pg else f"group {list(self.group)}"
+        return f"collective #{self.seq} on {on}"
+
+
+def parting_at(group: tuple[int, ...], pg: str | None, seq: int, here: dict[int, Made],
+               after: dict[int, Made]) -> Parting | None:
+    """The parting at ``seq``, from what each rank made there (``here``) and at the next
+    number (``after``, where known); None when every rank made the same call."""
+    keys: dict[tuple, list[int]] = {}
+    for rank, call in sorted(here.items()):
+        keys.setdefault(call.key, []).append(rank)
+    if len(keys) < 2:
+        return None
+    sides = [Side(tuple(ranks), here[ranks[0]], _extra(ranks, key, keys, after))
+             for key, ranks in keys.items()]
+    sizes = sorted((len(s.ranks) for s in sides), reverse=True)
+    blame: Blame
+    if sizes[0] > sizes[1]:
+        blame = "majority"
+        culprits = [r for s in sides if len(s.ranks) < sizes[0] for r in s.ranks]
+    elif sum(s.extra for s in sides) == 1:
+        blame = "extra"
+        culprits = [r for s in sides if s.extra for r in s.ranks]
+    else:
+        blame = "even"
+        culprits = [r for s in sides for r in s.ranks]
+    ordered = sorted(sides, key=lambda s: (not set(s.ranks) <= set(culprits) or
+                                           blame == "even", -len(s.ranks), s.ranks))
+    return Parting(group, pg, seq, tuple(ordered), tuple(sorted(culprits)), blame)
+
+
+def _extra(ranks: list[int], key: tuple, keys: dict[tuple, list[int]],
+           after: dict[int, Made]) -> bool:
+    """Did these ranks make an extra call here? Each one's next call is what another side
+    made here, and that side did not do the same the other way."""
+    others = [k for k in keys if k != key]
+    if len(others) != 1 or not all(r in after for r in ranks):
+        return False
+    theirs = keys[others[0]]
+    mine_next = {after[r].key for r in ranks}
+    theirs_next = {after[r].key for r in theirs if r in after}
+    return mine_next == {others[0]} and theirs_next != {key}
+
+
+def first_parting(calls: dict[int, Sequence[Call]], world: int) -> Parting | None:
+    """The earliest parting in a run's recorded collectives, over every group: of the
+    groups that parted, the one whose parting call was entered first."""
+    slots: dict[tuple, dict[int, dict[int, Call]]] = {}
+    for rank, made_calls in calls.items():
+        for call in made_calls:
+            if is_collective(call.op):
+                slots.setdefault((call.group, call.pg), {}).setdefault(call.seq, {})[rank] \
+                    = call
+    found = []
+    for (group, pg), numbered in slots.items():
+        for seq in sorted(numbered):
+            here = {r: made(c) for r, c in numbered[seq].items()}
+            if len({m.key for m in here.values()}) < 2:
+                continue
+            after = {r: made(c) for r, c in numbered.get(seq + 1, {}).items()}
+            parted = parting_at(group or tuple(range(world)), pg, seq, here, after)
+            if parted is not None:
+                found.append(parted)
+            break
+    return min(found, key=lambda p: min(s.made.entered for s in p.sides), default=None)
