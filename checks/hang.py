@@ -116,7 +116,10 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                 f"or none", inside,
                 {"seq": call.seq, "missing": absent, "waiting": inside},
                 where=(relative_line(call.where),))
-        ended = all(record.ranks[r].end.status in ENDED for r in absent)
+        # a rank that finished while the others still expected it is the root; ranks
+        # that failed or were stopped on their way (still starting, when it left) follow
+        left = [r for r in absent if record.ranks[r].end.status == "finished"]
+        ended = bool(left) or all(record.ranks[r].end.status in ENDED for r in absent)
         return _uncatalogued(
             "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
             f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
@@ -126,7 +129,7 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
             f"never joined it ({where})",
             "a collective that not every rank of the group calls (a rank-dependent branch, "
             "a loop that ends early on some ranks, or a rank that left)",
-            "make every rank of the group make the same collective calls", absent,
+            "make every rank of the group make the same collective calls", left or absent,
             {"seq": call.seq, "missing": absent, "waiting": inside})
     return None
 

@@ -131,7 +131,7 @@ def test_a_rank_that_left_early_and_a_collective_mismatch_are_named(user_run):
     early = user_run["test_rank_returns_early"][1]
     barrier = line_of("cases_user.py", "barrier")
     assert "deadlock proven: rank-exited-early (rank 2 of 3)" in early
-    assert all(f"rank {r} of 3: waiting in barrier (#0) at {barrier}" in early for r in (0, 1))
+    assert f"ranks 0, 1 of 3: waiting in barrier (#0) at {barrier}" in early  # said once
     assert "rank 2 of 3: finished" in early
     differ = user_run["test_collectives_differ"][1]
     assert "deadlock proven: collective-mismatch (ranks 0, 1 of 2)" in differ

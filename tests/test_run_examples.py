@@ -210,7 +210,7 @@ def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(d
             f"default group, by torch's Flight Recorder), started by loss.backward() at "
             f"{backward}")
     assert said in done.stdout
-    assert f"look at: {backward}, {barrier}\n" in done.stdout
+    assert f"look at: {barrier}, {backward}\n" in done.stdout  # the culprit's line first
     assert f"rank 0 waits in barrier (#0) at {barrier}, a call rank 1 never made" in done.stdout
     # the README shows this run: its lines are this output's, word for word
     readme = (EXAMPLES.parent / "README.md").read_text()
@@ -438,7 +438,7 @@ def test_each_ranks_line_keeps_the_reduce_op_the_summary_names(distdoctor, tmp_p
     where = line_of("reduce_op_mismatch.py", "all_reduce")
     for rank, op in ((0, "SUM"), (1, "MAX")):
         said = f"all_reduce (#0, (1,), float32, {op}) at {where}"
-        assert f"rank {rank}: {said}" in done.stdout  # the summary
+        assert f"rank {rank}{' of 2' if rank == 0 else ''} made {said}" in done.stdout
         assert f"\nrank {rank}: exited; last call: {said}\n" in done.stdout + "\n"
         assert report["ranks"][rank]["call"]["reduce_op"] == op
 

@@ -55,7 +55,7 @@ def test_the_ranks_filter_shows_one_rank_and_the_diagnosis_still_reads_both(dist
                       "20")
     assert sorted(printed(done.stdout)) == [1]
     assert "rank 0 note" not in done.stderr and "rank 1 note 0" in done.stderr
-    assert "all 2 ranks" in done.stdout and "rank 0: finished" in done.stdout
+    assert "all 2 ranks" in done.stdout and "ranks 0, 1: finished" in done.stdout
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -117,6 +117,7 @@ def add_commands(commands) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from distdoctor.launch import procs
     from distdoctor.launch.store import AddressError, addresses, is_loopback
     from distdoctor.userjob.launcher import ScriptStartError, run_script
     from distdoctor.userjob.output import OutputSpec
@@ -137,15 +138,19 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--local-ranks-filter names rank {outside[0]}, but there are only "
                          f"{args.nproc_per_node} ranks (0-{args.nproc_per_node - 1})")
     try:
-        result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
-                            host=args.master_addr, port=args.master_port, light=args.light,
-                            start_method=args.start_method,
-                            output=OutputSpec(args.tee, args.local_ranks_filter))
-    except (ScriptStartError, AddressError) as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
-    return _report(script_record(result.ends, result.traces, result.wall_s, result.started,
-                                 args.deadline), args.script, args.report,
-                   all_frames=args.all_frames, html=args.html)
+        try:
+            result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
+                                host=args.master_addr, port=args.master_port,
+                                light=args.light, start_method=args.start_method,
+                                output=OutputSpec(args.tee, args.local_ranks_filter))
+        except (ScriptStartError, AddressError) as exc:
+            raise UsageError(str(exc).splitlines()[0]) from None
+        # the report first: the killed ranks' memory is freed meanwhile
+        return _report(script_record(result.ends, result.traces, result.wall_s,
+                                     result.started, args.deadline), args.script, args.report,
+                       all_frames=args.all_frames, html=args.html)
+    finally:
+        procs.wait_reaped()  # no rank outlives the command
 
 
 def analyze_command(args: argparse.Namespace) -> int:

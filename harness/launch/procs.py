@@ -22,8 +22,10 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from multiprocessing.process import BaseProcess
+from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
 _HEAVY_MODULES = (
@@ -82,6 +84,14 @@ def become_rank(parent_pid: int, set_threads: bool = True) -> None:
 def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:
     """SIGKILL ranks and everything they started, all at once (so none outlives another
     long enough to see its peers' sockets close), then reap them."""
+    signal_kill(processes)
+    for process in processes:
+        if process.pid is not None:
+            process.join(timeout)
+
+
+def signal_kill(processes: list[BaseProcess]) -> None:
+    """SIGKILL each process's group and the process itself; reaping is the caller's."""
     for process in processes:
         pid = process.pid
         if pid is None:
@@ -92,9 +102,38 @@ def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:
                 target()
             except (ProcessLookupError, PermissionError):
                 pass
-    for process in processes:
-        if process.pid is not None:
-            process.join(timeout)
+
+
+def reap_in_background(processes: list[BaseProcess], then: Callable[[], None],
+                       timeout: float = 2.0) -> threading.Thread:
+    """SIGKILL the processes now; reap them, then call ``then`` (close their pipes), on a
+    thread of its own. The kernel takes a while to free a killed rank's memory (0.2 s for
+    32 ranks here), and a report need not wait for it. Not a daemon: the interpreter
+    reaps them before it exits, whatever happens meanwhile."""
+    signal_kill(processes)
+
+    def reap() -> None:
+        try:
+            for process in processes:
+                if process.pid is not None:
+                    process.join(timeout)
+        finally:
+            then()
+
+    thread = threading.Thread(target=reap, name="distdoctor-reap")
+    thread.start()
+    _reaping.append(thread)
+    return thread
+
+
+_reaping: list[threading.Thread] = []
+
+
+def wait_reaped() -> None:
+    """Return once every process handed to reap_in_background is reaped: what a command
+    calls before it returns, so it leaves no child behind."""
+    while _reaping:
+        _reaping.pop().join()
 
 
 def now() -> float:

@@ -111,9 +111,10 @@ class Parting:
         return f"{even}, no majority: {said}"
 
     def where_said(self) -> str:
-        """'collective #2 on group [0, 1, 2, 3]' (or on process group NAME)."""
-        on = f"process group {self.pg}" if self.pg else f"group {list(self.group)}"
-        return f"collective #{self.seq} on {on}"
+        """'collective #2 of the default group', or of process group NAME (ranks 0-3)."""
+        if self.pg is None:
+            return f"collective #{self.seq} of the default group"
+        return f"collective #{self.seq} of process group {self.pg} ({ranks_phrase(self.group)})"
 
 
 def parting_at(group: tuple[int, ...], pg: str | None, seq: int, here: dict[int, Made],

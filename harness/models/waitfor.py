@@ -38,6 +38,7 @@ from distdoctor.models.calls import (
     RECEIVES,
     describe_call,
     direction,
+    grouped,
     is_collective,
     is_point_to_point,
     ranks_phrase,
@@ -83,7 +84,8 @@ class _Rank:
     entered: dict[tuple, int] = field(default_factory=dict)  # channel or group -> calls
     open: dict[int, _Open] = field(default_factory=dict)
     unprovable: bool = False  # it made a call counting cannot pair: never part of a proof
-    finished: bool = False
+    finished: bool = False  # it ended: finished, raised or died (``how``)
+    how: str = ""
     partial: bytes = b""
     events: int = 0  # call events read (and the end): a snapshot is current while it stands
     flight: dict | None = None  # the Flight Recorder's view (flight.in_flight), if read
@@ -137,9 +139,10 @@ class WaitFor:
                                                    or seq > group.parted + 1):
             del group.made[seq]  # every member made the same call: nothing to compare
 
-    def finished(self, rank: int) -> None:
-        """The rank ended normally: it will make no more calls."""
+    def finished(self, rank: int, how: str = "finished") -> None:
+        """The rank ended (``how``: finished, raised or died): it will make no more calls."""
         self.ranks[rank].finished = True
+        self.ranks[rank].how = how
         self.ranks[rank].events += 1
 
     def flight(self, rank: int, view: dict) -> None:
@@ -281,11 +284,14 @@ class WaitFor:
                             "collectives that cannot pair at one point of their group: "
                             + "; ".join(f"rank {r} in {_name(blocked[r])}"
                                                   + mismatch[r] for r in ranks))
-        gone = sorted({p for r in stuck for p in waits[r] & ended})
+        gone = {p: self.ranks[p].how for r in stuck for p in waits[r] & ended}
+        inside: dict[str, list[int]] = {}
+        for rank in sorted(stuck):
+            inside.setdefault(_name(blocked[rank]), []).append(rank)
         return Deadlock("exited", tuple(sorted(stuck)), calls,
-                        f"{ranks_phrase(gone)} finished "
-                        f"while " + "; ".join(f"rank {r} waits in {_name(blocked[r])}"
-                                              for r in sorted(stuck)))
+                        " and ".join(grouped(gone, " ")) + " while " + "; ".join(
+                            f"{ranks_phrase(ranks)} wait{'s' * (len(ranks) == 1)} in {call}"
+                            for call, ranks in inside.items()))
 
     def _parted(self, blocked: dict[int, dict], waits: dict[int, set[int] | None]
                 ) -> Deadlock | None:

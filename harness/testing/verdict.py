@@ -24,6 +24,7 @@ from distdoctor.userjob.report import (
     ReportRank,
     ScriptReport,
     call_text,
+    error_line,
     look_at,
     ranks_phrase,
 )
@@ -112,8 +113,11 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     first_said = accounts.get(named[0], {}).get("headline") if shown else None
     if others:
         lines.append("ranks:" if not shown else "other ranks:")
-        lines += ["  " + _rank_line(r, result.ends[r.rank], accounts.get(r.rank), n,
-                                    first_said) for r in others]
+        states: dict[str, list[int]] = {}  # ranks in the same state at the same line: once
+        for r in others:
+            state = _rank_state(r, result.ends[r.rank], accounts.get(r.rank), first_said)
+            states.setdefault(state, []).append(r.rank)
+        lines += [f"  {ranks_phrase(ranks)} of {n}: {state}" for state, ranks in states.items()]
     return Outcome("failed", kind, named, relative_paths("\n".join(lines)))
 
 
@@ -153,28 +157,29 @@ def _timed_out(ends: tuple[RankEnd, ...]) -> str:
     return f"timed out ({reasons[0]})" if reasons else "timed out"
 
 
-def _rank_line(rank: ReportRank, end: RankEnd, account: dict | None, n: int,
-               first_said: str | None = None) -> str:
-    head = f"rank {rank.rank} of {n}:"
+def _rank_state(rank: ReportRank, end: RankEnd, account: dict | None,
+                first_said: str | None = None) -> str:
+    """What became of one rank, after its number: finished, failed, or waiting where."""
     if rank.state in ("finished", "exited"):
-        return f"{head} finished"
+        return "finished"
     if rank.collective:
-        return f"{head} {rank.collective}" + (f", {rank.started_by}" if rank.started_by else "")
+        return rank.collective + (f", {rank.started_by}" if rank.started_by else "")
     if rank.state == "blocked":
-        return f"{head} waiting in {call_text(rank.call)}"
+        return f"waiting in {call_text(rank.call)}"
     if rank.state == "running":
         where = f"running {rank.running}" if rank.running else "running (no stack)"
         last = call_text(rank.call) if rank.call else "none"
-        return f"{head} {where}, in no collective (last call: {last})"
+        return f"{where}, in no collective (last call: {last})"
     if end.status == "died":
-        return f"{head} died: {end.error.splitlines()[0] if end.error else 'no reason'}"
+        return f"died: {end.error.splitlines()[0] if end.error else 'no reason'}"
     headline = _short(account["headline"] if account else end.headline)
     if account and account["headline"] == first_said:
         headline = "the same error"
     where = f" at {account['where']}" if account and account.get("where") else ""
     if rank.call is not None and is_peer_echo(end):
         where = f" in {call_text(rank.call)}"
-    return f"{head} failed{where}: {headline}"
+        headline = error_line(headline)  # a peer's address differs on every rank
+    return f"failed{where}: {headline}"
 
 
 RankFailure.__module__ = "distdoctor.testing"  # where users import it from

@@ -108,16 +108,24 @@ def run_script(script: str, args: list[str], world_size: int, deadline: float,
                          exit_zero_finishes=True)
         return watch.run(b"go")
     finally:
-        procs.kill([h.process for h in handles])
+        procs.signal_kill([h.process for h in handles])
         lines.close()
         for h in handles:
             h.conn.close()
             h.ctrl.close()
-            for fd in (h.faulthandler_fd, h.stderr_fd, h.stdout_fd, h.trace_fd,
-                       h.process.sentinel):
-                if fd is not None:
-                    os.close(fd)
+        # the report need not wait for the kernel to free 32 killed ranks' memory
+        procs.reap_in_background([h.process for h in handles], lambda: _close_fds(handles))
         del store
+
+
+def _close_fds(handles: list[RankHandle]) -> None:
+    """Close what is left of the ranks' pipes, once they are reaped (the sentinel is how a
+    rank's end is waited for)."""
+    for h in handles:
+        for fd in (h.faulthandler_fd, h.stderr_fd, h.stdout_fd, h.trace_fd,
+                   h.process.sentinel):
+            if fd is not None:
+                os.close(fd)
 
 
 def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: bool,

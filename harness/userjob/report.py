@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
-from distdoctor.models.calls import describe_call, ranks_phrase, relative_line
+from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import is_peer_echo, started_by, user_frame
 from distdoctor.userjob.stacktext import stack_text
@@ -159,12 +159,12 @@ def _cause(kind: CauseKind, found: Finding) -> Cause:
 def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     """Peers failed only because ranks left: name who left, after how many calls, and
     where the others were waiting for them."""
-    left = "; ".join(f"rank {r.rank} ended after {len(r.evidence.calls)} calls"
-                     + (f" (last: {r.evidence.calls[-1].describe(relative=True)})"
-                        if r.evidence.calls else "")
-                     for r in early)
-    waiting = "; ".join(f"rank {r.rank} was in {r.evidence.calls[-1].describe(relative=True)}"
-                        for r in record.ranks if not r.end.ok and r.evidence.calls)
+    left = "; ".join(grouped({r.rank: f"ended after {len(r.evidence.calls)} calls" + (
+        f" (last: {r.evidence.calls[-1].describe(relative=True)})" if r.evidence.calls else "")
+        for r in early}, " "))
+    waiting = "; ".join(grouped({r.rank: r.evidence.calls[-1].describe(relative=True)
+                                 for r in record.ranks if not r.end.ok and r.evidence.calls},
+                                " in "))
     return Cause("rank-exited-early", [r.rank for r in early],
                  f"{left}, while the others still expected it: {waiting}",
                  "make every rank make the same collective calls: the same number of steps "
@@ -230,10 +230,20 @@ def _section(r: ReportRank, cause: Cause | None) -> str:
         lines = [f"{r.state}; {'blocked in' if r.state == 'blocked' else 'last call'}: "
                  f"{call_text(r.call)}"]
     if r.error and r.rank not in (cause.ranks if cause else []):
-        lines.append("  " + r.error.strip().splitlines()[-1][:300])
+        lines.append("  " + error_line(r.error))
     if r.stack and r.state in ("blocked", "running"):
         lines.append("  " + r.stack.replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def error_line(error: str) -> str:
+    """A rank's last error line as the report shows it: without gloo's advice ("This is
+    typically caused by ..."), and with a peer's address and port as [peer], so the 31
+    ranks that lost the same peer read as one."""
+    import re
+
+    line = error.strip().splitlines()[-1].split(" This is typically caused by")[0]
+    return re.sub(r"\[[0-9A-Fa-f.:]+\]:\d+", "[peer]", line)[:300]
 
 
 def call_text(call: ReportCall | None) -> str:
@@ -255,10 +265,10 @@ def look_at(result: ScriptReport) -> list[str]:
     if cause is not None and cause.kind in ("rank-crashed", "unused-parameters"):
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error is not None]
         places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
-    first = [cause.where, *cause.also_at] if cause is not None and cause.where else []
-    first = [relative_line(p) for p in dict.fromkeys(first)]
-    rest = sorted({relative_line(p) for p in places} - set(first), key=_by_line)
-    return first + rest
+    first = list(dict.fromkeys([cause.where, *cause.also_at])) \
+        if cause is not None and cause.where else []
+    named = {relative_line(p) for p in first}  # the same line, written either way
+    return first + sorted((p for p in places if relative_line(p) not in named), key=_by_line)
 
 
 def render(result: ScriptReport, command: str = "run", partial: bool = False) -> str:
