@@ -130,7 +130,8 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
             "a collective that not every rank of the group calls (a rank-dependent branch, "
             "a loop that ends early on some ranks, or a rank that left)",
             "make every rank of the group make the same collective calls", left or absent,
-            {"seq": call.seq, "missing": absent, "waiting": inside})
+            {"seq": call.seq, "missing": absent, "waiting": inside},
+            where=(relative_line(call.where),))
     return None
 
 

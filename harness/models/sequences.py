@@ -100,8 +100,7 @@ class Parting:
         ordered = sorted(self.sides, key=lambda s: (-len(s.ranks), s.ranks))
         said = "; ".join(
             f"{ranks_phrase(s.ranks)}{f' of {world}' if i == 0 else ''} made {s.made.text}"
-            + (", an extra call (the call after it is the others' call here)"
-               if s.extra else "")
+            + (", an extra call" if s.extra else "")
             for i, s in enumerate(ordered))
         if self.blame == "majority":
             return said

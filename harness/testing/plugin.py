@@ -177,6 +177,16 @@ def ranks(pytestconfig: pytest.Config) -> RanksFactory:
     return RanksFactory(_session_deadline(pytestconfig))
 
 
+def _parametrized_size(item: pytest.Function) -> int | None:
+    """The size this instance of a ``world_size([...])`` test runs at. From its call spec:
+    the fixture's value reaches ``funcargs`` only when the test itself asks for
+    ``world_size``, and without it every size ran at the first (world_size([4, 8]) ran
+    twice on 4 ranks)."""
+    callspec = getattr(item, "callspec", None)
+    size = callspec.params.get("world_size") if callspec is not None else None
+    return size if isinstance(size, int) else item.funcargs.get("world_size")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("world_size")
@@ -184,7 +194,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     from distdoctor.testing import onrank
 
-    n = cast(int, pyfuncitem.funcargs.get("world_size") or _sizes(marker)[0])
+    n = cast(int, _parametrized_size(pyfuncitem) or _sizes(marker)[0])
     deadline = _item_deadline(pyfuncitem, marker)
     names = pyfuncitem._fixtureinfo.argnames
     funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}

@@ -165,10 +165,17 @@ def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     waiting = "; ".join(grouped({r.rank: r.evidence.calls[-1].describe(relative=True)
                                  for r in record.ranks if not r.end.ok and r.evidence.calls},
                                 " in "))
+    # the line the others wait at (the call the early ranks never made) first, then where
+    # the early ranks made their last call
+    expected = [r.evidence.calls[-1].where for r in record.ranks
+                if not r.end.ok and r.evidence.calls]
+    last = [r.evidence.calls[-1].where for r in early if r.evidence.calls]
+    lines = list(dict.fromkeys(expected + last))
     return Cause("rank-exited-early", [r.rank for r in early],
                  f"{left}, while the others still expected it: {waiting}",
                  "make every rank make the same collective calls: the same number of steps "
-                 "on every rank (pad or drop the last batches), and no rank returning early")
+                 "on every rank (pad or drop the last batches), and no rank returning early",
+                 lines[0] if lines else None, also_at=lines[1:])
 
 
 def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRank:
