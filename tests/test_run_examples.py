@@ -88,6 +88,10 @@ DEADLINE = 60.0
     ("ddp_log_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.all_reduce("}),
     # rank 1 waits in DDP's gradient all-reduce: rank 0's barrier is to blame
     ("ddp_barrier_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.barrier()"}),
+    # gloo let rank 0's extra all-reduce through: every rank blocks at the loop's line, and
+    # the history of the group's calls names rank 0 (its next call is the others' #2)
+    ("rank_zero_metric.py", 2, "collective-mismatch", [0], {0: "# LOOP", 1: "# LOOP"}),
+    ("rank_zero_metric.py", 4, "collective-mismatch", [0], {r: "# LOOP" for r in range(4)}),
 ])
 def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path, example, ranks,
                                                           kind, culprits, where):
@@ -238,13 +242,14 @@ def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
 
 
 def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
-              flags: tuple[str, ...] = ()) -> tuple[int, str]:
+              flags: tuple[str, ...] = (), deadline: float = 2.0,
+              env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run ``example`` under a real torchrun with the in-rank bootstrap; if it ``hangs``,
     stop it with SIGTERM, as a user would, once every rank has written its stall stacks
     (each rank does so by itself at its 2 s deadline). torchrun's exit code and stderr."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(ranks), "-m", "distdoctor.userjob", "--trace-dir",
-               str(trace_dir), "--deadline", "2", *flags, example]
+               str(trace_dir), "--deadline", str(deadline), *flags, example]
     stderr = trace_dir.parent / f"{trace_dir.name}.stderr"
     # torchrun's agent leaves its torchelastic_* directory behind when workers fail
     scratch = trace_dir.parent / f"{trace_dir.name}-tmp"
@@ -254,7 +259,7 @@ def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
         process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
                                    stderr=err, start_new_session=True,
                                    env=dict(os.environ, TMPDIR=str(scratch),
-                                            DISTDOCTOR_TEST_TAG=tag))
+                                            DISTDOCTOR_TEST_TAG=tag, **(env or {})))
     stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
 
     def stalled() -> bool:
@@ -318,6 +323,23 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
     assert again.returncode == 2 and "not one job's" in again.stderr
 
 
+def test_under_torchrun_a_deadlock_is_proven_from_the_traces_long_before_the_deadline(
+        distdoctor, tmp_path):
+    """Node-local rank 0 reads every rank's trace while it is blocked: the parting at #2
+    is proven, each rank writes its stacks at once, not at the 300 s deadline, and with
+    --exit-on-hang torchrun ends."""
+    code, stderr = _torchrun(tmp_path / "parted", "rank_zero_metric.py", 4, deadline=300,
+                             flags=("--exit-on-hang",))
+    assert code != 0 and "sees a deadlock proven from the traces (the ranks' collective " \
+                         "#2 of the default group parted" in stderr
+    assert (tmp_path / "parted" / "deadlock.json").exists()
+    done = distdoctor("analyze", str(tmp_path / "parted"), "--report", str(tmp_path / "r.json"))
+    cause = json.loads((tmp_path / "r.json").read_text())["cause"]
+    assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0])
+    assert f"look at: {line_of('rank_zero_metric.py', '# BUG')}, " \
+           f"{line_of('rank_zero_metric.py', '# LOOP')}\n" in done.stdout
+
+
 def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor, tmp_path):
     _torchrun(tmp_path / "crash", "rank_raises.py", 2)
     done = distdoctor("analyze", str(tmp_path / "crash"))
@@ -361,7 +383,9 @@ def test_under_torchrun_a_hung_rank_says_so_and_exit_on_hang_ends_the_job(distdo
                                                                            tmp_path):
     """With the flag a stalled rank exits once its stacks are written, says so on stderr,
     and torchrun ends the job by itself (without it, the job waits on until stopped)."""
-    code, stderr = _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, flags=("--exit-on-hang",))
+    # the deadline alone: the cycle would be proven from the traces long before it
+    code, stderr = _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, flags=("--exit-on-hang",),
+                             env={"DISTDOCTOR_PROOF": "0"})
     assert code != 0
     # the first rank to stall exits; torchrun may stop the other before its own deadline
     assert any(f"distdoctor: rank {rank} made no collective or point-to-point call for 2 s; "

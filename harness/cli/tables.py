@@ -63,7 +63,7 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
         return None
     blocked = max(entered)
     declared = record.started + max(r.end.at or 0.0 for r in hung)
-    from distdoctor.launch.watch import PROVEN
+    from distdoctor.models.waitfor import PROVEN
 
     how = ("proven from the calls" if any((r.end.error or "").startswith(PROVEN) for r in hung)
            else "declared at the deadline")

@@ -28,8 +28,8 @@ from distdoctor.collectives import KINDS  # noqa: F401 (part of this module's in
 from distdoctor.collectives.jobs import TransportMisuse, run_user
 from distdoctor.collectives.properties import Case, cases, mismatch, reduced
 from distdoctor.launch.pool import shared_pool
-from distdoctor.launch.watch import PROVEN
 from distdoctor.models.events import Emit
+from distdoctor.models.waitfor import PROVEN
 
 # as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
 _HERE = os.path.dirname(os.path.abspath(__file__))

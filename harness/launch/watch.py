@@ -22,19 +22,14 @@ from typing import Any, Callable, cast
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
 from distdoctor.models import InFlight, RankEnd, RankStatus
-from distdoctor.models.waitfor import WaitFor, collective
+from distdoctor.models.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
 
-# DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
-# rule it out); read when each watch starts
-PROOF_SWITCH = "DISTDOCTOR_PROOF"
-CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ranks, this long
 # torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
 # not yet place: at once while a proof is being confirmed, else after this long with no
 # new line from any rank (a straggler's peers, a rank inside DDP's C++ collectives) ...
 FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
-PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
@@ -83,8 +78,7 @@ class JobWatch:
         self.echo = echo
         self.waitfor = WaitFor([h.rank for h in ranks])
         self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
-        # (proof, since, bytes seen of its ranks) until confirmed
-        self.suspect: tuple[Any, float, Any] | None = None  # a Deadlock, then the rest
+        self.confirm = Confirmation()  # a proof, until it has held long enough
         self.last_line = self.started  # when a trace line was last read, from any rank
         self.asked = float("-inf")  # when the Flight Recorder was last asked for
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
@@ -113,8 +107,9 @@ class JobWatch:
             if self._proven(running):
                 break
             timeout = min(self._time_left(running), max(0.0, flight_due - procs.now()))
-            if self.suspect is not None:
-                timeout = min(timeout, max(0.0, self.suspect[1] + CONFIRM_S - procs.now()))
+            due = self.confirm.due()
+            if due is not None:
+                timeout = min(timeout, max(0.0, due - procs.now()))
             now = procs.now()
             awake = [fd for fd in self.streams if self.resting.get(fd, 0.0) <= now]
             wake = min((t for t in self.resting.values() if t > now), default=now + timeout)
@@ -126,7 +121,7 @@ class JobWatch:
                     continue  # a trace pipe's rest is over: watch it again
                 self._read_streams(list(self.streams))  # calls entered since the last look
                 if self._time_left(running) > 0 or self.first_error is None and (
-                        self.suspect is not None or self._flight_due() <= procs.now()):
+                        self.confirm.due() is not None or self._flight_due() <= procs.now()):
                     continue  # progress after all, a proof being confirmed, or a question
                 # (an error grace ends when it ends, whatever proof is being confirmed)
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
@@ -160,17 +155,13 @@ class JobWatch:
                 not {h.rank for h in running} <= set(proof.ranks):
             proof = None  # a rank outside the proof may still end by itself in the grace
         seen = proof and self._seen(proof.ranks)
-        if proof is None or self.suspect is None or self.suspect[0].calls != proof.calls \
-                or self.suspect[2] != seen:
-            self.suspect = (proof, procs.now(), seen) if proof else None
-            return False
-        if procs.now() < self.suspect[1] + CONFIRM_S:
+        if not self.confirm.offer(proof, seen, procs.now()) or proof is None:
             return False
         self._read_streams(list(self.streams))  # a last look: a call may have just returned
         again = self.waitfor.proof()
         if again is None or again.calls != proof.calls or \
                 self._seen(proof.ranks) != seen:
-            self.suspect = None
+            self.confirm.drop()
             return False
         self._stop(running, "hung" if self.first_error is None else "stopped",
                    f"{PROVEN}: {proof.text}")
@@ -180,7 +171,7 @@ class JobWatch:
         """When to ask the Flight Recorder next (inf: no need)."""
         if not self.prove or self.first_error is not None or not self.waitfor.needs_flight():
             return float("inf")
-        if self.suspect is not None:
+        if self.confirm.due() is not None:
             return self.asked + FLIGHT_EVERY[0]
         return max(self.last_line + FLIGHT_QUIET, self.asked + FLIGHT_EVERY[1])
 
@@ -279,7 +270,7 @@ class JobWatch:
         self.waitfor.finished(end.rank, end.status)  # it makes no more calls
         if not end.ok and self.first_error is None:
             self.first_error = procs.now()
-            self.suspect = None  # the error grace decides now: a half-confirmed proof
+            self.confirm.drop()  # the error grace decides now: a half-confirmed proof
             # left here would keep the loop waking at once, forever
 
     def _stop(self, running: list[RankHandle], status: str, why: str | None = None) -> None:

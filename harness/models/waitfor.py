@@ -21,8 +21,10 @@ still in the same call: a member waits for it while it has not enqueued that num
 a member that put another kind of collective at that number (even one the tracer never
 saw) proves the call can never complete.
 
-Only ``enter``, ``wait``, ``done`` and ``error`` lines are read; everything else in the
-stream is skipped without parsing.
+Only ``enter``, ``wait``, ``done``, ``error`` and ``exit`` lines are read; everything else
+in the stream is skipped without parsing. A proof is believed once it has held unchanged
+for CONFIRM_S (``Confirmation``), by whichever watcher asks: the parent under ``distdoctor
+run`` and the plugin, or a rank's own watch under torchrun (userjob/dirwatch.py).
 
 The same graph after the fact, from a RunRecord's calls (``wait_edges``), is what the hang
 check judges and the pictures draw: one module says who waits for whom, live or later.
@@ -52,6 +54,7 @@ from distdoctor.models.sequences import Made, agreement, parting_at
 STOPPED = ("hung", "stopped")  # a rank's ends that leave it blocked where it was
 ENDED = ("finished", "raised", "died")  # a rank's ends after which it makes no call
 _CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
+_EXIT_EVENT = f'{{"ev":"{Ev.EXIT}"'.encode()
 # Collectives gloo runs with one algorithm, so that one rank in each still completes (or
 # one side does): measured on torch 2.13 gloo, 2 ranks, every other pair of ops hangs, and
 # so do rooted ops with different roots. Shapes, dtypes and reduce ops are not compared: a
@@ -70,6 +73,38 @@ class Deadlock:
     ranks: tuple[int, ...]
     calls: tuple[tuple[int, int], ...]
     text: str
+
+
+# DISTDOCTOR_PROOF=0: the deadline alone decides (to measure what the proof saves, or to
+# rule it out), in every watcher; read when each watch starts
+PROOF_SWITCH = "DISTDOCTOR_PROOF"
+PROVEN = "deadlock proven"  # how a proven hang's ends begin (a timed-out one names the deadline)
+CONFIRM_S = 0.15  # a proven hang must still hold, with no new line from its ranks, this long
+
+
+class Confirmation:
+    """A proof is believed once it has stood for CONFIRM_S: the same calls still open and
+    not a byte more from its ranks (``seen``, whatever the watcher counts them in). A call
+    about to return, or a rank between two calls, breaks it before then."""
+
+    def __init__(self, hold: float = CONFIRM_S):
+        self.hold = hold
+        self.suspect: tuple[Deadlock, float, object] | None = None  # (proof, since, seen)
+
+    def offer(self, proof: Deadlock | None, seen: object, now: float) -> bool:
+        """The proof found now; True once it has held long enough."""
+        if proof is None or self.suspect is None or self.suspect[0].calls != proof.calls \
+                or self.suspect[2] != seen:
+            self.suspect = (proof, now, seen) if proof is not None else None
+            return False
+        return now >= self.suspect[1] + self.hold
+
+    def due(self) -> float | None:
+        """When the proof being confirmed will have held long enough (None: no proof)."""
+        return self.suspect[1] + self.hold if self.suspect is not None else None
+
+    def drop(self) -> None:
+        self.suspect = None
 
 
 @dataclass
@@ -113,6 +148,9 @@ class WaitFor:
         lines = (state.partial + chunk).split(b"\n")
         state.partial = lines.pop()
         for line in lines:
+            if line.startswith(_EXIT_EVENT):  # a rank's own end, in a trace file
+                self._exit(rank, line)
+                continue
             if line.startswith(_CALL_EVENTS):
                 try:
                     event = json.loads(line)
@@ -121,6 +159,14 @@ class WaitFor:
                 self._event(state, event)
                 if event["ev"] == Ev.ENTER and collective(event):
                     self._history(rank, event)
+
+    def _exit(self, rank: int, line: bytes) -> None:
+        """A trace file's last word (written by the rank under torchrun): it ended."""
+        try:
+            status = json.loads(line).get("status")
+        except ValueError:
+            return
+        self.finished(rank, {"raised": "raised", "exited": "died"}.get(status, "finished"))
 
     def _history(self, rank: int, event: dict) -> None:
         """Keep what each member made at each number of the group until every member has

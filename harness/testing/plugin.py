@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -184,7 +184,9 @@ def _parametrized_size(item: pytest.Function) -> int | None:
     twice on 4 ranks)."""
     callspec = getattr(item, "callspec", None)
     size = callspec.params.get("world_size") if callspec is not None else None
-    return size if isinstance(size, int) else item.funcargs.get("world_size")
+    if not isinstance(size, int):
+        size = item.funcargs.get("world_size")
+    return size if isinstance(size, int) else None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -194,7 +196,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     from distdoctor.testing import onrank
 
-    n = cast(int, _parametrized_size(pyfuncitem) or _sizes(marker)[0])
+    n = _parametrized_size(pyfuncitem) or _sizes(marker)[0]
     deadline = _item_deadline(pyfuncitem, marker)
     names = pyfuncitem._fixtureinfo.argnames
     funcargs = {name: None if name == "rank" else pyfuncitem.funcargs[name] for name in names}

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from distdoctor.launch.results import JobResult
-from distdoctor.launch.watch import PROVEN
 from distdoctor.models import RankEnd
 from distdoctor.models.record import is_peer_echo
+from distdoctor.models.waitfor import PROVEN
 from distdoctor.testing.onrank import EVENT
 from distdoctor.userjob.record import explain, script_record
 from distdoctor.userjob.report import (

@@ -9,8 +9,9 @@ not receive grad: 2 3" can be read as names). Two ways to run:
   parent can ask for stacks at any time, and it decides when the ranks are hung;
 * under a real ``torchrun`` (several machines), with ``--trace-dir DIR``: each rank writes
   ``rank-<RANK>.jsonl`` (its calls, then how it ended) and, when it makes no call for
-  ``--deadline`` seconds or gets SIGTERM, its stacks to ``rank-<RANK>.stacks``;
-  ``distdoctor analyze DIR`` diagnoses them afterwards.
+  ``--deadline`` seconds, a deadlock is proven from the traces in DIR (dirwatch.py), or
+  it gets SIGTERM, its stacks to ``rank-<RANK>.stacks``; ``distdoctor analyze DIR``
+  diagnoses them afterwards.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     tracer = _install(trace, options.light)
     _patch_os_exit(tracer)
-    _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang)
+    # the watch first, so its thread is named in the start line (it reads the traces only
+    # once its rank has been quiet, after the start line is out)
+    _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang,
+                      options.trace_dir, _run_id())
     tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank),
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
@@ -221,34 +225,55 @@ def thread_names() -> dict[str, str]:
     return {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}
 
 
-def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool) -> None:
+def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
+                      directory: str, run: str) -> None:
     """Under torchrun nobody watches from outside: a rank that makes no call for
-    ``deadline`` seconds writes down its own stacks once, notes the moment, and says so on
-    stderr once (the job itself waits on, unless ``exit_on_hang``)."""
+    ``deadline`` seconds, or sees a deadlock proven from the traces (dirwatch.py; the
+    node's local rank 0 looks), writes down its own stacks once, notes the moment, and
+    says so on stderr once (the job itself waits on, unless ``exit_on_hang``)."""
+    from distdoctor.models.waitfor import PROOF_SWITCH
+    from distdoctor.userjob import dirwatch
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    watching = dirwatch.TraceDirectory(directory, world, run) \
+        if os.environ.get("LOCAL_RANK", "0") == "0" and world > 1 \
+        and os.environ.get(PROOF_SWITCH, "1") != "0" else None
 
     def watch() -> None:
         while True:
-            time.sleep(min(1.0, deadline / 4))
-            if procs.now() - tracer.last_event >= deadline:
-                tracer.write(ev=Ev.STALLED, t=procs.now(), threads=thread_names())
-                faulthandler.dump_traceback(stack_file, all_threads=True)
-                stack_file.flush()
-                _say_stalled(deadline, stack_file.name, exit_on_hang)
-                if exit_on_hang:
-                    _exit(HANG_EXIT)
-                return
+            time.sleep(min(dirwatch.POLL_S, deadline / 4))
+            now = procs.now()
+            proven = dirwatch.read_proof(directory, run)
+            if proven is None and watching is not None \
+                    and now - tracer.last_event >= dirwatch.QUIET_S:
+                found = watching.proof(now)
+                if found is not None:
+                    dirwatch.write_proof(directory, run, found)
+                    proven = found.text
+            if proven is None and now - tracer.last_event < deadline:
+                continue
+            tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
+                         **({"proof": proven} if proven is not None else {}))
+            faulthandler.dump_traceback(stack_file, all_threads=True)
+            stack_file.flush()
+            _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
+            if exit_on_hang:
+                _exit(HANG_EXIT)
+            return
 
     threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
 
 
-def _say_stalled(deadline: float, stack_path: str, exiting: bool) -> None:
+def _say_stalled(deadline: float, stack_path: str, exiting: bool,
+                 proven: str | None = None) -> None:
     rank = os.environ.get("RANK", "?")
     then = (f"This rank now exits with code {HANG_EXIT}, so torchrun stops the job" if exiting
             else "The job is still waiting and will not end by itself: stop it (Ctrl-C, or "
                  "kill torchrun), or pass --exit-on-hang next time")
-    sys.stderr.write(f"distdoctor: rank {rank} made no collective or point-to-point call "
-                     f"for {deadline:g} s; its stacks are in {stack_path}. {then}; then run "
-                     f"'distdoctor analyze {os.path.dirname(stack_path) or '.'}'\n")
+    why = (f"sees a deadlock proven from the traces ({proven})" if proven is not None else
+           f"made no collective or point-to-point call for {deadline:g} s")
+    sys.stderr.write(f"distdoctor: rank {rank} {why}; its stacks are in {stack_path}. {then}; "
+                     f"then run 'distdoctor analyze {os.path.dirname(stack_path) or '.'}'\n")
     sys.stderr.flush()
 
 

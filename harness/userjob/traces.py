@@ -17,6 +17,7 @@ from pathlib import Path
 from distdoctor.models import RankEnd
 from distdoctor.models.events import Ev
 from distdoctor.models.record import is_peer_echo
+from distdoctor.models.waitfor import PROVEN
 
 NO_TRACE = "no trace: its node may have died before it wrote"
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
@@ -135,7 +136,11 @@ def load(directories: list[str], run: str | None = None) -> Job:
             # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
             ends.append(RankEnd(rank, "died", at=0.0, error=KILLED))
         elif exit_event is None:
-            ends.append(RankEnd(rank, "hung", error="its trace stops without an exit",
+            proof = next((e.get("proof") for e in trace.events
+                          if e.get("ev") == Ev.STALLED and isinstance(e.get("proof"), str)),
+                         None)
+            ends.append(RankEnd(rank, "hung", error=f"{PROVEN}: {proof}" if proof else
+                                "its trace stops without an exit",
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
                                 raw_stack=raw or None))
         elif exit_event.get("status") == "raised":
