@@ -132,7 +132,8 @@ class _History:
     """One group's collectives, as its members made them, for the numbers still open."""
 
     members: tuple[int, ...]
-    made: dict[int, dict[int, Made]] = field(default_factory=dict)  # seq -> rank -> call
+    # seq -> rank -> (what must agree, the enter event)
+    made: dict[int, dict[int, tuple[tuple, dict]]] = field(default_factory=dict)
     parted: int | None = None  # the first number at which two members' calls differ
 
 
@@ -178,8 +179,8 @@ class WaitFor:
                 tuple(m for m in event.get("group") or self.ranks if m in self.ranks))
         seq = event["seq"]
         slot = group.made.setdefault(seq, {})
-        slot[rank] = _made(event)
-        if len({m.key for m in slot.values()}) > 1:
+        slot[rank] = (_agreement(event), event)  # written out only if the group parts
+        if len({key for key, _ in slot.values()}) > 1:
             group.parted = seq if group.parted is None else min(group.parted, seq)
         elif len(slot) == len(group.members) and (group.parted is None
                                                    or seq > group.parted + 1):
@@ -362,10 +363,11 @@ class WaitFor:
             if not untrusted and not waits.get(rank):
                 return None  # its call has all it waits for: it may be about to return
         key, group = min(parted.items(), key=lambda item: min(
-            m.entered for m in item[1].made[item[1].parted or 0].values()))
+            event.get("t", 0.0) for _, event in item[1].made[item[1].parted or 0].values()))
         seq = group.parted or 0
-        parting = parting_at(key[0] or tuple(self.ranks), key[1], seq, group.made[seq],
-                             group.made.get(seq + 1, {}))
+        parting = parting_at(key[0] or tuple(self.ranks), key[1], seq,
+                             {r: _made(e) for r, (_, e) in group.made[seq].items()},
+                             {r: _made(e) for r, (_, e) in group.made.get(seq + 1, {}).items()})
         ranks = tuple(sorted(blocked))
         said = parting.sentence(len(group.members)) if parting else ""
         return Deadlock("parted", ranks, tuple((r, blocked[r]["id"]) for r in ranks),
@@ -477,10 +479,14 @@ def _signature(call: dict) -> tuple:
     return _family(call["op"]), call.get("peer")
 
 
+def _agreement(event: dict) -> tuple:
+    return agreement(event["op"], event.get("peer"), event.get("shapes") or (),
+                     event.get("dtype") or "", event.get("reduce_op"))
+
+
 def _made(event: dict) -> Made:
     """What a rank made, from its enter event, as sequences.py compares it."""
-    return Made(agreement(event["op"], event.get("peer"), event.get("shapes") or (),
-                          event.get("dtype") or "", event.get("reduce_op")),
+    return Made(_agreement(event),
                 _name({**event, "where": relative_line(event.get("where") or "")}),
                 event.get("where") or "", event.get("t", 0.0))
 
