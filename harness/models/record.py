@@ -4,6 +4,7 @@ died, hung or stopped, with its traceback or stacks)."""
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,10 +40,12 @@ class ThreadStack:
         return "\n".join([head, *map(str, self.frames)])
 
 
-# code that is not the user's: distdoctor itself, the standard library, installed packages
+# code that is not the user's: distdoctor itself, the standard library, installed packages,
+# and the environment's entry scripts (.venv/bin/distdoctor, bin/torchrun)
 _NOT_USER = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
              os.path.dirname(os.__file__) + os.sep, os.sep + "site-packages" + os.sep,
-             os.sep + "dist-packages" + os.sep)
+             os.sep + "dist-packages" + os.sep,
+             os.path.abspath(sysconfig.get_path("scripts")) + os.sep)
 
 
 def is_user_frame(frame: Frame) -> bool:

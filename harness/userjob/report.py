@@ -27,7 +27,7 @@ from typing import Literal
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.jsoncodec import to_json
-from distdoctor.models.record import is_peer_echo, started_by, user_frame
+from distdoctor.models.record import Frame, is_peer_echo, is_user_frame, started_by, user_frame
 from distdoctor.userjob.stacktext import stack_text
 
 RUN_SCHEMA = "distdoctor.run.v4"
@@ -210,13 +210,17 @@ def _call(call: Call) -> ReportCall:
 
 
 def raising_line(error: str | None) -> str | None:
-    """file:line of the innermost frame of a traceback outside torch and distdoctor."""
+    """file:line of the innermost frame of the user's own code in a traceback (innermost
+    last) or a faulthandler dump ("most recent call first", as a rank that gloo aborted
+    leaves): never distdoctor's, torch's, Python's or the environment's entry script."""
     import re
 
     frames = re.findall(r'File "([^"]+)", line (\d+)', error or "")
-    user = [(f, n) for f, n in frames if "site-packages" not in f and "/harness/" not in f
-            and not f.startswith("<")]
-    return f"{user[-1][0]}:{user[-1][1]}" if user else None
+    user = [(f, n) for f, n in frames if is_user_frame(Frame(f, int(n), ""))]
+    if not user:
+        return None
+    file, line = user[0] if "most recent call first" in (error or "") else user[-1]
+    return f"{file}:{line}"
 
 
 def _by_line(where: str) -> tuple[str, int]:
