@@ -116,6 +116,9 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                 f"or none", inside,
                 {"seq": call.seq, "missing": absent, "waiting": inside},
                 where=(relative_line(call.where),))
+        busy = _busy(absent, blocked, record)
+        if busy:
+            return busy_rank(call, inside, busy, record)
         # a rank that finished while the others still expected it is the root; ranks
         # that failed or were stopped on their way (still starting, when it left) follow
         left = [r for r in absent if record.ranks[r].end.status == "finished"]
@@ -133,6 +136,48 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
             {"seq": call.seq, "missing": absent, "waiting": inside},
             where=(relative_line(call.where),))
     return None
+
+
+def _busy(absent: list[int], blocked: dict[int, Call | None], record: RunRecord
+          ) -> dict[int, str]:
+    """rank -> where it was, when every absent rank was stopped running its own code: in no
+    traced call and in no collective torch made itself, at a line of the user's."""
+    found = {}
+    for rank in absent:
+        end = record.ranks[rank].end
+        frame = user_frame(end.stacks)
+        if end.status not in STOPPED or end.collective or blocked.get(rank) or frame is None:
+            return {}
+        found[rank] = f"{frame.function} at {relative_line(frame.file)}:{frame.line}"
+    return found
+
+
+def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
+              record: RunRecord) -> Finding:
+    """The busy ranks' own verdict: not a mismatch (they never made another call), but
+    work in their own code on the path to a collective the others already wait in."""
+    running = {r: f"{where} for {_busy_for(record.ranks[r], record):.1f} s"
+               for r, where in busy.items()}
+    lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
+    return _uncatalogued(
+        "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in its own code",
+        f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, while "
+        f"{ranks_phrase(waiting)} wait{'s' * (len(waiting) == 1)} for it in "
+        f"{call.describe(relative=True)}",
+        "work on some ranks only (validation, logging, a check, a loop waiting for a "
+        "condition) stands between them and a collective the others already wait in",
+        f"move the work at {', '.join(lines)} off the path to the collective (after the "
+        f"step, on a thread, or on every rank alike), or raise the deadline if it is "
+        f"meant to take this long", sorted(busy),
+        {"seq": call.seq, "busy": {str(r): w for r, w in busy.items()}, "waiting": waiting},
+        where=(*lines, relative_line(call.where)))
+
+
+def _busy_for(rank: RankRecord, record: RunRecord) -> float:
+    """Seconds from the end of the rank's last call (or the job's start) to its stop."""
+    ended = [c.completed for c in rank.evidence.calls if c.completed is not None]
+    since = max(ended) if ended else record.started
+    return max(0.0, record.started + (rank.end.at or 0.0) - since)
 
 
 def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:

@@ -401,7 +401,7 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
     the hang is declared at the deadline, within a second."""
     done, report = run_example(distdoctor, tmp_path, "rank_spins.py", 2, deadline=2.0)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("collective-mismatch", [1])
+    assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("busy-rank", [1])
     waiting, spinning = report["ranks"]
     assert waiting["state"] == "blocked"
     assert waiting["call"]["where"] == line_of("rank_spins.py", "dist.all_reduce(grad)")
@@ -409,10 +409,32 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
     function, _, where = spinning["running"].partition(" at ")
     loop = {line_of("rank_spins.py", "while not flags"), line_of("rank_spins.py", "time.sleep")}
     assert function == "wait_until_ready" and where in loop, spinning["running"]
-    assert "in no collective or send/receive: running wait_until_ready" in done.stdout
+    assert "rank 1 ran wait_until_ready at rank_spins.py:" in done.stdout  # the verdict
+    assert "rank 1: running, in no collective or send/receive: wait_until_ready" in done.stdout
     # a rank spinning in Python proves nothing: the timer decides
     declared = float(done.stdout.split("the hang was declared at the deadline ")[1].split(" s")[0])
     assert 2.0 <= declared <= 2.0 + 1.0
+
+
+def test_a_rank_busy_holding_the_gil_is_its_own_verdict_at_its_own_line(distdoctor,
+                                                                          tmp_path):
+    """A regular expression backtracking on rank 1 holds the GIL, so only faulthandler can
+    say where it is (a thread torch started in C, with no Python frame, is not taken for
+    the main thread). The verdict is busy-rank, not a mismatch: which rank, where, for how
+    long, and who waits for it where."""
+    done, report = run_example(distdoctor, tmp_path, "rank_busy_validation.py", 2,
+                               deadline=2.0)
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("busy-rank", [1]), done.stdout
+    check = line_of("rank_busy_validation.py", "re.match(")
+    assert cause["where"] == check and \
+        cause["also_at"] == [line_of("rank_busy_validation.py", "# WAIT")]
+    seconds = float(cause["summary"].split(f"rank 1 ran validate at {check} for ")[1]
+                    .split(" s")[0])
+    assert seconds >= 2.0  # at least the deadline: it was stopped there
+    assert f"while rank 0 waits for it in all_reduce (#1, (8,), float32) at " \
+           f"{line_of('rank_busy_validation.py', '# WAIT')}" in cause["summary"]
+    assert report["ranks"][1]["running"] == f"validate at {check}"
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

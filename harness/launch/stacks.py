@@ -161,8 +161,9 @@ def parse_faulthandler(text: str, names: dict[str, str] | None = None
     first, each distinct stack once (a rank that dumped at its deadline and again when
     stopped wrote the same stacks twice). faulthandler names threads by id alone:
     ``names`` maps ids ("0x00007f...") to thread names where the rank wrote them down;
-    else every thread but the main one starts in threading's ``_bootstrap``, so the one
-    that does not is the main thread."""
+    else every thread but the main one starts in threading's ``_bootstrap`` or has no
+    Python frame at all (a thread started in C), so the one that does neither is the main
+    thread."""
     names = names or {}
     stacks: list[ThreadStack] = []
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip()):
@@ -178,9 +179,10 @@ def parse_faulthandler(text: str, names: dict[str, str] | None = None
         ident = ident.strip()
         if ident in names:
             main = names[ident] == "MainThread"
-        else:
-            main = not (bool(frames) and frames[0].function == "_bootstrap"
-                        and os.path.basename(frames[0].file) == "threading.py")
+        else:  # the main thread runs the script: it has frames (a thread torch or the
+            # runtime started in C has none), and they do not start in threading's
+            main = bool(frames) and not (frames[0].function == "_bootstrap"
+                                         and os.path.basename(frames[0].file) == "threading.py")
         stack = ThreadStack(names.get(ident, ident), main, _below_rank_loop(frames))
         if stack not in stacks:
             stacks.append(stack)

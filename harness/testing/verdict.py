@@ -38,7 +38,7 @@ class RankFailure(AssertionError):
     """A job did not succeed on every rank. ``kind``: "failed" (a rank's code raised),
     "died" (a rank's process ended without a result), or the hang analysis's cause
     ("p2p-cycle", "collective-mismatch", "rank-exited-early", "unused-parameters",
-    "hang-unknown"); ``ranks``: the ranks it names; ``text``: the whole report."""
+    "busy-rank", "hang-unknown"); ``ranks``: the ranks it names; ``text``: the whole report."""
 
     def __init__(self, kind: str, ranks: tuple[int, ...], text: str):
         super().__init__(text)

@@ -2,7 +2,8 @@
 
 The findings of the checks are folded into causes of the kinds a user meets. A run that
 hung or crashed has one of p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed,
-unused-parameters or hang-unknown: a mismatch outranks the crash it caused, and a rank's
+unused-parameters, busy-rank (a rank running its own code while its peers wait in a
+collective for it) or hang-unknown: a mismatch outranks the crash it caused, and a rank's
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
 that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
 tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
@@ -127,7 +128,8 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
-    "unused-parameters", "collective-mismatch", "p2p-cycle", "rank-exited-early")
+    "unused-parameters", "collective-mismatch", "p2p-cycle", "rank-exited-early",
+    "busy-rank")
 
 
 def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
