@@ -51,10 +51,19 @@ def parted(parting: Parting, world: int, check: str) -> Finding:
                  f"rank-dependent branch: logging, a metric, a check); gloo may pair it with "
                  f"the others' next call, so every hang or error after it follows from it")
         fix = (f"make every rank of the group make the {op} at {line}, or none"
-               if any(s.extra for s in parting.sides) or differs == ["op"] else
+               if parting.blame in ("extra", "own-line") or differs == ["op"] else
                f"make {culprits} make the call the others make at {parting.lines[-1]} "
                f"(the same shapes, dtypes and reduce op), or every rank make the one at "
                f"{line}")
+    if parting.began is not None:
+        number, theirs, _ = parting.began
+        cause = (f"{culprits} made a collective the others did not make there ({theirs}); "
+                 f"the others' next call was of the same kind and size, so gloo paired "
+                 f"them, and every number after it meant something else on each side")
+        fix = (f"make the call at {line} on every rank of the group or on none (a forward "
+               f"through DDP's wrapper makes DDP's buffer broadcast: on one rank, call "
+               f"model.module(...) there, or run it under torch.no_grad(); a gather of a "
+               f"sharded state, full_tensor(), must run on every rank)")
     return Finding(
         check=check, fault="collective-mismatch", kind="collective-mismatch",
         headline=f"{' and '.join(differs) or 'call'} "

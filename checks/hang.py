@@ -6,8 +6,9 @@ ranks it waits for: a send or receive waits for its peer; a collective waits for
 of its group that never entered the same collective (same group, same sequence number).
 The cause, in order of precedence:
 
-* the first number at which a group's collectives parted (models/sequences.py), whatever
-  the ranks are blocked in now: gloo may have paired the differing calls and let some
+* the first number at which a group's collectives parted (models/sequences.py), in the
+  traced calls or, torch's own collectives included, in the ranks' Flight Recorders,
+  whatever the ranks are blocked in now: gloo may have paired the differing calls and let some
   ranks on, so the calls blocked at the end no longer differ, and the odd ranks out of
   that first number are to blame;
 * a cycle of point-to-point calls: every rank in it waits for the next (all sending first
@@ -32,7 +33,7 @@ from distdoctor.models.calls import (
     relative_line,
 )
 from distdoctor.models.record import started_by, user_frame
-from distdoctor.models.sequences import first_parting
+from distdoctor.models.sequences import first_parting, lines_run, recorded_parting
 from distdoctor.models.waitfor import (
     ENDED,
     STOPPED,
@@ -58,8 +59,10 @@ def check(record: RunRecord) -> list[Finding]:
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
     listing = "; ".join(grouped(calls))
 
+    ran = {r.rank: lines_run(r) for r in record.ranks}
     parting = first_parting({r.rank: r.evidence.calls for r in record.ranks},
-                            len(record.ranks))
+                            len(record.ranks), ran) or \
+        recorded_parting({r.rank: r.end.recorded for r in record.ranks}, len(record.ranks), ran)
     if parting is not None:  # whatever followed, it follows from the calls that parted
         return [parted(parting, len(record.ranks), NAME)]
     cycle = cycle_of(edges)

@@ -38,15 +38,17 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _user_ddp(record: RunRecord) -> list[Finding]:
-    """A user's script: the DDP forwards between two optimiser steps are one step's
-    micro-batches, and only the last needs its backward to sync (the others belong in
-    ``no_sync()``). Steps of a single forward are not judged: nothing to accumulate."""
+    """A user's script: the DDP forwards at one line between two optimiser steps are one
+    step's micro-batches, and only the last needs its backward to sync (the others belong
+    in ``no_sync()``). Steps of a single forward there are not judged: nothing to
+    accumulate. A forward at another line (a validation pass through the wrapper on one
+    rank, whose backward never runs) is no micro-batch of the step."""
     excess, where = [], ""
     for rank in record.ranks:
-        per_step: dict[int, list] = {}
+        per_step: dict[tuple[int, str], list] = {}
         for forward in rank.evidence.ddp_forwards:
-            per_step.setdefault(forward.steps_before, []).append(forward)
-        for step, forwards in per_step.items():
+            per_step.setdefault((forward.steps_before, forward.where), []).append(forward)
+        for (step, _), forwards in per_step.items():
             syncs = sum(f.sync for f in forwards)
             if len(forwards) > 1 and syncs > 1:
                 excess.append((rank.rank, step, len(forwards), syncs, forwards[0].gradient_bytes))

@@ -42,6 +42,7 @@ CORPUS = [
         "find-unused")],
     ("zero_redundancy.py", (), 2),
     ("fully_shard.py", (), 2),
+    ("fsdp_checkpoint_every_rank.py", (), 2),  # fsdp_checkpoint_on_rank0.py, done right
     ("two_groups_mesh.py", (), 4),
 ]
 

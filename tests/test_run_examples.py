@@ -68,6 +68,8 @@ def test_a_rank_the_backend_aborted_is_explained_after_the_report(distdoctor, tm
 
 # Every hang among these is proven from the calls (or ends in an error): the deadline is
 # only a bound, never what ends them.
+LINE_FIRST = {"eval_on_rank0_through_ddp.py": "# BUG", "fsdp_checkpoint_on_rank0.py": "# BUG",
+              "rank_zero_metric.py": "# BUG"}
 DEADLINE = 60.0
 
 
@@ -88,6 +90,14 @@ DEADLINE = 60.0
     ("ddp_log_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.all_reduce("}),
     # rank 1 waits in DDP's gradient all-reduce: rank 0's barrier is to blame
     ("ddp_barrier_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.barrier()"}),
+    # torch's own collectives parted, by the ranks' Flight Recorders: a validation forward
+    # through DDP on rank 0 only (its buffer broadcasts paired with rank 1's next training
+    # forward's), and FSDP's all-gathers of a checkpoint gathered on rank 0 only (at 4
+    # ranks, against the 3 others' barrier; at 2, two equal sides: both are named)
+    ("eval_on_rank0_through_ddp.py", 2, "collective-mismatch", [0], {}),
+    ("fsdp_checkpoint_on_rank0.py", 4, "collective-mismatch", [0],
+     {r: "# WAIT" for r in (1, 2, 3)}),
+    ("fsdp_checkpoint_on_rank0.py", 2, "collective-mismatch", [0, 1], {1: "# WAIT"}),
     # gloo let rank 0's extra all-reduce through: every rank blocks at the loop's line, and
     # the history of the group's calls names rank 0 (its next call is the others' #2)
     ("rank_zero_metric.py", 2, "collective-mismatch", [0], {0: "# LOOP", 1: "# LOOP"}),
@@ -103,6 +113,8 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     by_rank = {r["rank"]: r for r in report["ranks"]}
     for rank, text in where.items():
         assert by_rank[rank]["call"]["where"] == line_of(example, text)
+    if example in LINE_FIRST:  # the culprit's line comes first under "look at"
+        assert f"look at: {line_of(example, LINE_FIRST[example])}" in done.stdout
     # the report follows whatever the script printed itself
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
 
@@ -215,7 +227,10 @@ def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(d
             f"{backward}")
     assert said in done.stdout
     assert f"look at: {barrier}, {backward}\n" in done.stdout  # the culprit's line first
-    assert f"rank 0 waits in barrier (#0) at {barrier}, a call rank 1 never made" in done.stdout
+    # by the Flight Recorders, torch's own collectives included: at #8 rank 0's barrier met
+    # DDP's gradient all-reduce, and only rank 0 ever ran the barrier's line
+    assert f"rank 0 of 2 made barrier (#8) at {barrier}, from a line no other rank ran; " \
+           f"rank 1 made all_reduce (#8, (9,), float32) at {backward}" in done.stdout
     # the README shows this run: its lines are this output's, word for word
     readme = (EXAMPLES.parent / "README.md").read_text()
     shown = readme.split("ddp_barrier_on_rank0.py\n", 1)[1].split("```")[0]

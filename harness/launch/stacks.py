@@ -64,15 +64,18 @@ def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 
 def serve_stacks(conn: Connection) -> threading.Thread:
     """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
-    process's stacks, "collectives" with the collectives it has in flight (flight.py).
+    process's stacks, "collectives" with the collectives it has in flight, "history" with
+    every collective its Flight Recorder holds (flight.py).
     Each answer carries its request's serial number, so a late one is told from the next."""
-    from distdoctor.trace.flight import in_flight
+    from distdoctor.trace.flight import history, in_flight
+
+    answers = {"collectives": in_flight, "history": history}
 
     def loop() -> None:
         while True:
             try:
                 kind, serial = conn.recv()
-                conn.send((serial, in_flight() if kind == "collectives" else capture_stacks()))
+                conn.send((serial, answers.get(kind, capture_stacks)()))
             except (EOFError, OSError):
                 return
 

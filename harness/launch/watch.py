@@ -21,7 +21,7 @@ from typing import Any, Callable, cast
 
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
-from distdoctor.models import InFlight, RankEnd, RankStatus
+from distdoctor.models import InFlight, RankEnd, RankStatus, Recorded
 from distdoctor.models.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
 
 # torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
@@ -30,6 +30,7 @@ from distdoctor.models.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFo
 FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
+HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
@@ -282,6 +283,12 @@ class JobWatch:
         why = why or (f"no rank made progress for {self.deadline:.1f} s" if status == "hung"
                       else f"still running {self.error_grace:.1f} s after another rank failed")
         flights = stacks.ask([h.ctrl for h in running], "collectives", FLIGHT_TIMEOUT)
+        untraced = {h.rank: self._untraced(h.rank, flights.get(i)) for i, h in enumerate(running)}
+        # every collective each rank's recorder holds, torch's own included, where a rank
+        # waits in one of torch's own: the traced calls cannot tell where those parted.
+        # Only then: at 32 ranks on 2 cores the dumps take a second or more
+        histories = stacks.ask([h.ctrl for h in running], "history", HISTORY_TIMEOUT) \
+            if any(untraced.values()) else {}
         answers = stacks.request_stacks(
             [(h.ctrl, h.process.pid or 0, h.faulthandler_fd) for h in running])
         for index, (handle, (threads, raw)) in enumerate(zip(running, answers)):
@@ -292,13 +299,22 @@ class JobWatch:
                 self.ends[handle.rank] = RankEnd(handle.rank, cast(RankStatus, status), at=at,
                                                  error=why,
                                                  stacks=threads, raw_stack=raw,
-                                                 in_flight=self._untraced(
-                                                     handle.rank, flights.get(index)))
+                                                 in_flight=untraced[handle.rank],
+                                                 recorded=_recorded(histories.get(index)))
         procs.signal_kill([handle.process for handle in running])  # the owner reaps them
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:
             del self.streams[fd]  # what they wrote while dying is not evidence
             self.resting.pop(fd, None)
+
+
+def _recorded(history: dict | None) -> tuple[Recorded, ...]:
+    """A rank's Flight Recorder history (flight.history) as Recorded collectives."""
+    found = []
+    for pg, entries in (history or {}).items():
+        for seq, op, sizes, dtype, where in entries:
+            found.append(Recorded(pg, seq, op, tuple(tuple(s) for s in sizes), dtype, where))
+    return tuple(found)
 
 
 class _Lines:

@@ -38,6 +38,7 @@ from distdoctor.models.record import (
                                      RankEnd,
                                      RankRecord,
                                      RankStatus,
+                                     Recorded,
                                      RunRecord,
                                      ThreadStack,
 )
@@ -72,7 +73,7 @@ __all__ = [
     "Incomplete", "Knobs", "MemoryEvidence",
     "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
     "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord",
-    "RankStatus",
+    "Recorded", "RankStatus",
     "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
     "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",
     "Verdict", "apply_changes", "dump_report", "load_report",

@@ -88,6 +88,21 @@ def _made_by(stacks: tuple[ThreadStack, ...], op: str) -> str:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One collective in a rank's Flight Recorder: its number on its group (``pg``: None
+    for the default group) as the backend pairs them, whoever made it (the user, DDP,
+    FSDP, DTensor), its kind, input sizes and dtype, and the user's innermost line that
+    led to it ("" when none of the user's frames was recorded)."""
+
+    pg: str | None
+    seq: int
+    op: str
+    sizes: tuple[tuple[int, ...], ...]
+    dtype: str
+    where: str = ""
+
+
+@dataclass(frozen=True)
 class InFlight:
     """A collective a stopped rank had enqueued and not completed, and not through a traced
     call, by torch's Flight Recorder: numbered on its group (``pg``: None for the default
@@ -111,6 +126,9 @@ class RankEnd:
     raw_stack: str | None = None  # faulthandler text, when the rank could not answer itself
     stderr: str = ""  # the tail of what the rank wrote to stderr during the job
     in_flight: tuple[InFlight, ...] = ()  # its untraced collectives in flight when stopped
+    # every collective its Flight Recorder still held when it was stopped (the newest 2000
+    # by default), torch's own included: the sequences the hang check compares
+    recorded: tuple[Recorded, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -12,7 +12,9 @@ is compared by the hang proof (a member that finished early), not here.
 Blame goes to the odd ranks out: the ranks whose call differs from the one a strict
 majority made. With no majority (two ranks, or two equal halves) the evidence may still
 tell: a side whose next call is the other side's call at this number made an extra call
-there, and is to blame. Otherwise every side is named as such, and every rank blamed.
+there, and is to blame; so is a side whose call there came from a line no other rank ran
+at all (a rank-dependent branch), while the other side's line is one it ran too.
+Otherwise every side is named as such, and every rank blamed.
 
 One module for the live proof (waitfor.py, from the trace's enter events as they come) and
 the checks after the fact (from a RunRecord's calls): both describe what a rank made at a
@@ -21,20 +23,22 @@ number as a :class:`Made` and ask :func:`parting_at`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Sequence
 
-from distdoctor.models.calls import is_collective, ranks_phrase, relative_line
+from distdoctor.models.calls import describe_call, is_collective, ranks_phrase, relative_line
 from distdoctor.models.evidence import Call
+from distdoctor.models.record import RankRecord, Recorded
 
-# each rank passes its own split sizes: their shapes differ in correct programs
-UNEVEN = frozenset({"all_to_all", "all_to_all_single"})
+# each rank passes its own split sizes: their shapes differ in correct programs (as the
+# tracer names them, and as gloo's Flight Recorder does)
+UNEVEN = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base"})
 # the tensor a rank passes is one of the list the others see (the root alone passes the
 # list of a gather or scatter; an uneven all_gather's input is its own entry of the list):
 # the set of shapes must agree, not the sequence
 ONE_OF_A_LIST = frozenset({"all_gather", "gather", "scatter"})
 
-Blame = Literal["majority", "extra", "even"]
+Blame = Literal["majority", "extra", "own-line", "even"]
 
 
 def agreement(op: str, peer: int | None, shapes: Iterable, dtype: str,
@@ -71,6 +75,7 @@ class Side:
     ranks: tuple[int, ...]
     made: Made
     extra: bool = False  # their next call is another side's call here: this one was extra
+    own_line: bool = False  # their call came from a line no other rank of the group ran
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,17 @@ class Parting:
     sides: tuple[Side, ...]  # the odd ranks out first, then the rest, largest side first
     culprits: tuple[int, ...]  # the ranks to blame (every side's, with ``blame`` "even")
     blame: Blame  # how: against a strict majority, an extra call, or no side stands out
+    # where it began, when that was earlier: the first of the numbers before ``seq`` at
+    # which the culprits' calls came from another line than the others' (the same kind
+    # and size, so gloo paired them): (number, the culprits' call, the others' call)
+    began: tuple[int, str, str] | None = None
+    began_where: tuple[str, str] = ("", "")  # those two calls' lines
 
     @property
     def lines(self) -> tuple[str, ...]:
-        """The lines to look at: the culprits' first, then the others', once each."""
-        found: list[str] = []
+        """The lines to look at: the culprits' first, then the others', once each (where
+        it began first of all)."""
+        found: list[str] = [relative_line(w) for w in self.began_where if w]
         for side in self.sides:
             line = relative_line(side.made.where) if side.made.where else ""
             if line and line not in found:
@@ -101,8 +112,15 @@ class Parting:
         said = "; ".join(
             f"{ranks_phrase(s.ranks)}{f' of {world}' if i == 0 else ''} made {s.made.text}"
             + (", an extra call" if s.extra else "")
+            + (", from a line no other rank ran" if s.own_line else "")
             for i, s in enumerate(ordered))
-        if self.blame == "majority":
+        if self.began is not None:
+            number, theirs, others = self.began
+            culprits = ranks_phrase(self.culprits)
+            said = (f"at #{number} {culprits} made {theirs} where the others made {others}: "
+                    f"the same kind and size, so gloo paired them, and from there the "
+                    f"ranks are out of step; at #{self.seq} {said}")
+        if self.blame != "even":
             return said
         sizes = {len(s.ranks) for s in self.sides}
         even = "two equal sides" if len(self.sides) == 2 and len(sizes) == 1 else \
@@ -156,7 +174,8 @@ def _extra(ranks: list[int], key: tuple, keys: dict[tuple, list[int]],
     return mine_next == {others[0]} and theirs_next != {key}
 
 
-def first_parting(calls: dict[int, Sequence[Call]], world: int) -> Parting | None:
+def first_parting(calls: dict[int, Sequence[Call]], world: int,
+                  lines: dict[int, set[str]] | None = None) -> Parting | None:
     """The earliest parting in a run's recorded collectives, over every group: of the
     groups that parted, the one whose parting call was entered first."""
     slots: dict[tuple, dict[int, dict[int, Call]]] = {}
@@ -174,6 +193,127 @@ def first_parting(calls: dict[int, Sequence[Call]], world: int) -> Parting | Non
             after = {r: made(c) for r, c in numbered.get(seq + 1, {}).items()}
             parted = parting_at(group or tuple(range(world)), pg, seq, here, after)
             if parted is not None:
-                found.append(parted)
+                found.append(by_own_line(parted, lines or {
+                    r: {c.where for c in made_calls} for r, made_calls in calls.items()}))
             break
     return min(found, key=lambda p: min(s.made.entered for s in p.sides), default=None)
+
+
+def recorded_parting(histories: dict[int, tuple[Recorded, ...]], world: int,
+                     lines: dict[int, set[str]] | None = None) -> Parting | None:
+    """The earliest parting in the ranks' Flight Recorder histories, torch's own
+    collectives included (DDP's buffer broadcasts, FSDP's and DTensor's gathers), over the
+    numbers every member still holds. Compared are kind, input sizes and dtype (the
+    recorder keeps no root or reduce op). Where the culprits' calls came from other lines
+    than the others' for a while before (a validation forward's buffer broadcast paired
+    with the next training forward's), ``began`` says where that started. None when a
+    rank has no history (it ended, or could not answer)."""
+    if len(histories) < world or not all(histories.values()):
+        return None
+    by_group: dict[str | None, dict[int, dict[int, Recorded]]] = {}
+    for rank, recorded in histories.items():
+        for entry in recorded:
+            by_group.setdefault(entry.pg, {}).setdefault(rank, {})[entry.seq] = entry
+    found = []
+    for pg, ranks in by_group.items():
+        if pg is None and len(ranks) < world:
+            continue  # the default group holds every rank: some history is missing
+        common = sorted(set.intersection(*(set(seqs) for seqs in ranks.values())))
+        for seq in common:
+            here = {r: _made_recorded(seqs[seq]) for r, seqs in ranks.items()}
+            if len({m.key for m in here.values()}) < 2:
+                continue
+            after = {r: _made_recorded(seqs[seq + 1]) for r, seqs in ranks.items()
+                     if seq + 1 in seqs}
+            group = tuple(sorted(ranks)) if pg is not None else tuple(range(world))
+            parted = parting_at(group, pg, seq, here, after)
+            if parted is not None:
+                ran = {r: {e.where for e in seqs.values() if e.where} | (lines or {}).get(r, set())
+                       for r, seqs in ranks.items()}
+                found.append(by_own_line(_began(parted, ranks, common), ran))
+            break
+    return min(found, key=lambda p: min(s.made.entered for s in p.sides), default=None)
+
+
+def _made_recorded(entry: Recorded) -> Made:
+    return Made(agreement(entry.op, None, entry.sizes, entry.dtype, None),
+                describe_call(entry.op, None, entry.seq, entry.sizes, entry.dtype, None,
+                              entry.pg, relative_line(entry.where) if entry.where else ""),
+                entry.where, float(entry.seq))
+
+
+def _began(parted: Parting, ranks: dict[int, dict[int, Recorded]], common: list[int]
+           ) -> Parting:
+    """Walk back from the parting while one side's calls come from another line than the
+    other's (the same kind and size each time): where the run first went astray. With no
+    culprit yet (two equal sides), the side whose call after that number is the other
+    side's call at it, line and all, made an extra call there: it is the culprit."""
+    if len(parted.sides) != 2:
+        return parted
+    first, second = (s.ranks[0] for s in parted.sides)
+    if parted.blame != "even":
+        first = parted.culprits[0]
+        second = next(r for r in sorted(ranks) if r not in parted.culprits)
+    number = parted.seq
+    while number - 1 in common:
+        mine, theirs = ranks[first][number - 1], ranks[second][number - 1]
+        if not mine.where or not theirs.where or mine.where == theirs.where:
+            break
+        number -= 1
+    if number == parted.seq:
+        return parted
+    culprits, blame = parted.culprits, parted.blame
+    if blame == "even":  # the side that got ahead by the calls it made extra (a DDP
+        # forward makes two broadcasts: buffers, then the batch counter)
+        ahead: list[int] = []
+        for shift in range(1, 9):
+            ahead = [a for a, b in ((first, second), (second, first))
+                     if _same(ranks[a].get(number + shift), ranks[b][number])]
+            if ahead:
+                break
+        if len(ahead) != 1:
+            return parted
+        side = next(s for s in parted.sides if ahead[0] in s.ranks)
+        culprits, blame = side.ranks, "extra"
+        first, second = ahead[0], second if ahead[0] == first else first
+    mine, theirs = ranks[first][number], ranks[second][number]
+    sides = tuple(sorted(parted.sides, key=lambda s: not set(s.ranks) <= set(culprits)))
+    return Parting(parted.group, parted.pg, parted.seq, sides, tuple(culprits), blame,
+                   (number, _made_recorded(mine).text, _made_recorded(theirs).text),
+                   (mine.where, theirs.where))
+
+
+def _same(a: Recorded | None, b: Recorded) -> bool:
+    """The same call, line and all (its number aside)?"""
+    return a is not None and (a.op, a.sizes, a.dtype, a.where) == (b.op, b.sizes, b.dtype,
+                                                                  b.where)
+
+
+def lines_run(rank: RankRecord) -> set[str]:
+    """Every line of the user's a rank is known to have run: its calls', its recorder's,
+    its DDP forwards', its loaders' and its optimiser steps'."""
+    evidence = rank.evidence
+    found = {c.where for c in evidence.calls} | {r.where for r in rank.end.recorded}
+    found |= {f.where for f in evidence.ddp_forwards} | {b.where for b in evidence.batches}
+    found |= {g.where for g in evidence.gradients}
+    return {line for line in found if line}
+
+
+def by_own_line(parted: Parting, lines: dict[int, set[str]]) -> Parting:
+    """Two equal sides: the one whose call came from a line no rank of the other side ran
+    (a rank-dependent branch), while the other side's line is one it ran too, is to
+    blame. ``lines``: every line each rank is known to have run (lines_run)."""
+    if parted.blame != "even" or len(parted.sides) != 2:
+        return parted
+    alone = []
+    for side, other in (parted.sides, parted.sides[::-1]):
+        mine, theirs = side.made.where, other.made.where
+        if mine and theirs and all(mine not in lines.get(r, set()) for r in other.ranks) \
+                and all(theirs in lines.get(r, set()) for r in side.ranks):
+            alone.append(side)
+    if len(alone) != 1:
+        return parted
+    culprit = alone[0]
+    sides = (replace(culprit, own_line=True),
+             *(s for s in parted.sides if s is not culprit))
+    return replace(parted, sides=sides, culprits=culprit.ranks, blame="own-line")

@@ -200,9 +200,16 @@ class WaitFor:
         state.flight, state.flight_at = view, state.events
 
     def needs_flight(self) -> bool:
-        """Is a rank in a collective that no current Flight Recorder view places?"""
-        return any(collective(call) and self._view(rank) is None
-                   for rank, call in self.blocked().items())
+        """Is a rank in a collective that no current Flight Recorder view places, or in no
+        traced call at all (it may be inside one torch made itself, DDP's from C++: only
+        its recorder can say, and two such ranks at one number with collectives that
+        cannot pair are a proof)? The watch asks at most once a second while all is quiet."""
+        blocked = self.blocked()
+        if any(collective(call) and self._view(rank) is None for rank, call in blocked.items()):
+            return True
+        return any(not state.finished and not state.unprovable and rank not in blocked
+                   and (state.flight is None or state.flight_at != state.events)
+                   for rank, state in self.ranks.items())
 
     def _view(self, rank: int) -> dict | None:
         """The rank's Flight Recorder view, while it still holds: taken since the rank's

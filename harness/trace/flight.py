@@ -16,6 +16,12 @@ from __future__ import annotations
 
 import json
 
+from distdoctor.models.plaindata import loads_plain
+from distdoctor.models.record import Frame, is_user_frame
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Bool": "bool", "Byte": "uint8", "Char": "int8"}
+
 
 def in_flight() -> dict[str | None, dict]:
     """Per process group (None: the default group, as the tracer names it), the last
@@ -65,3 +71,46 @@ def _last(by_op: dict[int, int], op_id: int) -> int:
     if done:
         return max(done)
     return min(by_op) - 1 if by_op else 0
+
+
+def history() -> dict[str | None, list[list]]:
+    """Per process group (None: the default group), every collective the recorder still
+    holds, oldest first, as ``[seq, op, sizes, dtype, where]``: what the hang check
+    compares across ranks (torch's own collectives included, with the user's line that
+    led to each). Empty when the recorder is off or unreadable. Read from the dump with
+    stack traces, through the plain-data unpickler like any other dump."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+            _dump_fr_trace,  # in torch's C module, but not in its type stubs
+        )
+
+        dump = loads_plain(_dump_fr_trace(True, True, False))
+        default = c10d._get_default_group().group_name
+    except Exception:
+        return {}
+    if not isinstance(dump, dict):
+        return {}
+    found: dict[str | None, list[list]] = {}
+    for entry in dump.get("entries", ()):
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue
+        name = (entry.get("process_group") or [None])[0]
+        sizes = [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)]
+        dtypes = entry.get("input_dtypes") or [""]
+        found.setdefault(None if name == default else name, []).append([
+            int(entry.get("collective_seq_id", 0)),
+            str(entry.get("profiling_name", "")).partition(":")[2],
+            sizes, _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()),
+            _user_line(entry.get("frames") or ())])
+    return found
+
+
+def _user_line(frames) -> str:
+    """file:line of the innermost of the user's frames (the recorder lists innermost
+    first), or ""."""
+    for frame in frames:
+        if isinstance(frame, dict) and is_user_frame(
+                Frame(str(frame.get("filename", "")), int(frame.get("line", 0) or 0), "")):
+            return f"{frame.get('filename')}:{frame.get('line')}"
+    return ""
