@@ -56,19 +56,23 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _user_replicas(record: RunRecord) -> list[Finding]:
-    """A user's script: at each optimiser step where every rank applied the same gradient
-    (so they are replicas: DDP, or a hand-written all-reduce over the group), the sampled
-    parameters, taken just before the step, must agree. Ranks that applied different
+    """A user's script: ranks that replicate one model (one DistributedDataParallel over
+    all of them, or, unwrapped, every rank applying the same gradient at a step: a
+    hand-written all-reduce over the group) must hold the same sampled parameters, taken
+    just before each step. Replicas are defined by the wrapping first: DDP ranks that
+    applied different gradients (micro-batches left unsynchronised) are still replicas,
+    and parting is exactly what is wrong with them. Ranks that applied different
     gradients (pipeline stages, tensor-parallel shards, independent models) are not
     replicas and are never compared; between the steps whose gradients were sampled,
     ranks are what they were at the last sampled one."""
     trail, first, differ, where = [], None, [], ""
     every = gradient_steps_on_every_rank(record)
     sampled = [steps for steps in every if all(s.applied is not None for s in steps)]
-    replicas = _same_gradient(sampled[0]) if sampled else False
+    wrapped = _one_ddp(record)
+    replicas = wrapped or (_same_gradient(sampled[0]) if sampled else False)
     for steps in every:
         if all(s.applied is not None for s in steps):
-            replicas = _same_gradient(steps)
+            replicas = wrapped or _same_gradient(steps)
         elif any(s.applied is not None for s in steps):
             continue  # ranks that sampled different steps: not one SPMD loop
         # between sampled steps, the ranks are what they were at the last one
@@ -102,11 +106,13 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
                 "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
                 "in DistributedDataParallel, which does; or seed every rank alike",
             kind="divergent-parameters", first_step=first, where=where)]
+    though = "they replicate one DDP model" if wrapped else "every rank applies the same " \
+        "gradient"
     return [Finding(
         check=NAME, fault="divergent-updates",
         symptom=f"the replicas started identical but differ from optimiser step {first} (at "
-                f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though every rank "
-                f"applies the same gradient; {ranks_phrase(differ)} "
+                f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though {though}; "
+                f"{ranks_phrase(differ)} "
                 f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
         cause=f"the ranks updated the same parameters differently before step {first}",
         fix="make every rank apply the same update: the same optimiser and learning rate "
@@ -114,6 +120,12 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
         fix_changes={}, ranks=tuple(differ), measured=measured,
         headline=f"spread {max(trail):.3g} from step {first}",
         kind="divergent-parameters", first_step=first, where=(where,) if where else ())]
+
+
+def _one_ddp(record: RunRecord) -> bool:
+    """Does every rank report one DistributedDataParallel over all of them?"""
+    groups = {tuple(r.evidence.ddp_group) for r in record.ranks}
+    return len(groups) == 1 and set(next(iter(groups))) == {r.rank for r in record.ranks}
 
 
 def _same_gradient(steps) -> bool:

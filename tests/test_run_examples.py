@@ -167,6 +167,26 @@ def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_p
     assert f"look at: {line_of(example, marker)}" in done.stdout
 
 
+def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(distdoctor,
+                                                                              tmp_path):
+    """no_sync() off by one (the sync on the first of 4 micro-batches): the cause, then the
+    replicas parting, judged as replicas because one DDP wraps them, though each applied
+    its own gradient; the healthy version (accumulate_with_no_sync.py) is OK."""
+    done, report = run_example(distdoctor, tmp_path, "accumulate_sync_on_first.py", 2)
+    assert done.returncode == 1, done.stdout
+    assert [c["kind"] for c in report["findings"]] == ["unsynced-microbatches",
+                                                       "divergent-parameters"]
+    cause = report["cause"]
+    assert (cause["ranks"], cause["where"]) == ([0, 1], line_of(
+        "accumulate_sync_on_first.py", "# FORWARD"))
+    assert {k: cause["measured"][k] for k in ("first_step", "micro_batches", "synced_at")} \
+        == {"first_step": 1, "micro_batches": 4, "synced_at": 1}
+    parted = report["findings"][1]["measured"]
+    assert parted["first_divergent_step"] == 2 and parted["ranks_differing_from_rank_0"] == [1]
+    healthy, _ = run_example(distdoctor, tmp_path, "accumulate_with_no_sync.py", 2)
+    assert healthy.returncode == 0, healthy.stdout
+
+
 def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
     """--light traces calls only: the NaN that the full evidence names goes unseen."""
     done = distdoctor("run", "--light", "--report", str(tmp_path / "r.json"),

@@ -21,7 +21,7 @@ Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-r
 # finding (Finding.kind), and the report orders and words them (userjob/report.py)
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "busy-rank", "hang-unknown", "tp-partial-sums",
-                    "tp-replica-drift", "divergent-parameters",
+                    "tp-replica-drift", "unsynced-microbatches", "divergent-parameters",
                     "gradient-not-averaged", "sync-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite"]
 

@@ -7,7 +7,9 @@ collective for it) or hang-unknown: a mismatch outranks the crash it caused, and
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
 that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
 tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
-a replicated parameter part), divergent-parameters (the replicas are different models),
+a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
+ran inside no_sync(): the replicas apply different gradients), divergent-parameters (the
+replicas are different models),
 gradient-not-averaged (every step is N times too large), duplicate-samples (the ranks
 train on the same data), then repeated-epoch-order (each epoch replays the last), and last
 sync-every-microbatch (it costs time, not correctness). Each cause is chosen by the
@@ -113,7 +115,8 @@ def incomplete(record: RunRecord) -> list[str]:
 
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
-    "non-finite", "tp-partial-sums", "tp-replica-drift", "divergent-parameters",
+    "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
+    "divergent-parameters",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
     "sync-every-microbatch")
 
