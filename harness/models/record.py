@@ -167,6 +167,14 @@ _PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer
                           "Broken pipe")
 
 
+SIZE_MISMATCH = "Received data size doesn't match expected size"  # gloo's, as it aborts
+
+
+def is_size_mismatch(end: RankEnd) -> bool:
+    """Did gloo end this rank for a collective whose size its peer did not share?"""
+    return end.status in ("raised", "died") and SIZE_MISMATCH in (end.error or "") + end.stderr
+
+
 def is_peer_echo(end: RankEnd) -> bool:
     """Did this rank only fail because a peer went away?"""
     return end.status == "raised" and any(m in end.headline for m in _PEER_FAILURE_MESSAGES)

@@ -30,7 +30,15 @@ from typing import Literal
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.jsoncodec import to_json
-from distdoctor.models.record import Frame, is_peer_echo, is_user_frame, started_by, user_frame
+from distdoctor.models.record import (
+    SIZE_MISMATCH,
+    Frame,
+    is_peer_echo,
+    is_size_mismatch,
+    is_user_frame,
+    started_by,
+    user_frame,
+)
 from distdoctor.userjob.stacktext import stack_text
 
 RUN_SCHEMA = "distdoctor.run.v4"
@@ -144,6 +152,18 @@ def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
                if r.end.status in ("raised", "died") and not is_peer_echo(r.end)]
     if crashed:
         first = min(crashed, key=lambda e: e.at if e.at is not None else float("inf"))
+        if is_size_mismatch(first):  # the traced calls did not show it: torch's own calls
+            return Cause(
+                "collective-mismatch", [first.rank],
+                f"gloo ended rank {first.rank} in a collective whose size its peers did not "
+                f"share ({SIZE_MISMATCH}): the ranks made different collectives, or the "
+                f"same with other sizes, at one point of their group, in calls torch made "
+                f"itself (DDP's, FSDP's, DTensor's), which the tracer does not see",
+                "make every rank make the same collectives with the same sizes at the lines "
+                "to look at; a collective on some ranks only (a metric, or full_tensor() to "
+                "gather a sharded checkpoint on one rank) must run on every rank",
+                # its whole faulthandler dump is on its stderr; the error keeps 60 lines
+                raising_line(first.stderr) or raising_line(first.error))
         return Cause("rank-crashed", [first.rank],
                      f"rank {first.rank} {first.status} first: {first.headline}",
                      "fix the error in rank "
