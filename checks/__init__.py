@@ -51,6 +51,13 @@ def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes:
                    first_step=first_step, where=lines(where))
 
 
+def one_ddp(record: RunRecord) -> bool:
+    """Does every rank report one DistributedDataParallel over all of them? Then they are
+    replicas, by how the model is wrapped, whatever they did since."""
+    groups = {tuple(r.evidence.ddp_group) for r in record.ranks}
+    return len(groups) == 1 and set(next(iter(groups))) == {r.rank for r in record.ranks}
+
+
 def lines(where: str | None | tuple[str, ...]) -> tuple[str, ...]:
     """A finding's ``where`` from one line, several, or none."""
     found = (where,) if isinstance(where, str) or where is None else where

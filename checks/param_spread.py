@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, gradient_steps_on_every_rank
+from distdoctor.checks import finding, gradient_steps_on_every_rank, one_ddp
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.distance import param_history, spreads
@@ -68,7 +68,7 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
     trail, first, differ, where = [], None, [], ""
     every = gradient_steps_on_every_rank(record)
     sampled = [steps for steps in every if all(s.applied is not None for s in steps)]
-    wrapped = _one_ddp(record)
+    wrapped = one_ddp(record)
     replicas = wrapped or (_same_gradient(sampled[0]) if sampled else False)
     for steps in every:
         if all(s.applied is not None for s in steps):
@@ -120,12 +120,6 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
         fix_changes={}, ranks=tuple(differ), measured=measured,
         headline=f"spread {max(trail):.3g} from step {first}",
         kind="divergent-parameters", first_step=first, where=(where,) if where else ())]
-
-
-def _one_ddp(record: RunRecord) -> bool:
-    """Does every rank report one DistributedDataParallel over all of them?"""
-    groups = {tuple(r.evidence.ddp_group) for r in record.ranks}
-    return len(groups) == 1 and set(next(iter(groups))) == {r.rank for r in record.ranks}
 
 
 def _same_gradient(steps) -> bool:

@@ -43,6 +43,7 @@ CORPUS = [
     ("zero_redundancy.py", (), 2),
     ("fully_shard.py", (), 2),
     ("fsdp_checkpoint_every_rank.py", (), 2),  # fsdp_checkpoint_on_rank0.py, done right
+    ("batchnorm_buffers.py", (), 2),  # batchnorm_buffers_not_broadcast.py, done right
     ("two_groups_mesh.py", (), 4),
 ]
 

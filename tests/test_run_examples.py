@@ -148,6 +148,10 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
      {"first_step": 1, "layer": "2", "groups": [[0, 1]]}),
     ("tp_sequence_parallel_head.py", 2, "tp-replica-drift", [1], "= parallelize_module(",
      {"first_step": 1, "parameters": ["4.bias", "4.weight"], "group": [0, 1]}),
+    # buffers every rank keeps for itself: sampled as each forward begins, after DDP's
+    # broadcast when it makes one; alike before step 1 (DDP broadcast them once, built)
+    ("batchnorm_buffers_not_broadcast.py", 2, "divergent-buffers", [1], "# FORWARD",
+     {"first_step": 2, "buffers": ["1.running_mean", "1.running_var"]}),
     ("nan_in_one_shard.py", 2, "non-finite", [1], "# BACKWARD",
      {"first_step": 3, "origin_ranks": [1], "loss_ranks": [1], "gradient_ranks": [1],
       "reached": {"0": 4}, "params": ["0.bias", "0.weight", "2.bias", "2.weight"]}),

@@ -16,6 +16,7 @@ It imports nothing of the project, torch included, and every other package impor
 from distdoctor.models.evidence import (
                                      BackwardEvidence,
                                      BatchEvidence,
+                                     BufferEvidence,
                                      Call,
                                      DDPForward,
                                      Evidence,
@@ -67,7 +68,8 @@ from distdoctor.models.verdict import (
 )
 
 __all__ = [
-    "AuxSkip", "Assessment", "CauseKind", "BackwardEvidence", "BatchEvidence", "Call", "DDPForward",
+    "AuxSkip", "Assessment", "CauseKind", "BackwardEvidence", "BatchEvidence",
+    "BufferEvidence", "Call", "DDPForward",
     "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic",
     "Incomplete", "Knobs", "MemoryEvidence",

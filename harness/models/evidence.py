@@ -93,6 +93,19 @@ class NonFiniteEvidence:
 
 
 @dataclass(frozen=True)
+class BufferEvidence:
+    """A DDP model's floating-point buffers (BatchNorm's running statistics, any registered
+    buffer) as a training forward of optimiser step ``step`` began, after DDP's own
+    broadcast of rank 0's buffers (when it makes one): a few values of each, at the same
+    positions on every rank."""
+
+    step: int  # 1-based: the optimiser step this forward belongs to
+    names: tuple[str, ...]
+    values: tuple[tuple[float, ...], ...]  # per buffer, its sampled values
+    where: str = ""  # the script's line that ran the forward
+
+
+@dataclass(frozen=True)
 class DDPForward:
     """One forward of a DistributedDataParallel model in a user's script: whether its
     backward will all-reduce the gradients (off inside ``no_sync()``), and how many
@@ -303,6 +316,7 @@ class Evidence:
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
+    buffers: tuple[BufferEvidence, ...] = ()  # a user's DDP model's buffers, sampled
     nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf
     group_tensors: tuple[GroupTensor, ...] = ()  # tensors a tensor-parallel group must
     # hold alike (or apart), per step

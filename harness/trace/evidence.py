@@ -7,6 +7,7 @@ from typing import Any
 from distdoctor.models import Evidence, Incomplete
 from distdoctor.models.events import EMITTED, Emit, Ev, unknown_kinds
 from distdoctor.trace.batches import fold_batches
+from distdoctor.trace.buffers import fold_buffers
 from distdoctor.trace.gradients import fold_gradients
 from distdoctor.trace.nonfinite import fold_nonfinite
 from distdoctor.trace.tensorparallel import fold_group_tensors
@@ -29,6 +30,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["batches"] = list(fold_batches(trace))
     fields["gradients"] = list(fold_gradients(trace))
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
+    fields["buffers"] = list(fold_buffers(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
     fields["group_tensors"] = list(fold_group_tensors(trace))
     fields["incomplete"] = list(fold_incomplete(trace))

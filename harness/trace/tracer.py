@@ -64,6 +64,8 @@ class Tracer:
         self.optimizer_steps = 0  # kept once count_optimizer_steps ran
         self._counting = False
         self.incomplete_said: set[str] = set()  # evidence already reported as cut short
+        self.on_ddp: list[Callable[[Any], None]] = []  # called with each DDP once built
+        self.forwarding: Any = None  # the DDP whose training forward is running, if any
 
     def install(self) -> Tracer:
         global _active
@@ -113,6 +115,11 @@ class Tracer:
                              where=user_line())
             except Exception as exc:
                 incomplete("DDP's parameter names", exc)
+            for hook in tracer.on_ddp:  # other recorders' (buffers.py): best effort too
+                try:
+                    hook(ddp)
+                except Exception as exc:
+                    incomplete("DDP's buffers", exc)
 
         setattr(DistributedDataParallel, "__init__", init)  # noqa: B010 (a patch)
         forward = DistributedDataParallel.forward
@@ -131,7 +138,11 @@ class Tracer:
                              where=user_line())
             except Exception as exc:  # evidence is best effort: never break the forward
                 incomplete("DDP's forwards", exc)
-            return forward(ddp, *args, **kwargs)
+            tracer.forwarding = ddp  # the module's own hooks run inside: after DDP's sync
+            try:
+                return forward(ddp, *args, **kwargs)
+            finally:
+                tracer.forwarding = None
 
         setattr(DistributedDataParallel, "forward", traced_forward)  # noqa: B010
 

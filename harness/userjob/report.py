@@ -9,7 +9,7 @@ that never crash follow, in the order they spoil training: non-finite, tp-partia
 tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
 a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
 ran inside no_sync(): the replicas apply different gradients), divergent-parameters (the
-replicas are different models),
+replicas are different models), divergent-buffers (their running statistics differ),
 gradient-not-averaged (every step is N times too large), duplicate-samples (the ranks
 train on the same data), then repeated-epoch-order (each epoch replays the last), and last
 sync-every-microbatch (it costs time, not correctness). Each cause is chosen by the
@@ -124,7 +124,7 @@ def incomplete(record: RunRecord) -> list[str]:
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
     "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
-    "divergent-parameters",
+    "divergent-parameters", "divergent-buffers",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
     "sync-every-microbatch")
 
