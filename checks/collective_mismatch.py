@@ -51,7 +51,8 @@ def parted(parting: Parting, world: int, check: str) -> Finding:
                  f"rank-dependent branch: logging, a metric, a check); gloo may pair it with "
                  f"the others' next call, so every hang or error after it follows from it")
         fix = (f"make every rank of the group make the {op} at {line}, or none"
-               if parting.blame in ("extra", "own-line") or differs == ["op"] else
+               if parting.blame in ("extra", "own-line") or differs == ["op"]
+               or any(s.extra for s in parting.sides) else
                f"make {culprits} make the call the others make at {parting.lines[-1]} "
                f"(the same shapes, dtypes and reduce op), or every rank make the one at "
                f"{line}")

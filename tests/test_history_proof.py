@@ -76,6 +76,9 @@ def test_each_deadlock_at_16_ranks_is_named_with_the_odd_rank_and_its_line(
     if case == "paired silently":
         assert "the hang was proven from the calls" in done.stdout
         assert cause["also_at"] == [line(script, "# LOOP")]
+        # the extra call is the one to take away, even where a majority named its rank
+        assert f"fix: make every rank of the group make the all_reduce at " \
+               f"{line(script, '# EXTRA')}, or none" in done.stdout
         assert (f"ranks 1-15 of 16 made all_reduce (#2, (4,), float32) at "
                 f"{line(script, '# LOOP')}; rank 0 made all_reduce (#2, (1,), float32) at "
                 f"{line(script, '# EXTRA')}, an extra call") in cause["summary"]

@@ -87,7 +87,8 @@ class Parting:
     seq: int
     sides: tuple[Side, ...]  # the odd ranks out first, then the rest, largest side first
     culprits: tuple[int, ...]  # the ranks to blame (every side's, with ``blame`` "even")
-    blame: Blame  # how: against a strict majority, an extra call, or no side stands out
+    blame: Blame  # how: against a strict majority, by an extra call, by a line only the
+    # culprits ran, or no side stands out ("even")
     # where it began, when that was earlier: the first of the numbers before ``seq`` at
     # which the culprits' calls came from another line than the others' (the same kind
     # and size, so gloo paired them): (number, the culprits' call, the others' call)
