@@ -229,9 +229,8 @@ def recorded_parting(histories: dict[int, tuple[Recorded, ...]], world: int,
             group = tuple(sorted(ranks)) if pg is not None else tuple(range(world))
             parted = parting_at(group, pg, seq, here, after)
             if parted is not None:
-                ran = {r: {e.where for e in seqs.values() if e.where} | (lines or {}).get(r, set())
-                       for r, seqs in ranks.items()}
-                found.append(by_own_line(_began(parted, ranks, common), ran))
+                found.append(by_own_line(_began(parted, ranks, common), lines or {
+                    r: {e.where for e in seqs.values() if e.where} for r, seqs in ranks.items()}))
             break
     return min(found, key=lambda p: min(s.made.entered for s in p.sides), default=None)
 
