@@ -33,9 +33,14 @@ REPEATS = 1 if SMOKE else 5
 
 
 def wall(command: list[str]) -> float:
+    """Seconds ``command`` took; a failure says why, with the end of its stderr (a plain
+    torchrun once failed here, in the suite's smoke run, and its reason was thrown away)."""
     start = time.perf_counter()
-    subprocess.run(command, cwd=os.path.join(ROOT, "examples"), check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=os.path.join(ROOT, "examples"),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:])} exited with {done.returncode}; its "
+                         f"stderr ended with:\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
 
 
