@@ -18,11 +18,20 @@ from __future__ import annotations
 import os
 import time
 
+# the clocks a block is timed by: wall time (what a step costs the job), the process's CPU
+# time (every thread: torch's intra-op threads and gloo's too, whose work the evidence
+# does not change, so the ratio is diluted by them), and the main thread's CPU time
+# (where the evidence runs; the compute torch spreads over its other threads is left
+# out, so this ratio overstates the share of a step)
+CLOCKS = {"wall": time.perf_counter, "process CPU": time.process_time,
+          "main thread CPU": time.thread_time}
 
-def evidence_blocks(ctx, rounds: int, steps: int, null: bool = False) -> list[float]:
-    """On every rank: per round, CPU seconds per step with the evidence on over off.
-    ``null``: both blocks of a pair with the evidence off (the measurement's own bias,
-    expected 1.00)."""
+
+def evidence_blocks(ctx, rounds: int, steps: int,
+                    null: bool = False) -> dict[str, list[float]]:
+    """On every rank: per round and clock, seconds per step with the evidence on over
+    off. ``null``: both blocks of a pair with the evidence off (the measurement's own
+    bias, expected 1.00)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -33,6 +42,7 @@ def evidence_blocks(ctx, rounds: int, steps: int, null: bool = False) -> list[fl
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.gradients import DENSE, record_gradients
     from distdoctor.trace.nonfinite import record_nonfinite
+    from distdoctor.trace.optimizer import record_optimizer
     from distdoctor.trace.steps import step_hooks
     from distdoctor.trace.tracer import Tracer
 
@@ -41,6 +51,7 @@ def evidence_blocks(ctx, rounds: int, steps: int, null: bool = False) -> list[fl
     record_batches(tracer)
     record_gradients(tracer)
     record_nonfinite(tracer)
+    record_optimizer(tracer)
     patched_backward = torch.Tensor.backward
     hooks = step_hooks(tracer)
     callbacks = list(hooks.accumulated), list(hooks.before_step)
@@ -61,42 +72,53 @@ def evidence_blocks(ctx, rounds: int, steps: int, null: bool = False) -> list[fl
     plain = loader()
 
     def evidence(on: bool) -> None:
-        """Off: no per-parameter hooks, backward unpatched, no pre-step callbacks (the
-        global pre- and post-step hooks cannot be removed: a call each, in both)."""
+        """Off: no per-parameter hooks, backward unpatched, no pre-step callbacks, no
+        optimiser recorder (the shared global pre- and post-step hooks stay: a call each,
+        in both)."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
         torch.Tensor.backward = patched_backward if on else saved[1]
         hooks.accumulated[:], hooks.before_step[:] = callbacks if on else ([], [])
+        handle, optimizer_hook = tracer.optimizer_hook
+        handle.remove()
         if on:
+            tracer.optimizer_hook = (register_optimizer_step_pre_hook(optimizer_hook),
+                                     optimizer_hook)
             hooks.__dict__.pop("_hook", None)
             hooks._hook(params)
         else:
-            for _, handle in hooks.handles.values():
-                handle.remove()
+            for _, hooked in hooks.handles.values():
+                if hooked is not None:  # unhooked between sampled steps: none
+                    hooked.remove()
             hooks.handles.clear()
             hooks._hook = lambda params: None
 
-    def block(batches, count: int) -> float:
+    def block(batches, count: int) -> tuple[float, ...]:
+        """Seconds per step by each of CLOCKS."""
         dist.barrier()
-        start = time.process_time()
+        start = [clock() for clock in CLOCKS.values()]
         for _ in range(count):
             x, y = next(batches)
             loss = nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return (time.process_time() - start) / count
+        return tuple((clock() - began) / count
+                     for clock, began in zip(CLOCKS.values(), start))
 
     try:
         evidence(True)
         block(traced, DENSE)  # the dense first steps, and warm
         evidence(False)
         block(plain, steps)
-        ratios = []
+        ratios: dict[str, list[float]] = {name: [] for name in CLOCKS}
         for r in range(rounds):  # alternate which goes first, so drift hits both alike
             times = {}
             for on in ((False, True) if r % 2 == 0 else (True, False)):
                 evidence(on and not null)
                 times[on] = block(traced if on and not null else plain, steps)
-            ratios.append(times[True] / times[False])
+            for name, with_it, without in zip(CLOCKS, times[True], times[False]):
+                ratios[name].append(with_it / without)
         return ratios
     finally:
         BatchSampler.__iter__, torch.Tensor.backward, torch.optim.Optimizer.__init__ = saved

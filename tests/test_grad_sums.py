@@ -1,19 +1,26 @@
-"""The slots the NaN/Inf check sums gradients into: what they hold, and when they forget."""
+"""The sums the NaN/Inf check keeps of gradients (read at once on the CPU, in slots of
+preallocated buffers elsewhere): what they hold, and when they forget."""
 
 import gc
 import math
 
+import pytest
 import torch
 
 from distdoctor.trace.sums import CHUNK, GradSums
+
+# each test both ways: sums read at once (the CPU's) and kept in slots (a GPU's, here on
+# the CPU so that they are tested on this machine too)
+WAYS = pytest.mark.parametrize("read_cpu", [True, False], ids=["read", "slots"])
 
 
 def param(*shape, dtype=torch.float32):
     return torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))
 
 
-def test_a_sum_is_the_gradients_sum_and_a_nan_anywhere_makes_it_non_finite():
-    sums, a, b = GradSums(), param(4, 3), param(5)
+@WAYS
+def test_a_sum_is_the_gradients_sum_and_a_nan_anywhere_makes_it_non_finite(read_cpu):
+    sums, a, b = GradSums(read_cpu), param(4, 3), param(5)
     grad = torch.arange(12.0).reshape(4, 3)
     sums.add(a, grad)
     sums.add(b, torch.tensor([1.0, 2.0, math.inf, 0.0, 0.0]))
@@ -24,18 +31,21 @@ def test_a_sum_is_the_gradients_sum_and_a_nan_anywhere_makes_it_non_finite():
     assert sums.all_finite()  # taken slots are zeroed
 
 
-def test_a_later_sum_replaces_the_earlier_one_and_clear_forgets_all():
-    sums, a = GradSums(), param(2)
+@WAYS
+def test_a_later_sum_replaces_the_earlier_one_and_clear_forgets_all(read_cpu):
+    sums, a = GradSums(read_cpu), param(2)
     sums.add(a, torch.tensor([math.nan, 1.0]))
     sums.add(a, torch.tensor([2.0, 1.0]))  # the accumulated gradient, summed again
     assert sums.all_finite()
     sums.add(a, torch.tensor([math.nan, 1.0]))
     sums.clear()
-    assert sums.all_finite() and sums.take([a]) == [(a, 0.0)]
+    # nothing held for a (read), or its slot zeroed (slots): no gradient is finite
+    assert sums.all_finite() and sums.take([a]) == ([] if read_cpu else [(a, 0.0)])
 
 
-def test_half_precision_is_summed_wide_enough_not_to_overflow():
-    sums, a = GradSums(), param(4, dtype=torch.float16)
+@WAYS
+def test_half_precision_is_summed_wide_enough_not_to_overflow(read_cpu):
+    sums, a = GradSums(read_cpu), param(4, dtype=torch.float16)
     sums.add(a, torch.full((4,), 60000.0, dtype=torch.float16))  # 240000 > 65504
     assert sums.all_finite() and sums.take([a]) == [(a, 240000.0)]
 
@@ -49,8 +59,9 @@ def test_only_the_given_parameters_are_taken_and_others_keep_their_sums():
     assert math.isnan(sums.take([theirs])[0][1])
 
 
-def test_a_dead_parameters_slot_is_reused_and_its_nan_forgotten():
-    sums, keep = GradSums(), param(1)
+@WAYS
+def test_a_dead_parameters_slot_is_reused_and_its_nan_forgotten(read_cpu):
+    sums, keep = GradSums(read_cpu), param(1)
     sums.add(keep, torch.tensor([1.0]))
     doomed = param(1)
     sums.add(doomed, torch.tensor([math.nan]))
@@ -59,11 +70,13 @@ def test_a_dead_parameters_slot_is_reused_and_its_nan_forgotten():
     assert sums.all_finite()
     for _ in range(3 * CHUNK):  # parameters made and dropped: the buffers do not grow
         sums.add(param(1), torch.tensor([1.0]))
-    assert sum(len(b) for b in sums._buffers.values()) == 1
+    assert sum(len(b) for b in sums._buffers.values()) == (0 if read_cpu else 1)
+    assert len(sums._read) <= 2 and len(sums._watched) <= 2  # the dead ones forgotten
 
 
-def test_more_parameters_than_a_buffer_holds_each_keep_their_own_sum():
-    sums = GradSums()
+@WAYS
+def test_more_parameters_than_a_buffer_holds_each_keep_their_own_sum(read_cpu):
+    sums = GradSums(read_cpu)
     params = [param(1) for _ in range(CHUNK + 3)]
     for i, p in enumerate(params):
         sums.add(p, torch.tensor([float(i)]))
@@ -90,9 +103,9 @@ layer = torch.nn.Linear(200, 200)  # a weight over SMALL elements, a bias under
 assert layer.weight.numel() > SMALL >= layer.bias.numel()
 optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
 initial = {k: v.clone() for k, v in layer.state_dict().items()}
-for step in range(1, 18):
+for step in range(1, 34):
     y = layer(torch.randn(4, 200))
-    if step in (11, 16):
+    if step in (11, 32):
         y.register_hook(lambda g: g * float("nan"))
     optimizer.zero_grad()
     y.square().mean().backward()
@@ -115,7 +128,8 @@ def test_small_gradients_are_checked_at_every_step_large_ones_on_sampled_steps()
                           timeout=60, cwd=root)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    # step 11 is not sampled (after the 8th, every 8th is): the bias alone; step 16 is: both
+    # step 11 is not sampled (after the 8th, every 32nd is): the bias alone (the small
+    # gradient its backward reaches last, watched between sampled steps); 32 is: both
     assert [(step, local) for step, local, _ in found] == [(11, ["bias"]),
-                                                          (16, ["bias", "weight"])]
+                                                          (32, ["bias", "weight"])]
     assert all(math.isfinite(float(loss)) for _, _, loss in found)  # seen in the gradients

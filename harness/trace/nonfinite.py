@@ -77,7 +77,7 @@ def record_nonfinite(tracer: Any) -> None:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
             if self.numel() == 1:
-                loss[0], loss[1] = self.detach().reshape(()), user_line()
+                loss[0], loss[1] = self.detach(), user_line()
         except Exception as exc:
             incomplete("the losses checked for NaN/Inf", exc)
         return original_backward(self, *args, **kwargs)

@@ -11,7 +11,7 @@ recorded at the first forward of an optimiser step; a sequence-parallel plan (ou
 Shard) hands rows instead and is not judged. Before an optimiser step, each parameter of
 a parallelized model that is not sharded (a DTensor replicated on every dimension, or a
 plain tensor beside sharded ones) is sampled. Both on the steps the gradient recorder
-samples (the first 8, then every 8th), so a long run pays little. Checks compare the
+samples (the first 8, then every 32nd), so a long run pays little. Checks compare the
 samples across the tensor-parallel group: the ranks must agree.
 """
 
