@@ -7,6 +7,7 @@ injected, so it works the same on a user's own run.
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from types import ModuleType
 from typing import Literal
@@ -108,3 +109,37 @@ def largest_per_step(found: list[dict]) -> dict[str, float]:
     for d in found:
         per_step[d["step"]] = max(per_step.get(d["step"], 0.0), d["spread"])
     return {str(step): value for step, value in sorted(per_step.items())}
+
+
+def synchronised(steps: list) -> bool:
+    """Did the ranks' sampled gradients at one optimiser step (GradientEvidence each, in rank
+    order) go through one synchronisation? Each rank applied a positive multiple of the
+    mean of the ranks' own gradients: 1 when averaged, N when summed, another factor when
+    a rank clipped or scaled it after the sync. Replicas by how they are synchronised,
+    whatever each did after: ranks that train apart apply their own gradients, which are
+    no multiple of a common one. Needs two positions at least where the mean is not zero
+    (one value is a multiple of anything)."""
+    if any(s.local is None or s.applied is None for s in steps):
+        return False
+    if len({len(s.local.values) for s in steps} | {len(s.applied.values) for s in steps}) != 1:
+        return False
+    mean = [sum(column) / len(steps) for column in zip(*(s.local.values for s in steps))]
+    if not all(math.isfinite(m) for m in mean):
+        return False
+    scale = max((abs(m) for m in mean), default=0.0)
+    if sum(abs(m) > 1e-3 * scale for m in mean) < 2 or not scale:
+        return False
+    return all(factor(s.applied.values, mean) is not None for s in steps)
+
+
+def factor(applied: tuple[float, ...], mean: list[float]) -> float | None:
+    """The positive factor ``applied`` is of ``mean`` (least squares), or None when it is
+    no multiple of it: off anywhere by more than 1e-4 of its largest value (float sums
+    taken in another order differ by less)."""
+    c = sum(a * m for a, m in zip(applied, mean)) / sum(m * m for m in mean)
+    if not math.isfinite(c) or c <= 0:
+        return None
+    limit = 1e-4 * c * max(abs(m) for m in mean)
+    if any(abs(a - c * m) > limit for a, m in zip(applied, mean)):
+        return None
+    return c

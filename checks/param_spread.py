@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, gradient_steps_on_every_rank, one_ddp
+from distdoctor.checks import finding, gradient_steps_on_every_rank, one_ddp, synchronised
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.distance import param_history, spreads
@@ -57,25 +57,25 @@ def check(record: RunRecord) -> list[Finding]:
 
 def _user_replicas(record: RunRecord) -> list[Finding]:
     """A user's script: ranks that replicate one model (one DistributedDataParallel over
-    all of them, or, unwrapped, every rank applying the same gradient at a step: a
-    hand-written all-reduce over the group) must hold the same sampled parameters, taken
-    just before each step. Replicas are defined by the wrapping first: DDP ranks that
-    applied different gradients (micro-batches left unsynchronised) are still replicas,
-    and parting is exactly what is wrong with them. Ranks that applied different
-    gradients (pipeline stages, tensor-parallel shards, independent models) are not
-    replicas and are never compared; between the steps whose gradients were sampled,
-    ranks are what they were at the last sampled one."""
+    all of them, or, unwrapped, ranks whose gradients went through one synchronisation:
+    a hand-written all-reduce over the group, seen as each rank applying a multiple of the
+    mean of the ranks' own gradients) must hold the same sampled parameters, taken just
+    before each step. Replicas are defined by how the model is wrapped and synchronised,
+    not by what each rank applied: DDP ranks that applied different gradients
+    (micro-batches left unsynchronised) and ranks that clipped the synchronised gradient
+    apart are still replicas, and parting is exactly what is wrong with them. Ranks whose
+    gradients never met (pipeline stages, tensor-parallel shards, independent models) are
+    not replicas and are never compared; from the first synchronised step on, they are."""
     trail, first, differ, where = [], None, [], ""
     every = gradient_steps_on_every_rank(record)
     sampled = [steps for steps in every if all(s.applied is not None for s in steps)]
     wrapped = one_ddp(record)
-    replicas = wrapped or (_same_gradient(sampled[0]) if sampled else False)
+    replicas = wrapped or (synchronised(sampled[0]) if sampled else False)
     for steps in every:
         if all(s.applied is not None for s in steps):
-            replicas = wrapped or _same_gradient(steps)
+            replicas = replicas or synchronised(steps)
         elif any(s.applied is not None for s in steps):
             continue  # ranks that sampled different steps: not one SPMD loop
-        # between sampled steps, the ranks are what they were at the last one
         if not replicas or any(s.params is None for s in steps):
             continue
         if len({len(s.params.values) for s in steps}) != 1:
@@ -98,16 +98,16 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
         return [finding(
             "divergent-init", NAME, f"spread {trail[0]:.3g} before step 1",
             f"the replicas' parameters differ before their first optimiser step (at "
-            f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though every rank "
-            f"applies the same gradient; {ranks_phrase(differ)} "
+            f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though they replicate "
+            f"one model; {ranks_phrase(differ)} "
             f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
             {"knobs.broadcast_params_at_start": True}, differ, measured,
             fix="broadcast rank 0's parameters once the model is built (for p in "
                 "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
                 "in DistributedDataParallel, which does; or seed every rank alike",
             kind="divergent-parameters", first_step=first, where=where)]
-    though = "they replicate one DDP model" if wrapped else "every rank applies the same " \
-        "gradient"
+    though = "they replicate one DDP model" if wrapped else "their gradients are " \
+        "synchronised"
     return [Finding(
         check=NAME, fault="divergent-updates",
         symptom=f"the replicas started identical but differ from optimiser step {first} (at "
@@ -121,6 +121,3 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
         headline=f"spread {max(trail):.3g} from step {first}",
         kind="divergent-parameters", first_step=first, where=(where,) if where else ())]
 
-
-def _same_gradient(steps) -> bool:
-    return len({s.applied.digest for s in steps}) == 1

@@ -211,26 +211,29 @@ def test_the_built_in_workload_is_judged_on_its_own_losses_and_gradient_norms():
 
 
 def params_record(*per_rank):
-    """``per_rank[rank]`` = [(applied or None, params), ...] per optimiser step: None where
-    the step's gradients were not sampled, only its parameters."""
+    """``per_rank[rank]`` = [(local, applied, params) or (None, None, params), ...] per
+    optimiser step: None where the step's gradients were not sampled, only its
+    parameters."""
     ranks = []
     for rank, steps in enumerate(per_rank):
-        gradients = tuple(GradientEvidence(n, None if a is None else fp([0.0]),
+        gradients = tuple(GradientEvidence(n, None if a is None else fp(list(local)),
                                            None if a is None else fp(list(a)), fp(list(p)),
                                            "train.py:7")
-                          for n, (a, p) in enumerate(steps, 1))
+                          for n, (local, a, p) in enumerate(steps, 1))
         ranks.append(RankRecord(rank, RankEnd(rank, "finished"),
                                 Evidence(rank, gradients=gradients)))
     return RunRecord(RunSpec(world_size=len(ranks)), tuple(ranks), 0.1)
 
 
 def test_replicas_parting_between_sampled_steps_are_caught_at_the_step_they_part():
-    same = [((1,), (5,)), ((1,), (4,)), (None, (3,))]
-    found = param_spread.check(params_record(same, same[:2] + [(None, (3.5,))]))
+    # each rank's own gradient, and the mean of both applied: one synchronisation
+    mine = [((1, 3), (2, 2), (5,)), ((1, 3), (2, 2), (4,)), (None, None, (3,))]
+    theirs = [((3, 1), (2, 2), (5,)), ((3, 1), (2, 2), (4,))]
+    found = param_spread.check(params_record(mine, theirs + [(None, None, (3.5,))]))
     assert found[0].measured["first_divergent_step"] == 3
     assert found[0].measured["ranks_differing_from_rank_0"] == [1]
-    # ranks that applied different gradients at the last sampled step are no replicas
-    other = [((1,), (5,)), ((2,), (4,)), (None, (7,))]
-    assert param_spread.check(params_record(same, other)) == []
+    # ranks that apply their own gradients, never a multiple of the mean, are no replicas
+    own = [((3, 1), (3, 1), (5,)), ((3, 1), (3, 1), (4,)), (None, None, (7,))]
+    assert param_spread.check(params_record(mine, own)) == []
     # nor is a gradient step on one rank compared with a parameters-only one on another
-    assert param_spread.check(params_record(same, same[:2] + [((1,), (3.5,))])) == []
+    assert param_spread.check(params_record(mine, theirs + [((3, 1), (2, 2), (3.5,))])) == []

@@ -45,6 +45,10 @@ CORPUS = [
     ("fsdp_checkpoint_every_rank.py", (), 2),  # fsdp_checkpoint_on_rank0.py, done right
     ("batchnorm_buffers.py", (), 2),  # batchnorm_buffers_not_broadcast.py, done right
     ("two_groups_mesh.py", (), 4),
+    # resume_optimizer_on_rank0.py, clip_on_rank0.py, scheduler_on_rank_0.py, done right
+    ("resume_clip_schedule.py", (), 2),
+    ("hand_averaged_clip.py", (), 3),  # lr_from_local_batch.py's hand-written sync, right
+    ("independent_models_own_lr.py", (), 4),  # no replicas: each rank its own settings
 ]
 
 

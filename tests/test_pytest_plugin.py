@@ -50,6 +50,11 @@ EXPECTED = {
     "test_summed_gradients": "failed",
     "test_seeded_by_rank": "failed",
     "test_unused_parameters": "failed",
+    "test_clipped_on_rank_zero": "failed",
+    "test_scheduled_on_rank_zero": "failed",
+    "test_momentum_resumed_on_rank_zero": "failed",
+    "test_synced_on_the_first_micro_batch": "failed",
+    "test_batch_norm_kept_per_rank": "failed",
 }
 
 
@@ -177,6 +182,32 @@ def test_training_that_parts_from_one_process_is_given_its_cause(user_run):
     unused = user_run["test_unused_parameters"][1]
     assert "cause: unused-parameters" in unused and "b.weight, b.bias" in unused
     assert line_of("cases_user.py", "step") in unused
+
+
+@pytest.mark.parametrize("test, parts, cause, marker", [
+    ("test_clipped_on_rank_zero", "rank 1 of 2 parts from one process after step 1",
+     "cause: rank-dependent-update (rank 0)", "clipped"),
+    ("test_scheduled_on_rank_zero", "rank 1 of 2 parts from one process after step 2",
+     "cause: rank-dependent-update (rank 0)", "scheduled"),
+    ("test_momentum_resumed_on_rank_zero", "rank 1 of 2 parts from one process after step 1",
+     "cause: rank-dependent-update (rank 0)", "loaded"),
+    ("test_synced_on_the_first_micro_batch", "ranks 0, 1 of 2 part from one process after "
+     "step 1", "cause: unsynced-microbatches (ranks 0, 1)", "micro"),
+    # BatchNorm parts every rank from one process (each normalises its own half); the
+    # replicas' running statistics parting from each other is the bug named
+    ("test_batch_norm_kept_per_rank", "ranks 0, 1 of 2 part from one process after step 1",
+     "cause: divergent-buffers (rank 1)", "step"),
+])
+def test_replicas_that_part_silently_are_given_the_update_that_parted_them(user_run, test,
+                                                                          parts, cause,
+                                                                          marker):
+    """Same gradient, different update (clipped, scheduled or resumed on one rank), or a
+    gradient left unsynchronised: each parts from one process (the one process is rank 0,
+    which clips, schedules and resumes too: rank 1 is the one that parts from it), and the
+    detectors' cause names the rank that did it and its line."""
+    text = user_run[test][1]
+    assert parts in text and cause in text, text
+    assert line_of("cases_user.py", marker) in text
 
 
 def test_the_same_file_under_xdist_ends_the_same(tmp_path):

@@ -27,6 +27,7 @@ from distdoctor.models.evidence import (
                                      Incomplete,
                                      MemoryEvidence,
                                      NonFiniteEvidence,
+                                     OptimizerEvidence,
                                      PipeStepEvidence,
                                      StageCost,
                                      StageEvent,
@@ -69,7 +70,7 @@ from distdoctor.models.verdict import (
 
 __all__ = [
     "AuxSkip", "Assessment", "CauseKind", "BackwardEvidence", "BatchEvidence",
-    "BufferEvidence", "Call", "DDPForward",
+    "BufferEvidence", "OptimizerEvidence", "Call", "DDPForward",
     "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic",
     "Incomplete", "Knobs", "MemoryEvidence",

@@ -32,6 +32,7 @@ class Ev:
     PASS_END = "pass_end"
     NONFINITE = "nonfinite"  # the first NaN/Inf a rank saw, in its loss or gradients
     BUFFERS = "buffers"  # a DDP model's buffers as a training forward begins, sampled
+    OPTIMIZER = "optimizer"  # an optimiser's settings when they change, its state sampled
     TP_TENSOR = "tp_tensor"  # a tensor a tensor-parallel group must hold alike or apart
     # a user's rank: its start, its end, a stall (no call for a while)
     START = "start"

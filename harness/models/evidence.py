@@ -106,6 +106,25 @@ class BufferEvidence:
 
 
 @dataclass(frozen=True)
+class OptimizerEvidence:
+    """One optimiser's settings in effect at step ``step``, written when they changed and
+    on each sampled step, with (on sampled steps) its state and parameters sampled."""
+
+    step: int  # 1-based count of the optimiser steps the rank took (any optimiser)
+    optimizer: int  # which optimiser: numbered in the order the rank first stepped them
+    params: int  # how many parameters it steps, and their elements: the same optimiser
+    numel: int  # on every rank has the same
+    settings: tuple[tuple[tuple[str, float], ...], ...]  # per parameter group, sorted
+    state: tuple[tuple[str, tuple[float, ...]], ...] = ()  # per state entry, its samples
+    sampled_params: tuple[float, ...] = ()  # the parameters at the same positions
+    where: str = ""  # the line of optimizer.step()
+    scheduled: str = ""  # the line of the last scheduler.step() before this step
+    clipped: str = ""  # the line that clipped this step's gradients, if any did
+    loaded: str = ""  # the line of this optimiser's last load_state_dict, if any
+    built: str = ""  # the line that built this optimiser
+
+
+@dataclass(frozen=True)
 class DDPForward:
     """One forward of a DistributedDataParallel model in a user's script: whether its
     backward will all-reduce the gradients (off inside ``no_sync()``), and how many
@@ -317,6 +336,7 @@ class Evidence:
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
     buffers: tuple[BufferEvidence, ...] = ()  # a user's DDP model's buffers, sampled
+    optimizer: tuple[OptimizerEvidence, ...] = ()  # a user's optimisers' settings and state
     nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf
     group_tensors: tuple[GroupTensor, ...] = ()  # tensors a tensor-parallel group must
     # hold alike (or apart), per step

@@ -21,7 +21,8 @@ Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-r
 # finding (Finding.kind), and the report orders and words them (userjob/report.py)
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "busy-rank", "hang-unknown", "tp-partial-sums",
-                    "tp-replica-drift", "unsynced-microbatches", "divergent-parameters",
+                    "tp-replica-drift", "unsynced-microbatches", "rank-dependent-update",
+                    "divergent-parameters",
                     "divergent-buffers",
                     "gradient-not-averaged", "sync-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite"]

@@ -106,6 +106,12 @@ def _parting(reference: dict, mine: dict, atol: float, rtol: float) -> str | Non
     return None
 
 
+def _batch_norm(record) -> bool:
+    """Did the ranks' DDP model sample BatchNorm running statistics (trace/buffers.py)?"""
+    return any(name.endswith("running_mean") for rank in record.ranks
+               for sample in rank.evidence.buffers for name in sample.names)
+
+
 def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
     from distdoctor.models.calls import ranks_phrase
     from distdoctor.testing.verdict import RankFailure, relative_paths
@@ -116,15 +122,21 @@ def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float)
     lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "
              f"from one process {when}:"]
     lines += [f"  rank {rank}: {detail}" for rank, detail in sorted(parted.items())]
-    report = explain(script_record(result.ends, result.traces, result.wall_s,
-                                    result.started, deadline), "the training")
+    record = script_record(result.ends, result.traces, result.wall_s, result.started,
+                           deadline)
+    report = explain(record, "the training")
     for cause in report.findings:
         lines += [f"cause: {cause.kind} ({ranks_phrase(cause.ranks)}): {cause.summary}",
                   f"  fix: {cause.fix}"]
     places = look_at(report)
     if places:
         lines.append("  look at: " + ", ".join(places))
-    if not report.findings:
+    if not report.findings and _batch_norm(record):
+        lines.append("no detector named a cause, and the model has BatchNorm layers: each "
+                     "rank normalises its own share of the batch, one process all of it, "
+                     "so the two part by design (SyncBatchNorm normalises over the ranks); "
+                     "compare a model without them, or with a tolerance")
+    elif not report.findings:
         lines.append("no detector named a cause: compare the step's gradient averaging, "
                      "initial parameters and data split by hand")
     kind = report.findings[0].kind if report.findings else "differs"

@@ -10,6 +10,7 @@ from distdoctor.trace.batches import fold_batches
 from distdoctor.trace.buffers import fold_buffers
 from distdoctor.trace.gradients import fold_gradients
 from distdoctor.trace.nonfinite import fold_nonfinite
+from distdoctor.trace.optimizer import fold_optimizer
 from distdoctor.trace.tensorparallel import fold_group_tensors
 from distdoctor.trace.tracer import fold, fold_ddp_forwards
 
@@ -32,6 +33,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
     fields["buffers"] = list(fold_buffers(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
+    fields["optimizer"] = list(fold_optimizer(trace))
     fields["group_tensors"] = list(fold_group_tensors(trace))
     fields["incomplete"] = list(fold_incomplete(trace))
     ddp = [event for event in trace if event.get("ev") == Ev.DDP]

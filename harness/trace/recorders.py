@@ -5,17 +5,19 @@ from __future__ import annotations
 
 
 def install_recorders(tracer) -> None:
-    """Batches, gradients, DDP's buffers, non-finite values, a tensor-parallel model's
-    shared tensors:
-    hooks that stay for the life of the process."""
+    """Batches, gradients, DDP's buffers, non-finite values, optimisers' settings and
+    state, a tensor-parallel model's shared tensors: hooks that stay for the life of the
+    process."""
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.buffers import record_buffers
     from distdoctor.trace.gradients import record_gradients
     from distdoctor.trace.nonfinite import record_nonfinite
+    from distdoctor.trace.optimizer import record_optimizer
     from distdoctor.trace.tensorparallel import record_tensor_parallel
 
     record_batches(tracer)
     record_buffers(tracer)
     record_gradients(tracer)
     record_nonfinite(tracer)
+    record_optimizer(tracer)
     record_tensor_parallel(tracer)

@@ -66,6 +66,8 @@ class Tracer:
         self.incomplete_said: set[str] = set()  # evidence already reported as cut short
         self.on_ddp: list[Callable[[Any], None]] = []  # called with each DDP once built
         self.forwarding: Any = None  # the DDP whose training forward is running, if any
+        self.jobs = 0  # jobs run on this tracer before the current one (a pool's reset)
+        self.optimizer_hook: Any = None  # (handle, hook) of trace/optimizer.py's pre-step hook
 
     def install(self) -> Tracer:
         global _active
@@ -87,9 +89,11 @@ class Tracer:
             self._seq = {}
             self.optimizer_steps = 0  # a pool's next job numbers its optimiser steps anew
             self.incomplete_said = set()
+            self.jobs += 1
             hooks = getattr(self, "_step_hooks", None)
             if hooks is not None:
                 hooks._decided = -1
+                hooks.hook_all(True)  # step 1 is sampled
 
     def record_ddp_parameters(self) -> None:
         """Make every DistributedDataParallel write down its parameters' names, in the

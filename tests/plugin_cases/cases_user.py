@@ -3,6 +3,7 @@ fixtures, distdoctor.testing). tests/test_pytest_plugin.py runs this file in a p
 own and checks every test's outcome and failure text; the line numbers it expects are
 found by the LINE markers below."""
 
+import contextlib
 import os
 import signal
 
@@ -239,3 +240,79 @@ def test_seeded_by_rank():
 
 def test_unused_parameters():
     assert_trains_like_one_process(build_branchy, step, BATCHES, world_size=2)
+
+
+# -- replicas that part silently: the update, or the state, differs by rank ------------
+
+def build_momentum_resumed_on_rank_zero():
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    if dist.get_rank() == 0:  # a checkpoint's momentum, loaded on rank 0 alone
+        saved = optimizer.state_dict()
+        saved["state"] = {i: {"momentum_buffer": torch.full_like(p, 0.5)}
+                          for i, p in enumerate(net.parameters())}
+        optimizer.load_state_dict(saved)  # LINE loaded
+    return DDP(net), optimizer
+
+
+def build_scheduled():
+    model, optimizer = build_ddp()
+    optimizer.schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    return model, optimizer
+
+
+def step_clipping_on_rank_zero(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y * 10).backward()
+    if dist.get_rank() == 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)  # LINE clipped
+    optimizer.step()
+
+
+def step_scheduling_on_rank_zero(model, optimizer, batch):
+    step(model, optimizer, batch)
+    if dist.get_rank() == 0:
+        optimizer.schedule.step()  # LINE scheduled
+
+
+def step_syncing_the_first_micro_batch(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad()
+    for micro in range(2):  # the sync belongs to the last micro-batch, not the first
+        half = slice(micro * len(x) // 2, (micro + 1) * len(x) // 2)
+        with model.no_sync() if micro > 0 else contextlib.nullcontext():
+            nn.functional.mse_loss(model(x[half]), y[half]).div(2).backward()  # LINE micro
+    optimizer.step()
+
+
+def test_clipped_on_rank_zero():
+    assert_trains_like_one_process(build_ddp, step_clipping_on_rank_zero, BATCHES, world_size=2)
+
+
+def test_scheduled_on_rank_zero():
+    assert_trains_like_one_process(build_scheduled, step_scheduling_on_rank_zero, BATCHES,
+                                   world_size=2)
+
+
+def test_momentum_resumed_on_rank_zero():
+    assert_trains_like_one_process(build_momentum_resumed_on_rank_zero, step, BATCHES,
+                                   world_size=2)
+
+
+def test_synced_on_the_first_micro_batch():
+    assert_trains_like_one_process(build_ddp, step_syncing_the_first_micro_batch, BATCHES,
+                                   world_size=2)
+
+
+def build_batch_norm_kept_per_rank():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    model = DDP(net, broadcast_buffers=False)  # LINE buffers
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_batch_norm_kept_per_rank():
+    assert_trains_like_one_process(build_batch_norm_kept_per_rank, step, BATCHES,
+                                   world_size=2)
