@@ -134,10 +134,6 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
      {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters", [1, 2], "# STEP",
      {"first_divergent_step": 1, "ranks_differing_from_rank_0": [1, 2]}),
-    # rank 0 halves its learning rate after step 9: the update of step 10 differs, and the
-    # parameters before step 11 (one whose gradients are not sampled) with it
-    ("scheduler_on_rank_0.py", 2, "divergent-parameters", [1], "# STEP",
-     {"first_divergent_step": 11, "ranks_differing_from_rank_0": [1]}),
     # 161 float32 parameters: 644 bytes a sync, 4 syncs where 1 would do
     ("accumulate_without_no_sync.py", 2, "sync-every-microbatch", [0, 1], "# FORWARD",
      {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,
@@ -193,6 +189,53 @@ def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(
     assert parted["first_divergent_step"] == 2 and parted["ranks_differing_from_rank_0"] == [1]
     healthy, _ = run_example(distdoctor, tmp_path, "accumulate_with_no_sync.py", 2)
     assert healthy.returncode == 0, healthy.stdout
+
+
+# the update that parts the replicas, from the ranks' own evidence: a setting, a factor
+# on the synchronised gradient, or the optimiser's state; then the parameters part
+@pytest.mark.parametrize("example, ranks, culprits, marker, measured, parted_at", [
+    # rank 0 halves its learning rate after step 9: step 10's update differs, and the
+    # parameters before step 11 with it, seen before step 12 (between the sampled steps,
+    # the largest parameters are watched at every 4th)
+    ("scheduler_on_rank_0.py", 2, [0], "# BUG",
+     {"first_step": 10, "setting": "learning rate", "values": {"0": 0.025, "1": 0.05}}, 12),
+    ("scheduler_on_rank_0.py", 4, [0], "# BUG",
+     {"first_step": 10, "values": {"0": 0.025, "1": 0.05, "2": 0.05, "3": 0.05}}, 12),
+    ("clip_on_rank0.py", 2, [0], "# BUG", {"first_step": 1}, 2),
+    ("resume_optimizer_on_rank0.py", 2, [0], "# BUG",
+     {"first_step": 1, "state": ["momentum_buffer"]}, 2),
+    ("resume_optimizer_on_rank0.py", 4, [0], "# BUG", {"first_step": 1}, 2),
+    # 100 samples over 3 ranks: 34 on rank 0, 33 on the others, each's own learning rate
+    ("lr_from_local_batch.py", 3, [0], "# BUG",
+     {"first_step": 1, "values": {"0": 0.01 * 34 / 32, "1": 0.01 * 33 / 32,
+                                  "2": 0.01 * 33 / 32}}, 2),
+])
+def test_replicas_that_update_apart_are_given_the_update_and_its_line(
+        distdoctor, tmp_path, example, ranks, culprits, marker, measured, parted_at):
+    done, report = run_example(distdoctor, tmp_path, example, ranks)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert [c["kind"] for c in report["findings"]] == ["rank-dependent-update",
+                                                       "divergent-parameters"]
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("rank-dependent-update", culprits)
+    assert cause["where"] == line_of(example, marker)
+    for key, value in measured.items():  # numbers to float precision, the rest exactly
+        assert cause["measured"][key] == (pytest.approx(value) if isinstance(value, dict)
+                                          else value), key
+    assert report["findings"][1]["measured"]["first_divergent_step"] == parted_at
+    assert f"look at: {line_of(example, marker)}" in done.stdout
+
+
+def test_a_gradient_clipped_on_one_rank_is_measured_as_the_factor_it_applied(distdoctor,
+                                                                            tmp_path):
+    """clip_on_rank0.py: rank 0 applies the averaged gradient times max_norm / its norm,
+    rank 1 applies it whole; the factor is read from the gradients sampled, and the
+    reference is the norm rank 0 printed (clip_grad_norm_ returns it)."""
+    done, report = run_example(distdoctor, tmp_path, "clip_on_rank0.py", 2)
+    norm = float(done.stdout.split("step 0: loss ")[1].split("gradient norm ")[1].split()[0])
+    factors = report["cause"]["measured"]["factors"]
+    assert factors["1"] == 1.0
+    assert factors["0"] == pytest.approx(1.0 / norm, rel=2e-3)  # norm printed to 3 places
 
 
 def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
@@ -578,3 +621,34 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
     _, report = run_example(distdoctor, tmp_path, "tp_sequence_parallel_head.py", 2)
     assert report["cause"]["measured"]["spread_per_step"]["1"] == pytest.approx(expected,
                                                                                 abs=1e-6)
+
+
+# The cases of the invariants issue, each under a real torchrun (the in-rank bootstrap
+# writes the traces, nobody watches) and then ``analyze``: the same cause and ranks as
+# ``distdoctor run`` gives. A hang is stopped as a user would, once every rank wrote its
+# stall stacks at its 2 s deadline (a rank busy holding the GIL cannot: the node's
+# watching rank asks it by SIGUSR1; DDP's and FSDP's own collectives are read from the
+# Flight Recorder history each stalled rank writes beside its trace). At 4 ranks on 2
+# cores rank 0's first full_tensor() imports torch._dynamo for seconds: 2 s of quiet
+# there is not yet the hang.
+@pytest.mark.parametrize("example, ranks, hangs, kind, culprits", [
+    ("accumulate_sync_on_first.py", 2, False, "unsynced-microbatches", [0, 1]),
+    ("batchnorm_buffers_not_broadcast.py", 2, False, "divergent-buffers", [1]),
+    ("scheduler_on_rank_0.py", 2, False, "rank-dependent-update", [0]),
+    ("clip_on_rank0.py", 2, False, "rank-dependent-update", [0]),
+    ("resume_optimizer_on_rank0.py", 2, False, "rank-dependent-update", [0]),
+    ("lr_from_local_batch.py", 3, False, "rank-dependent-update", [0]),
+    ("fsdp_gather_on_rank0_aborts.py", 2, False, "collective-mismatch", [0]),
+    ("eval_on_rank0_through_ddp.py", 2, True, "collective-mismatch", [0]),
+    ("fsdp_checkpoint_on_rank0.py", 4, True, "collective-mismatch", [0]),
+    ("rank_busy_validation.py", 2, True, "busy-rank", [1]),
+])
+def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
+        distdoctor, tmp_path, example, ranks, hangs, kind, culprits):
+    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs,
+              deadline=15.0 if ranks == 4 else 2.0)
+    done = distdoctor("analyze", str(tmp_path / "traces"), "--report",
+                      str(tmp_path / "r.json"))
+    cause = json.loads((tmp_path / "r.json").read_text())["cause"]
+    assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == (kind, culprits), \
+        done.stdout

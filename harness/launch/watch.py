@@ -310,11 +310,9 @@ class JobWatch:
 
 def _recorded(history: dict | None) -> tuple[Recorded, ...]:
     """A rank's Flight Recorder history (flight.history) as Recorded collectives."""
-    found = []
-    for pg, entries in (history or {}).items():
-        for seq, op, sizes, dtype, where in entries:
-            found.append(Recorded(pg, seq, op, tuple(tuple(s) for s in sizes), dtype, where))
-    return tuple(found)
+    from distdoctor.trace.flight import recorded
+
+    return recorded(history)
 
 
 class _Lines:

@@ -175,6 +175,21 @@ def is_size_mismatch(end: RankEnd) -> bool:
     return end.status in ("raised", "died") and SIZE_MISMATCH in (end.error or "") + end.stderr
 
 
+def aborted_in_collective(end: RankEnd) -> str | None:
+    """The collective a rank was aborted in (SIGABRT, its stacks dumped by faulthandler, as
+    the torchrun path leaves them), by its main thread's innermost frame of
+    torch.distributed's collectives; None if it was not. Under gloo a rank is aborted in a
+    collective when the sizes its peers sent do not match its own (their message goes to
+    the launcher's stderr, which the traces do not hold)."""
+    if end.status != "died" or end.exitcode != -6:
+        return None
+    main = next((t for t in end.stacks if t.main), None)
+    for frame in reversed(main.frames if main else ()):
+        if frame.file.endswith(("distributed_c10d.py", "_functional_collectives.py")):
+            return frame.function
+    return None
+
+
 def is_peer_echo(end: RankEnd) -> bool:
     """Did this rank only fail because a peer went away?"""
     return end.status == "raised" and any(m in end.headline for m in _PEER_FAILURE_MESSAGES)

@@ -114,3 +114,22 @@ def _user_line(frames) -> str:
                 Frame(str(frame.get("filename", "")), int(frame.get("line", 0) or 0), "")):
             return f"{frame.get('filename')}:{frame.get('line')}"
     return ""
+
+
+def recorded(history: dict | None) -> tuple:
+    """A rank's history (``history()``, or as read back from JSON, where the default
+    group's key is "") as Recorded collectives; entries that are not of its shape are
+    skipped (a file from elsewhere is data, never trusted)."""
+    from distdoctor.models.record import Recorded
+
+    found = []
+    for pg, entries in (history or {}).items():
+        for entry in entries if isinstance(entries, list) else ():
+            try:
+                seq, op, sizes, dtype, where = entry
+                found.append(Recorded(pg or None, int(seq), str(op),
+                                      tuple(tuple(int(n) for n in s) for s in sizes),
+                                      str(dtype), str(where)))
+            except (TypeError, ValueError):
+                continue
+    return tuple(found)

@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
+import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import threading
 import time
@@ -111,13 +113,18 @@ def _run_into_directory(options: argparse.Namespace) -> None:
         _exit(_exit_code(_run_script(options.script, options.args)))
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # a fatal signal (gloo aborting a rank whose collective's size its peers did not
+    # share, a segfault) leaves the rank's Python stacks beside its trace: the launcher
+    # keeps its stderr, where the backend's message went
+    faulthandler.enable(stack_file, all_threads=True)
     tracer = _install(trace, options.light)
     _patch_os_exit(tracer)
     # the watch first, so its thread is named in the start line (it reads the traces only
     # once its rank has been quiet, after the start line is out)
     _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang,
                       options.trace_dir, _run_id())
-    tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank),
+    tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank), pid=os.getpid(),
+                 host=socket.gethostname(),
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
     code = _exit_code(error)
@@ -256,12 +263,28 @@ def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                          **({"proof": proven} if proven is not None else {}))
             faulthandler.dump_traceback(stack_file, all_threads=True)
             stack_file.flush()
+            _write_history(directory)
             _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
+            if watching is not None:  # a peer whose own watch could not run by now
+                time.sleep(dirwatch.POKE_AFTER_S)  # (busy holding the GIL) is asked
+                watching.poke_silent(os.getpid())
             if exit_on_hang:
                 _exit(HANG_EXIT)
             return
 
     threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
+
+
+def _write_history(directory: str) -> None:
+    """The collectives this rank's Flight Recorder holds, torch's own included (DDP's,
+    FSDP's), beside its trace: where the sequences parted, for ``analyze``."""
+    from distdoctor.trace.flight import history
+
+    found = history()
+    if found:
+        path = os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}.flight.json")
+        with open(path, "w") as out:
+            json.dump({name or "": entries for name, entries in found.items()}, out)
 
 
 def _say_stalled(deadline: float, stack_path: str, exiting: bool,

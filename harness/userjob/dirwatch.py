@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 from pathlib import Path
 
 from distdoctor.models.events import Ev
@@ -29,6 +31,10 @@ from distdoctor.models.waitfor import Confirmation, Deadlock, WaitFor
 PROOF_FILE = "deadlock.json"
 QUIET_S = 0.2  # the watching rank's own silence before it reads the others' traces
 POLL_S = 0.1  # how often each rank's stall watch looks for a proof
+# after the watching rank stalled, how long its peers' own watches have to say so before
+# it asks for their stacks (a watch polls every POLL_S; one that cannot run in a second,
+# its rank busy holding the GIL, will not)
+POKE_AFTER_S = 1.0
 
 
 class TraceDirectory:
@@ -66,6 +72,32 @@ class TraceDirectory:
                 self.waitfor.feed(rank, chunk)
                 self.offsets[rank] = offset + len(chunk)
         return True
+
+    def poke_silent(self, own: int) -> list[int]:
+        """Ask every rank of this run on this machine that has neither stalled nor ended
+        for its stacks (SIGUSR1: faulthandler writes them from its C handler, so a rank
+        whose own watch cannot run, busy in code that holds the GIL, answers too). The
+        ranks poked, by pid. Called once, by the node's watching rank as it stalls."""
+        host, poked = socket.gethostname(), []
+        for rank in self.offsets:
+            try:
+                with open(self.directory / f"rank-{rank}.jsonl", "rb") as trace:
+                    text = trace.read()
+            except OSError:
+                continue
+            first = text.partition(b"\n")[0]
+            if not self._ours(first) or b'"ev":"stalled"' in text or b'"ev":"exit"' in text:
+                continue
+            start = json.loads(first)
+            pid = start.get("pid")
+            if start.get("host") != host or not isinstance(pid, int) or pid == own:
+                continue
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                poked.append(pid)
+            except OSError:
+                pass  # gone already
+        return poked
 
     def _ours(self, first: bytes) -> bool:
         """Is this the start line of this run's trace?"""

@@ -8,14 +8,16 @@ own exception outranks the "Connection reset by peer" its peers raised after it.
 that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
 tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
 a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
-ran inside no_sync(): the replicas apply different gradients), divergent-parameters (the
-replicas are different models), divergent-buffers (their running statistics differ),
-gradient-not-averaged (every step is N times too large), duplicate-samples (the ranks
-train on the same data), then repeated-epoch-order (each epoch replays the last), and last
-sync-every-microbatch (it costs time, not correctness). Each cause is chosen by the
-``kind`` its finding carries (set by the check), never by the numbers inside it. Every
-cause found is listed in ``findings``; ``cause`` is the first; evidence the ranks could not
-record is listed in ``incomplete``. Written as JSON, the report has the schema
+ran inside no_sync(): the replicas apply different gradients), rank-dependent-update (a
+learning rate, clipping or optimiser state that differs by rank turns the same gradient
+into different updates), divergent-parameters (the replicas are different models),
+divergent-buffers (their running statistics differ), gradient-not-averaged (every step is
+N times too large), duplicate-samples (the ranks train on the same data), then
+repeated-epoch-order (each epoch replays the last), and last sync-every-microbatch (it
+costs time, not correctness). Each cause is chosen by the ``kind`` its finding carries
+(set by the check), never by the numbers inside it. Every cause found is listed in
+``findings``; ``cause`` is the first; evidence the ranks could not record is listed in
+``incomplete``. Written as JSON, the report has the schema
 ``distdoctor.run.v4`` (v3 had no ``also_at``; v2 no ``incomplete``; v1 had ``cause`` alone,
 without ``where``).
 """
@@ -33,6 +35,7 @@ from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import (
     SIZE_MISMATCH,
     Frame,
+    aborted_in_collective,
     is_peer_echo,
     is_size_mismatch,
     is_user_frame,
@@ -124,7 +127,7 @@ def incomplete(record: RunRecord) -> list[str]:
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
     "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
-    "divergent-parameters", "divergent-buffers",
+    "rank-dependent-update", "divergent-parameters", "divergent-buffers",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
     "sync-every-microbatch")
 
@@ -164,6 +167,19 @@ def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
                 "gather a sharded checkpoint on one rank) must run on every rank",
                 # its whole faulthandler dump is on its stderr; the error keeps 60 lines
                 raising_line(first.stderr) or raising_line(first.error))
+        aborted = aborted_in_collective(first)
+        if aborted is not None:  # the same, with the backend's message on another stream
+            return Cause(
+                "collective-mismatch", [first.rank],
+                f"rank {first.rank} was aborted (SIGABRT) inside {aborted}, a collective "
+                f"torch.distributed made for it: gloo aborts a rank so when the sizes its "
+                f"peers sent did not match ({SIZE_MISMATCH}, on the launcher's stderr): the "
+                f"ranks made different collectives, or the same with other sizes, at one "
+                f"point of their group",
+                "make every rank make the same collectives with the same sizes at the lines "
+                "to look at; a collective on some ranks only (a metric, or full_tensor() to "
+                "gather a sharded checkpoint on one rank) must run on every rank",
+                raising_line(first.stderr))
         return Cause("rank-crashed", [first.rank],
                      f"rank {first.rank} {first.status} first: {first.headline}",
                      "fix the error in rank "

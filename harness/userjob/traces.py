@@ -10,6 +10,7 @@ never mixed: the caller names the run, or is told which runs there are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from distdoctor.models.record import is_peer_echo
 from distdoctor.models.waitfor import PROVEN
 
 NO_TRACE = "no trace: its node may have died before it wrote"
+FATAL = "Fatal Python error:"  # faulthandler's first line for a fatal signal
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
           "(SIGKILL, the OOM killer) or its node died")
 
@@ -135,6 +137,16 @@ def load(directories: list[str], run: str | None = None) -> Job:
             # a hung rank notes its stall and, stopped, dumps its stacks: this one went
             # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
             ends.append(RankEnd(rank, "died", at=0.0, error=KILLED))
+        elif exit_event is None and FATAL in raw and not stalled:
+            # faulthandler's dump of a fatal signal: "Fatal Python error: Aborted"
+            fatal = next(line for line in raw.splitlines() if FATAL in line)
+            ends.append(RankEnd(rank, "died", at=0.0,
+                                error=f"{fatal.strip()} (its Python stacks in "
+                                      f"{stack_file.name}; the message before it went to "
+                                      f"the launcher's stderr)",
+                                exitcode=-6 if "Aborted" in fatal else None, stderr=raw,
+                                stacks=parse_faulthandler(raw, _thread_names(trace.events)),
+                                raw_stack=raw))
         elif exit_event is None:
             proof = next((e.get("proof") for e in trace.events
                           if e.get("ev") == Ev.STALLED and isinstance(e.get("proof"), str)),
@@ -142,7 +154,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
             ends.append(RankEnd(rank, "hung", error=f"{PROVEN}: {proof}" if proof else
                                 "its trace stops without an exit",
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
-                                raw_stack=raw or None))
+                                raw_stack=raw or None,
+                                recorded=_flight(trace.path.with_suffix(".flight.json"))))
         elif exit_event.get("status") == "raised":
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
@@ -154,11 +167,32 @@ def load(directories: list[str], run: str | None = None) -> Job:
         else:
             ends.append(RankEnd(rank, "finished"))
         events.append(trace.events)
+    # a hung rank stopped when it dumped its stacks: at its own stall, or, poked by a
+    # peer's watch (its own could not run), at the latest stall (the machine's clock,
+    # as the calls' times; analyze's job starts at 0)
+    stalls: list[float] = [e["t"] for trace in traces for e in trace.events
+                           if e.get("ev") == Ev.STALLED and isinstance(e.get("t"), (int, float))]
+    for rank, end in enumerate(ends):
+        if end.status == "hung" and stalls:
+            own = [e["t"] for e in events[rank] if e.get("ev") == Ev.STALLED
+                   and isinstance(e.get("t"), (int, float))]
+            ends[rank] = dataclasses.replace(end, at=(own or [max(stalls)])[0])
     if any(end.status == "hung" for end in ends):
         for rank, end in enumerate(ends):
             if is_peer_echo(end):
                 ends[rank], events[rank] = _still_waiting(end, events[rank])
     return Job(tuple(ends), tuple(events), tuple(notes))
+
+
+def _flight(path: Path) -> tuple:
+    """The Flight Recorder history a stalled rank wrote beside its trace (bootstrap.py),
+    as Recorded collectives; none when it wrote none or it cannot be read."""
+    from distdoctor.trace.flight import recorded
+
+    try:
+        return recorded(json.loads(path.read_text()))
+    except (OSError, ValueError, AttributeError):
+        return ()
 
 
 def _still_waiting(end: RankEnd, events: tuple[dict, ...]) -> tuple[RankEnd, tuple[dict, ...]]:
