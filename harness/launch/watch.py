@@ -21,8 +21,9 @@ from typing import Any, Callable, cast
 
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
-from distdoctor.models import InFlight, RankEnd, RankStatus, Recorded
+from distdoctor.models import InFlight, RankEnd, RankStatus
 from distdoctor.models.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
+from distdoctor.trace.flight import recorded
 
 # torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
 # not yet place: at once while a proof is being confirmed, else after this long with no
@@ -300,19 +301,12 @@ class JobWatch:
                                                  error=why,
                                                  stacks=threads, raw_stack=raw,
                                                  in_flight=untraced[handle.rank],
-                                                 recorded=_recorded(histories.get(index)))
+                                                 recorded=recorded(histories.get(index)))
         procs.signal_kill([handle.process for handle in running])  # the owner reaps them
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:
             del self.streams[fd]  # what they wrote while dying is not evidence
             self.resting.pop(fd, None)
-
-
-def _recorded(history: dict | None) -> tuple[Recorded, ...]:
-    """A rank's Flight Recorder history (flight.history) as Recorded collectives."""
-    from distdoctor.trace.flight import recorded
-
-    return recorded(history)
 
 
 class _Lines:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from distdoctor.models.plaindata import loads_plain
-from distdoctor.models.record import Frame, is_user_frame
+from distdoctor.models.record import Frame, Recorded, is_user_frame
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Bool": "bool", "Byte": "uint8", "Char": "int8"}
@@ -116,12 +116,10 @@ def _user_line(frames) -> str:
     return ""
 
 
-def recorded(history: dict | None) -> tuple:
+def recorded(history: dict | None) -> tuple[Recorded, ...]:
     """A rank's history (``history()``, or as read back from JSON, where the default
     group's key is "") as Recorded collectives; entries that are not of its shape are
     skipped (a file from elsewhere is data, never trusted)."""
-    from distdoctor.models.record import Recorded
-
     found = []
     for pg, entries in (history or {}).items():
         for entry in entries if isinstance(entries, list) else ():
