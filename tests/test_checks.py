@@ -128,7 +128,7 @@ def test_a_pass_that_repeats_the_last_one_is_replayed_on_every_rank():
 
 
 def test_a_pass_trains_when_an_optimiser_stepped_during_it():
-    from distdoctor.trace.batches import fold_batches
+    from distdoctor.trace.folds import fold_batches
 
     def batch(epoch, steps, loader=0):
         return {"ev": "batch", "loader": loader, "epoch": epoch, "ids": [epoch], "steps": steps,

@@ -90,7 +90,8 @@ _SCHEDULE = r"""
 import json, tempfile
 import torch
 from distdoctor.trace.gradients import record_gradients
-from distdoctor.trace.nonfinite import fold_nonfinite, record_nonfinite
+from distdoctor.trace.folds import fold_nonfinite
+from distdoctor.trace.nonfinite import record_nonfinite
 from distdoctor.trace.steps import SMALL
 from distdoctor.trace.tracer import Tracer
 

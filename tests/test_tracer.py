@@ -11,7 +11,7 @@ from distdoctor import checks
 from distdoctor.checks import collective_mismatch, hang
 from distdoctor.models import RankRecord, RunRecord, RunSpec
 from distdoctor.trace.evidence import evidence_from_events
-from distdoctor.trace.tracer import fold
+from distdoctor.trace.folds import fold
 
 JOBS = jobs.__file__
 

@@ -9,9 +9,8 @@ class, so a user's loader is seen without any change to the script.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
-from distdoctor.models import BatchEvidence
 from distdoctor.models.events import Ev
 from distdoctor.trace.tracer import incomplete, user_line
 
@@ -61,23 +60,3 @@ def record_batches(tracer: Any) -> None:
 
     setattr(BatchSampler, "__iter__", batches)  # noqa: B010 (a patch)
 
-
-def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
-    """Each loader batch the rank drew; a pass ``trains`` when an optimiser stepped between
-    its first batch and its end (or the loader's next pass)."""
-    events = list(events)
-    drawn = [e for e in events if e.get("ev") == Ev.BATCH]
-    ends = {(e["loader"], e["epoch"]): e["steps"] for e in events if e.get("ev") == Ev.PASS_END}
-    first: dict[tuple[int, int], int] = {}
-    last: dict[tuple[int, int], int] = {}
-    for e in drawn:
-        first.setdefault((e["loader"], e["epoch"]), e["steps"])
-        last[e["loader"], e["epoch"]] = e["steps"]
-    trains = {}
-    for (loader, epoch), began in first.items():
-        later = ends.get((loader, epoch), first.get((loader, epoch + 1), began))
-        trains[loader, epoch] = max(later, last[loader, epoch]) > began
-    return tuple(BatchEvidence(
-        loader=e["loader"], epoch=e["epoch"], sample_ids=tuple(e["ids"]), sampler=e["sampler"],
-        sampler_epoch=e.get("sampler_epoch"), where=e.get("where", ""),
-        trains=trains[e["loader"], e["epoch"]]) for e in drawn)

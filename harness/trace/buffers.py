@@ -13,11 +13,10 @@ of every floating-point buffer, at the same positions on every rank.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from distdoctor.models import BufferEvidence
 from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.tracer import incomplete, user_line
@@ -55,8 +54,3 @@ def record_buffers(tracer: Any) -> None:
 
     tracer.on_ddp.append(on_ddp)
 
-
-def fold_buffers(events: Iterable[dict]) -> tuple[BufferEvidence, ...]:
-    return tuple(BufferEvidence(e["step"], tuple(e["names"]),
-                                tuple(tuple(v) for v in e["values"]), e.get("where", ""))
-                 for e in events if e.get("ev") == Ev.BUFFERS)

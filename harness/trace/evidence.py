@@ -6,13 +6,16 @@ from typing import Any
 
 from distdoctor.models import Evidence, Incomplete
 from distdoctor.models.events import EMITTED, Emit, Ev, unknown_kinds
-from distdoctor.trace.batches import fold_batches
-from distdoctor.trace.buffers import fold_buffers
-from distdoctor.trace.gradients import fold_gradients
-from distdoctor.trace.nonfinite import fold_nonfinite
-from distdoctor.trace.optimizer import fold_optimizer
-from distdoctor.trace.tensorparallel import fold_group_tensors
-from distdoctor.trace.tracer import fold, fold_ddp_forwards
+from distdoctor.trace.folds import (
+    fold,
+    fold_batches,
+    fold_buffers,
+    fold_ddp_forwards,
+    fold_gradients,
+    fold_group_tensors,
+    fold_nonfinite,
+    fold_optimizer,
+)
 
 # record tag -> Evidence field, for records that accumulate
 _SERIES = {Emit.BACKWARD: "backward", Emit.STEP: "steps", Emit.STAGE: "stages",

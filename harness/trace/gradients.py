@@ -26,16 +26,12 @@ main-thread time at every 16th, 4.1% at every 32nd).
 
 from __future__ import annotations
 
-import math
-import sys
 import weakref
-from array import array
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
-from distdoctor.models import Fingerprint, GradientEvidence
 from distdoctor.models.events import Ev
 from distdoctor.trace.steps import step_hooks
 from distdoctor.trace.tracer import user_line
@@ -174,39 +170,4 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
     hooks.sampled = sampled
     hooks.accumulated.append(("gradient samples", accumulated))
     hooks.before_step.append(("gradient samples", before_step))
-def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
-    """Each sampled optimiser step's local and applied gradients and parameters; between
-    the steps whose gradients were sampled, the parameters alone."""
-    def print_of(values: list[float], numel: int) -> Fingerprint:
-        return Fingerprint(numel, repr(values), math.sqrt(sum(v * v for v in values)),
-                           tuple(values))
 
-    found, line = [], ""
-    for e in events:
-        if e.get("ev") == Ev.PARAMS:
-            found.append(GradientEvidence(e["step"], None, None,
-                                          print_of(_rows(e["rows"], 1)[0], e["numel"]),
-                                          e.get("where", line)))
-            continue
-        if e.get("ev") != Ev.GRADS:
-            continue
-        line = e.get("where", "")
-        params: list[float] | None
-        if "rows" in e:
-            local, applied, params = _rows(e["rows"])
-        else:  # written before the rows were packed
-            local, applied, params = e["local"], e["applied"], e.get("params")
-        found.append(GradientEvidence(
-            e["step"], print_of(local, e["numel"]), print_of(applied, e["numel"]),
-            None if params is None else print_of(params, e["numel"]), e.get("where", "")))
-    return tuple(found)
-
-
-def _rows(text: str, count: int = 3) -> list[list[float]]:
-    """``count`` sample rows (local, applied, params; or params alone) from their
-    little-endian float64 hex."""
-    values = array("d", bytes.fromhex(text))
-    if sys.byteorder == "big":
-        values.byteswap()
-    width = len(values) // count
-    return [values[i * width:(i + 1) * width].tolist() for i in range(count)]

@@ -30,11 +30,10 @@ from __future__ import annotations
 import gc
 import math
 import warnings
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from distdoctor.models import NonFiniteEvidence
 from distdoctor.models.events import Ev
 from distdoctor.trace.steps import step_hooks
 from distdoctor.trace.tracer import incomplete, user_line
@@ -106,10 +105,3 @@ def _names(params: list[torch.Tensor]) -> dict[int, str]:
         names.setdefault(id(param), f"a {tuple(param.shape)} parameter")
     return names
 
-
-def fold_nonfinite(events: Iterable[dict]) -> tuple[NonFiniteEvidence, ...]:
-    return tuple(NonFiniteEvidence(
-        step=e["step"], loss=None if e.get("loss") is None else float(e["loss"]),
-        loss_where=e.get("loss_where", ""), local=tuple(e.get("local", ())),
-        where=e.get("where", ""))
-        for e in events if e.get("ev") == Ev.NONFINITE)

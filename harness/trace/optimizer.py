@@ -17,15 +17,12 @@ state is sampled at the gradient recorder's sampled steps only (gradients.sample
 
 from __future__ import annotations
 
-import sys
 import weakref
-from array import array
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
-from distdoctor.models import OptimizerEvidence
 from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled, viewable
 from distdoctor.trace.tracer import incomplete, plain_params, user_line
@@ -229,23 +226,3 @@ def _note_building(notes: dict) -> None:
     init._distdoctor_built = True  # type: ignore[attr-defined]
     setattr(Optimizer, "__init__", init)  # noqa: B010 (a patch)
 
-
-def fold_optimizer(events: Iterable[dict]) -> tuple[OptimizerEvidence, ...]:
-    found = []
-    for e in events:
-        if e.get("ev") != Ev.OPTIMIZER:
-            continue
-        found.append(OptimizerEvidence(
-            e["step"], e["optimizer"], e["params"], e["numel"],
-            tuple(tuple((k, v) for k, v in group) for group in e["settings"]),
-            tuple((name, _values(text)) for name, text in e.get("state", {}).items()),
-            _values(e.get("sampled", "")), e.get("where", ""), e.get("scheduled", ""),
-            e.get("clipped", ""), e.get("loaded", ""), e.get("built", "")))
-    return tuple(found)
-
-
-def _values(text: str) -> tuple[float, ...]:
-    values = array("d", bytes.fromhex(text))
-    if sys.byteorder == "big":
-        values.byteswap()
-    return tuple(values)

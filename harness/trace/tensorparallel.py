@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import math
 import sys
 import weakref
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from distdoctor.models import Fingerprint, GroupTensor
 from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.steps import step_hooks
@@ -187,15 +185,3 @@ def _write(tracer, step: int, name: str, kind: str, group, tensor, where: str) -
     tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind=kind, group=list(group),
                  values=values, numel=flat.numel(), where=where)
 
-
-def fold_group_tensors(events: Iterable[dict]) -> tuple[GroupTensor, ...]:
-    found = []
-    for e in events:
-        if e.get("ev") != Ev.TP_TENSOR:
-            continue
-        values = tuple(e["values"])
-        found.append(GroupTensor(
-            e["step"], e["name"], e["kind"], True, tuple(e["group"]),
-            Fingerprint(e["numel"], repr(values), math.sqrt(sum(v * v for v in values)),
-                        values), e.get("where", "")))
-    return tuple(found)

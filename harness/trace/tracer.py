@@ -19,13 +19,12 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distdoctor.models import Call, DDPForward
 from distdoctor.models.calls import ASYNC_POINT_TO_POINT
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
@@ -436,34 +435,3 @@ def user_line(skip: tuple[str, ...] = ()) -> str:
         frame = frame.f_back
     return ""
 
-
-def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
-    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
-                 for e in events if e.get("ev") == Ev.DDP_FORWARD)
-
-
-def fold(events: Iterable[dict]) -> tuple[Call, ...]:
-    """Turn a rank's JSON events into one Call per call, in the order they were entered."""
-    calls: dict[int, dict] = {}
-    for event in events:
-        kind = event.get("ev")
-        if kind == Ev.ENTER:
-            calls[event["id"]] = {k: v for k, v in event.items() if k not in ("ev", "t")}
-            calls[event["id"]]["entered"] = event["t"]
-        elif event.get("id") in calls:
-            call = calls[event["id"]]
-            if kind == Ev.WAIT:
-                call.setdefault("waited", event["t"])
-                call.setdefault("wait_where", event.get("where", ""))
-            elif kind == Ev.DONE:
-                call["completed"] = event["t"]
-            elif kind == Ev.ERROR:
-                call["error"] = event.get("error")
-    return tuple(Call(
-        id=c["id"], rank=c.get("rank", -1), op=c["op"], seq=c["seq"], group=tuple(c["group"]),
-        peer=c.get("peer"), peers=tuple((e[0], e[1]) for e in c.get("peers", [])),
-        shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
-        reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
-        entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
-        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"), tag=c.get("tag", 0))
-        for c in calls.values())
