@@ -199,8 +199,6 @@ def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(
     # the largest parameters are watched at every 4th)
     ("scheduler_on_rank_0.py", 2, [0], "# BUG",
      {"first_step": 10, "setting": "learning rate", "values": {"0": 0.025, "1": 0.05}}, 12),
-    ("scheduler_on_rank_0.py", 4, [0], "# BUG",
-     {"first_step": 10, "values": {"0": 0.025, "1": 0.05, "2": 0.05, "3": 0.05}}, 12),
     ("clip_on_rank0.py", 2, [0], "# BUG", {"first_step": 1}, 2),
     ("resume_optimizer_on_rank0.py", 2, [0], "# BUG",
      {"first_step": 1, "state": ["momentum_buffer"]}, 2),
@@ -622,30 +620,24 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
                                                                                 abs=1e-6)
 
 
-# The cases of the invariants issue, each under a real torchrun (the in-rank bootstrap
-# writes the traces, nobody watches) and then ``analyze``: the same cause and ranks as
-# ``distdoctor run`` gives. A hang is stopped as a user would, once every rank wrote its
-# stall stacks at its 2 s deadline (a rank busy holding the GIL cannot: the node's
-# watching rank asks it by SIGUSR1; DDP's and FSDP's own collectives are read from the
-# Flight Recorder history each stalled rank writes beside its trace). Rank 0's first
-# full_tensor() imports torch._dynamo for seconds: 2 s of quiet there is not yet the
-# hang, so that case waits 4 s (2 ranks: at 4 ranks on 2 cores it took 15).
+# The cases of the invariants issue under a real torchrun (the in-rank bootstrap writes
+# the traces, nobody watches) and then ``analyze``: the same cause and ranks as
+# ``distdoctor run`` gives, one case per way the evidence reaches the trace directory
+# (the silent examples' recorders write the same events under both launchers, and
+# epoch_not_set.py's silent case runs above): the optimiser's events, a rank gloo aborts
+# (its faulthandler stacks), DDP's own collectives (the Flight Recorder history each
+# stalled rank writes beside its trace), a rank busy holding the GIL (the node's watching
+# rank asks it by SIGUSR1). A hang is stopped as a user would, once every rank wrote its
+# stall stacks at its 2 s deadline. Every example runs under ``distdoctor run`` above.
 @pytest.mark.parametrize("example, ranks, hangs, kind, culprits", [
-    ("accumulate_sync_on_first.py", 2, False, "unsynced-microbatches", [0, 1]),
-    ("batchnorm_buffers_not_broadcast.py", 2, False, "divergent-buffers", [1]),
     ("scheduler_on_rank_0.py", 2, False, "rank-dependent-update", [0]),
-    ("clip_on_rank0.py", 2, False, "rank-dependent-update", [0]),
-    ("resume_optimizer_on_rank0.py", 2, False, "rank-dependent-update", [0]),
-    ("lr_from_local_batch.py", 3, False, "rank-dependent-update", [0]),
     ("fsdp_gather_on_rank0_aborts.py", 2, False, "collective-mismatch", [0]),
     ("eval_on_rank0_through_ddp.py", 2, True, "collective-mismatch", [0]),
-    ("fsdp_checkpoint_on_rank0.py", 2, True, "collective-mismatch", [0, 1]),
     ("rank_busy_validation.py", 2, True, "busy-rank", [1]),
 ])
 def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
         distdoctor, tmp_path, example, ranks, hangs, kind, culprits):
-    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs,
-              deadline=4.0 if example.startswith("fsdp_checkpoint") else 2.0)
+    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs)
     done = distdoctor("analyze", str(tmp_path / "traces"), "--report",
                       str(tmp_path / "r.json"))
     cause = json.loads((tmp_path / "r.json").read_text())["cause"]

@@ -261,9 +261,9 @@ def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                 continue
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
                          **({"proof": proven} if proven is not None else {}))
+            _write_history(directory)  # first: stacks on disk mean the history is too
             faulthandler.dump_traceback(stack_file, all_threads=True)
             stack_file.flush()
-            _write_history(directory)
             _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
             if watching is not None:  # a peer whose own watch could not run by now
                 time.sleep(dirwatch.POKE_AFTER_S)  # (busy holding the GIL) is asked
