@@ -628,7 +628,10 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
 # (its faulthandler stacks), DDP's own collectives (the Flight Recorder history each
 # stalled rank writes beside its trace), a rank busy holding the GIL (the node's watching
 # rank asks it by SIGUSR1). A hang is stopped as a user would, once every rank wrote its
-# stall stacks at its 2 s deadline. Every example runs under ``distdoctor run`` above.
+# stall stacks at its deadline: 2 s, or 5 s where the ranks build DDP first (on a busy
+# machine a rank was quiet for 2 s while it built it, and its watch dumped its stacks and
+# Flight Recorder history then, once, before the hang). Every example runs under
+# ``distdoctor run`` above.
 @pytest.mark.parametrize("example, ranks, hangs, kind, culprits", [
     ("scheduler_on_rank_0.py", 2, False, "rank-dependent-update", [0]),
     ("fsdp_gather_on_rank0_aborts.py", 2, False, "collective-mismatch", [0]),
@@ -637,7 +640,8 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
 ])
 def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
         distdoctor, tmp_path, example, ranks, hangs, kind, culprits):
-    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs)
+    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs,
+              deadline=5.0 if "ddp" in example else 2.0)
     done = distdoctor("analyze", str(tmp_path / "traces"), "--report",
                       str(tmp_path / "r.json"))
     cause = json.loads((tmp_path / "r.json").read_text())["cause"]
