@@ -121,14 +121,12 @@ def _settings_finding(record, ranks, number, step, series, now) -> Finding:
                + (f" at {built[0]}" if built else "") + ": compute them from what every "
                "rank shares (the global batch size, the world size), not the rank's own "
                "share")
-    return Finding(
-        check=NAME, fault="rank-dependent-update", kind="rank-dependent-update",
+    return _update(
         headline=f"{name} differs from step {step}",
         symptom=f"the replicas' optimiser settings differ from optimiser step {step}: "
                 f"{name} {each}: {cause}, so the same gradient becomes a different "
                 f"update and the replicas part",
-        cause=cause, fix=fix, fix_changes={}, ranks=tuple(differ), first_step=step,
-        where=tuple(lines),
+        cause=cause, fix=fix, ranks=differ, step=step, where=lines,
         measured={"first_step": step, "setting": name, "optimizer": number,
                   "values": {str(r): v for r, v in zip(ranks, values)},
                   "scheduled": scheduled})
@@ -198,14 +196,13 @@ def _scaled(record: RunRecord, every: list) -> Finding | None:
                      f"that differs by rank")
             fix = ("scale or clip the gradient alike on every rank, after the sync, or "
                    "before it on every rank's own gradient")
-        return Finding(
-            check=NAME, fault="rank-dependent-update", kind="rank-dependent-update",
+        return _update(
             headline=f"gradient scaled apart at step {step}",
             symptom=f"optimiser step {step} applied the synchronised gradient (the mean of "
                     f"the ranks' own gradients, sampled) times {each}: {cause}, so the "
                     f"replicas take different updates from identical parameters",
-            cause=cause, fix=fix, fix_changes={}, ranks=tuple(differ), first_step=step,
-            where=tuple(clipped + ([where] if where else [])),
+            cause=cause, fix=fix, ranks=differ, step=step,
+            where=clipped + ([where] if where else []),
             measured={"first_step": step, "factors": {str(r): f for r, f in
                                                        zip(ranks, rounded)},
                       "clipped": clipped})
@@ -256,16 +253,23 @@ def _state(record: RunRecord) -> Finding | None:
                          "or made before the replicas were synchronised")
                 fix = ("give every rank the same optimiser state: load it on every rank, "
                        "and build the optimiser after the model's parameters are alike")
-            return Finding(
-                check=NAME, fault="rank-dependent-update", kind="rank-dependent-update",
+            return _update(
                 headline=f"optimiser state differs at step {step}",
                 symptom=f"the replicas' optimiser state differs before optimiser step "
                         f"{step} though their parameters agree ({detail}): {cause}, so "
                         f"the same gradient becomes a different update",
-                cause=cause, fix=fix, fix_changes={}, ranks=tuple(differ), first_step=step,
-                where=tuple(loaded + ([where] if where else [])),
+                cause=cause, fix=fix, ranks=differ, step=step,
+                where=loaded + ([where] if where else []),
                 measured={"first_step": step, "state": parted, "optimizer": number})
     return None
+
+
+def _update(*, headline: str, symptom: str, cause: str, fix: str, ranks: list[int],
+            step: int, where: list[str], measured: dict) -> Finding:
+    """The finding of an update that differs by rank: one kind, each way with its text."""
+    return Finding(check=NAME, fault="rank-dependent-update", kind="rank-dependent-update",
+                   headline=headline, symptom=symptom, cause=cause, fix=fix, fix_changes={},
+                   ranks=tuple(ranks), first_step=step, where=tuple(where), measured=measured)
 
 
 def _close(rows: list[tuple[float, ...]]) -> bool:
