@@ -53,12 +53,26 @@ def _usage_error(message: str, args: argparse.Namespace) -> int:
     return 2
 
 
+def _launch_command(argv: list[str]) -> list[str] | None:
+    """``distdoctor run [OPTIONS] -- COMMAND ...``: the command after the first ``--``."""
+    if not argv or argv[0] != "run" or "--" not in argv:
+        return None
+    return argv[argv.index("--") + 1:]
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launch = _launch_command(argv)
+    args, extra = build_parser().parse_known_args(
+        argv if launch is None else argv[:len(argv) - len(launch) - 1])
+    if launch is not None and getattr(args, "script", None) is None:
+        args.launch_command = launch
+    elif launch is not None:  # "run SCRIPT -- ARGS": the script's own arguments
+        args, extra = build_parser().parse_known_args(argv)
     if extra:  # refused by the command, not by "distdoctor", as argparse would say
         return _usage_error(f"unrecognized arguments: {' '.join(extra)}", args)
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -48,13 +48,22 @@ HTML = ("also write the report as one self-contained HTML page: the verdict, a h
 
 def add_commands(commands) -> None:
     run = commands.add_parser(
-        "run", help="run your own distributed script on N ranks and diagnose it",
+        "run", help="run your own distributed script on N ranks (or any launch command) "
+                    "and diagnose it",
+        usage="distdoctor run [OPTIONS] SCRIPT [ARGS...]\n"
+              "       distdoctor run [OPTIONS] -- COMMAND [ARGS...]",
         description="Start SCRIPT on N ranks as 'torchrun --standalone' would (RANK, "
                     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; "
                     "the script calls init_process_group itself), trace every collective and "
                     "point-to-point call, and when the ranks crash, disagree, deadlock or stop "
                     "making calls for --deadline seconds, say which rank did what, where, and "
-                    "the fix. Exit 0 when the run is clean, 1 when a problem was found.")
+                    "the fix. Or, after --, run any COMMAND as is (python train.py that "
+                    "starts its ranks with mp.spawn or multiprocessing, torchrun ..., "
+                    "accelerate launch ..., a shell script): every Python process of it that "
+                    "calls init_process_group is traced the same way, numbered by its rank, "
+                    "each process group apart; the command's output is its own, and its exit "
+                    "code is given in the report. Exit 0 when the run is clean, 1 when a "
+                    "problem was found (or the command failed).")
     run.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
                      help="ranks to start (default: %(default)s)")
     run.add_argument("--deadline", type=seconds, default=DEADLINE, metavar="SECONDS",
@@ -97,8 +106,9 @@ def add_commands(commands) -> None:
                           "(the diagnosis still reads every rank)")
     run.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
     run.add_argument("--html", type=html_file, metavar="PATH", help=HTML)
-    run.add_argument("script", help="the training script")
+    run.add_argument("script", nargs="?", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    run.set_defaults(launch_command=None)
     run.set_defaults(handler=run_command)
 
     analyze = commands.add_parser(
@@ -123,6 +133,10 @@ def run_command(args: argparse.Namespace) -> int:
     from distdoctor.userjob.output import OutputSpec
     from distdoctor.userjob.record import script_record
 
+    if args.launch_command is not None:
+        return launch_command(args)
+    if args.script is None:
+        raise UsageError("give a SCRIPT, or -- and a COMMAND to run as is")
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"no such script: {args.script}")
@@ -153,6 +167,89 @@ def run_command(args: argparse.Namespace) -> int:
         procs.wait_reaped()  # no rank outlives the command
 
 
+def launch_command(args: argparse.Namespace) -> int:
+    """``distdoctor run -- COMMAND``: the command's own launcher starts the ranks."""
+    import shutil
+
+    from distdoctor.userjob.command import CommandStartError, run_command
+
+    argv = args.launch_command
+    if not argv:
+        raise UsageError("give the COMMAND to run after --")
+    for option, default in (("nproc_per_node", 2), ("master_port", 0), ("tee", 0),
+                            ("local_ranks_filter", None), ("start_method", "auto"),
+                            ("master_addr", "127.0.0.1")):
+        if getattr(args, option) != default:
+            raise UsageError(f"--{option.replace('_', '-')} is for SCRIPT; with -- COMMAND "
+                             f"the command's own launcher starts the ranks")
+    try:
+        result = run_command(argv, args.deadline, light=args.light)
+    except CommandStartError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return _report_groups(result, " ".join(argv), args)
+    finally:
+        shutil.rmtree(result.root, ignore_errors=True)
+
+
+def _report_groups(result, command: str, args: argparse.Namespace) -> int:
+    """One report per process group the command made (the hung one, or the first that
+    failed, is the one --report and --html write), then the command's own end."""
+    from distdoctor.userjob.record import explain, script_record
+    from distdoctor.userjob.traces import TraceError, load
+
+    how = (f"stopped by distdoctor (process group {result.groups.index(result.stopped_hung) + 1}"
+           f" hung)" if result.stopped_hung is not None else f"exited with code {result.code}")
+    if not result.groups:
+        print(f"distdoctor run: no process of '{command}' initialised a process group under "
+              f"distdoctor (it {how}); nothing to diagnose. A Python that does not have "
+              f"distdoctor installed, or one started with -I or -S, is not traced",
+              flush=True)
+        return 0 if result.code == 0 else 1
+    failed, chosen = False, None
+    for number, directory in enumerate(result.groups, 1):
+        try:
+            job = load([str(directory)])
+        except (TraceError, OSError) as exc:
+            print(f"distdoctor run: process group {number}: cannot read its traces ({exc})")
+            failed = True
+            continue
+        record = script_record(job.ends, job.events, 0.0, 0.0, args.deadline)
+        report = explain(record, command, args.all_frames)
+        if len(result.groups) > 1:
+            print(f"\n== process group {number} of {len(result.groups)} "
+                  f"({_group_origin(job)}) ==", flush=True)
+        failed |= report.status != "ok"
+        if chosen is None and (report.status != "ok" or directory == result.groups[-1]):
+            chosen = (record, directory)
+        _print_report(record, command, job.partial, args.all_frames, job.notes)
+    print(f"\ndistdoctor run: '{command}' {how} after {result.wall_s:.1f} s", flush=True)
+    if chosen is not None and (args.report or args.html):
+        _report(chosen[0], command, args.report, all_frames=args.all_frames, html=args.html,
+                echo=False)
+    return 1 if failed or result.code != 0 else 0
+
+
+def _group_origin(job) -> str:
+    """"2 ranks, init_process_group at tutorial.py:40", from the ranks' start lines."""
+    from distdoctor.models.calls import relative_line
+
+    start: dict = next((e for events in job.events for e in events if e.get("ev") == "start"), {})
+    where = start.get("init") if isinstance(start.get("init"), str) else ""
+    return f"{len(job.ends)} ranks" + (f", init_process_group at {relative_line(where)}"
+                                       if where else "")
+
+
+def _print_report(record, command: str, partial: bool, all_frames: bool,
+                  notes: tuple[str, ...]) -> None:
+    from distdoctor.userjob.record import explain
+    from distdoctor.userjob.report import render
+
+    for note in notes:
+        print(f"distdoctor run: partial evidence: {note}", flush=True)
+    print(render(explain(record, command, all_frames), "run", partial), flush=True)
+
+
 def analyze_command(args: argparse.Namespace) -> int:
     from distdoctor.userjob.record import script_record
     from distdoctor.userjob.traces import TraceError, load
@@ -169,7 +266,8 @@ def analyze_command(args: argparse.Namespace) -> int:
 
 
 def _report(record, script: str, report_path: str | None, command: str = "run",
-            partial: bool = False, all_frames: bool = False, html: str | None = None) -> int:
+            partial: bool = False, all_frames: bool = False, html: str | None = None,
+            echo: bool = True) -> int:
     import time
 
     from distdoctor.cli.tables import hang_timing
@@ -177,7 +275,8 @@ def _report(record, script: str, report_path: str | None, command: str = "run",
     from distdoctor.userjob.report import render
 
     result = explain(record, script, all_frames)
-    print(render(result, command, partial), flush=True)
+    if echo:
+        print(render(result, command, partial), flush=True)
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:
         print("\n" + timing)

@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+from typing import Callable
 
 from distdoctor.launch import procs, stacks
 from distdoctor.models.events import Ev
@@ -73,7 +74,7 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         stacks.serve_stacks(ctrl)
         faulthandler.enable(sys.stderr, all_threads=True)
         _line_buffered(sys.stdout)
-        _install(trace_fd, options.light)
+        install(trace_fd, options.light)
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
         error = _run_script(options.script, options.args)
@@ -117,18 +118,18 @@ def _run_into_directory(options: argparse.Namespace) -> None:
     # share, a segfault) leaves the rank's Python stacks beside its trace: the launcher
     # keeps its stderr, where the backend's message went
     faulthandler.enable(stack_file, all_threads=True)
-    tracer = _install(trace, options.light)
-    _patch_os_exit(tracer)
+    tracer = install(trace, options.light)
+    patch_os_exit(lambda code: say_exit(tracer, code))
     # the watch first, so its thread is named in the start line (it reads the traces only
     # once its rank has been quiet, after the start line is out)
-    _watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang,
-                      options.trace_dir, _run_id())
+    watch_for_stalls(tracer, options.deadline, stack_file, options.exit_on_hang,
+                     options.trace_dir, _run_id(), int(rank))
     tracer.write(ev=Ev.START, t=procs.now(), run=_run_id(), rank=int(rank), pid=os.getpid(),
                  host=socket.gethostname(),
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
     code = _exit_code(error)
-    _say_exit(tracer, code, error)
+    say_exit(tracer, code, error)
     _exit(code)
 
 
@@ -158,14 +159,14 @@ def _exit_code(error: str | None, traceback_to_stderr: bool = True) -> int:
     return 1
 
 
-def _say_exit(tracer, code: int, error: str | None = None) -> None:
+def say_exit(tracer, code: int, error: str | None = None) -> None:
     """The rank's end in its trace: finished (code 0), raised (a traceback), or exited
     with a code; ``distdoctor analyze`` reads it."""
     status = "raised" if error else "finished" if code == 0 else "exited"
     tracer.write(ev=Ev.EXIT, t=procs.now(), status=status, error=error, code=code)
 
 
-def _patch_os_exit(tracer) -> None:
+def patch_os_exit(say: Callable[[int], None]) -> None:
     """A script that leaves by ``os._exit(code)`` (common, to skip the process group's
     teardown) still says how it ended: its trace gets the exit, written (unbuffered, like
     every trace line) before the process goes, so it reads as finished, not killed."""
@@ -178,7 +179,7 @@ def _patch_os_exit(tracer) -> None:
         # finished
         if os.getpid() == rank_pid:
             try:
-                _say_exit(tracer, int(code))
+                say(int(code))
             except Exception:
                 pass
         _REAL_EXIT(code)
@@ -186,11 +187,15 @@ def _patch_os_exit(tracer) -> None:
     setattr(os, "_exit", _exit_said)  # noqa: B010 (a patch)
 
 
-def _install(fd: int, light: bool = False):
+def install(fd: int, light: bool = False, rank: int | None = None):
+    """The tracer on ``fd`` (this rank's calls), DDP's parameter names and, unless
+    ``light``, the recorders of the silent bugs' evidence."""
     from distdoctor.trace.recorders import install_recorders
     from distdoctor.trace.tracer import Tracer
 
-    tracer = Tracer(fd, int(os.environ.get("RANK", "-1"))).install()
+    if rank is None:
+        rank = int(os.environ.get("RANK", "-1"))
+    tracer = Tracer(fd, rank).install()
     tracer.record_ddp_parameters()
     if not light:
         install_recorders(tracer)
@@ -232,23 +237,30 @@ def thread_names() -> dict[str, str]:
     return {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}
 
 
-def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
-                      directory: str, run: str) -> None:
+def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
+                     directory: str, run: str, rank: int, world: int | None = None,
+                     watched: bool = False) -> threading.Event:
     """Under torchrun nobody watches from outside: a rank that makes no call for
     ``deadline`` seconds, or sees a deadlock proven from the traces (dirwatch.py; the
     node's local rank 0 looks), writes down its own stacks once, notes the moment, and
-    says so on stderr once (the job itself waits on, unless ``exit_on_hang``)."""
+    says so on stderr once (the job itself waits on, unless ``exit_on_hang``).
+    ``watched``: distdoctor watches the directory from outside (``run -- COMMAND``): it
+    proves deadlocks, asks silent ranks for their stacks and reports, so the rank only
+    writes its own stall, quietly. Setting the event returned ends the watch (the rank's
+    process group was destroyed)."""
     from distdoctor.models.waitfor import PROOF_SWITCH
     from distdoctor.userjob import dirwatch
 
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world is None:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     watching = dirwatch.TraceDirectory(directory, world, run) \
-        if os.environ.get("LOCAL_RANK", "0") == "0" and world > 1 \
+        if not watched and os.environ.get("LOCAL_RANK", "0") == "0" and world > 1 \
         and os.environ.get(PROOF_SWITCH, "1") != "0" else None
 
+    stop = threading.Event()
+
     def watch() -> None:
-        while True:
-            time.sleep(min(dirwatch.POLL_S, deadline / 4))
+        while not stop.wait(min(dirwatch.POLL_S, deadline / 4)):
             now = procs.now()
             proven = dirwatch.read_proof(directory, run)
             if proven is None and watching is not None \
@@ -261,10 +273,11 @@ def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                 continue
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
                          **({"proof": proven} if proven is not None else {}))
-            _write_history(directory)  # first: stacks on disk mean the history is too
+            _write_history(directory, rank)  # first: stacks on disk mean the history is too
             faulthandler.dump_traceback(stack_file, all_threads=True)
             stack_file.flush()
-            _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
+            if not watched:
+                _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
             if watching is not None:  # a peer whose own watch could not run by now
                 time.sleep(dirwatch.POKE_AFTER_S)  # (busy holding the GIL) is asked
                 watching.poke_silent(os.getpid())
@@ -273,16 +286,17 @@ def _watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
             return
 
     threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
+    return stop
 
 
-def _write_history(directory: str) -> None:
+def _write_history(directory: str, rank: int) -> None:
     """The collectives this rank's Flight Recorder holds, torch's own included (DDP's,
     FSDP's), beside its trace: where the sequences parted, for ``analyze``."""
     from distdoctor.trace.flight import history
 
     found = history()
     if found:
-        path = os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}.flight.json")
+        path = os.path.join(directory, f"rank-{rank}.flight.json")
         with open(path, "w") as out:
             json.dump({name or "": entries for name, entries in found.items()}, out)
 

@@ -1,0 +1,346 @@
+"""Inside every Python process of a command run by ``distdoctor run -- COMMAND``: trace the
+ones that become ranks.
+
+``distdoctor run --`` puts a ``sitecustomize.py`` (``hookdir/``) first on PYTHONPATH, so
+every Python the command starts, by whatever launcher (torchrun, ``mp.spawn``, a plain
+``multiprocessing.Process``, a shell loop), calls :func:`install` as it starts. That costs
+one entry on ``sys.meta_path`` and nothing else: no torch, no thread. Only when the process
+imports ``torch.distributed`` is ``init_process_group`` wrapped, and only when it returns
+does the process become a traced rank, numbered by its rank in the default group: its
+calls to ``rank-<RANK>.jsonl``, its stacks to ``rank-<RANK>.stacks`` (on a stall, on
+SIGUSR1, on a fatal signal), its end (finished, raised with the traceback, exited with a
+code), exactly as ``python -m distdoctor.userjob --trace-dir`` writes them, so the same
+reader (traces.py) and the same report serve both.
+
+Several process groups over a command's life (``init_process_group`` after a
+``destroy_process_group``, an ``mp.spawn`` in a loop) are told apart without any message
+between the ranks: each group's ranks share a rendezvous (``env://`` address and port,
+``tcp://`` or ``file://`` URL, or store) and start together; a rank joins the newest
+directory of its rendezvous that has no trace of its rank yet and in which no rank has
+ended, else opens the next (``pg-<rendezvous>-<n>``). The directory's name is the run id
+every trace opens with.
+
+The exceptions a launcher catches before Python would print them (``mp.spawn``'s child
+wrapper sends the traceback to its parent, which raises ``ProcessExitedException``;
+``multiprocessing.Process`` prints it and exits 1) are noted in the rank's trace on their
+way out, so the report shows the rank's own traceback, not the launcher's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.abc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+HOOK_DIR = "DISTDOCTOR_HOOK_DIR"  # where traces go; set by ``distdoctor run --`` only
+HOOK_DEADLINE = "DISTDOCTOR_HOOK_DEADLINE"  # seconds without a call before a rank stalls
+HOOK_LIGHT = "DISTDOCTOR_HOOK_LIGHT"  # "1": calls only, not the silent bugs' evidence
+ENDED = "ended"  # a file in a group's directory once one of its ranks has ended
+
+_PATCH_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {}
+_state: dict[str, Any] = {}  # this process's rank once it is one: tracer, end
+
+
+def install() -> None:
+    """Called by the sitecustomize of ``hookdir/`` as every Python process of the command
+    starts: wrap what matters once its module is imported."""
+    if not os.environ.get(HOOK_DIR) or any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        return
+    _PATCH_AFTER_IMPORT.update({"torch.distributed": _patch_init,
+                                "torch.multiprocessing.spawn": _patch_spawn_wrap,
+                                "multiprocessing.process": _patch_process_run})
+    for name, patch in _PATCH_AFTER_IMPORT.items():
+        if name in sys.modules:  # imported before us (multiprocessing, by site itself)
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, _AfterImport())
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patch a module of ``_PATCH_AFTER_IMPORT`` right after it is executed, before anyone
+    imports a name from it."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _PATCH_AFTER_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") \
+                else None
+            if spec is not None and spec.loader is not None \
+                    and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Patching(spec.loader, _PATCH_AFTER_IMPORT[name])
+                return spec
+            if spec is not None:
+                return None
+        return None
+
+
+class _Patching(importlib.abc.Loader):
+    def __init__(self, loader, patch: Callable[[Any], None]):
+        self.loader = loader
+        self.patch = patch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        try:
+            self.patch(module)
+        except Exception as exc:  # the user's job runs whatever happens to the hook
+            sys.stderr.write(f"distdoctor: could not hook {module.__name__} ({exc!r})\n")
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self.loader, name)
+
+
+def _patch_init(distributed) -> None:
+    """``init_process_group`` makes the process a traced rank of a new group (again after a
+    ``destroy_process_group``, which ends the rank's part in the group before)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    init, destroy = c10d.init_process_group, c10d.destroy_process_group
+    if getattr(init, "_distdoctor", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = init(*args, **kwargs)
+        try:
+            _open_group(_rendezvous(args, kwargs), _init_line())
+        except Exception as exc:
+            sys.stderr.write(f"distdoctor: this rank is not traced ({exc!r})\n")
+        return result
+
+    def destroy_process_group(group: Any = None) -> Any:
+        result = destroy(group)
+        if (group is None or group is c10d.GroupMember.WORLD) and "tracer" in _state:
+            _say_end(0)  # the rank's part in this group is over
+            _state["watch"].set()
+        return result
+
+    for ours, theirs in ((init_process_group, init), (destroy_process_group, destroy)):
+        ours._distdoctor = True  # type: ignore[attr-defined]
+        ours.__wrapped__ = theirs  # type: ignore[attr-defined]
+        ours.__doc__ = theirs.__doc__
+        setattr(c10d, theirs.__name__, ours)
+        setattr(distributed, theirs.__name__, ours)
+
+
+_SPAWN_WRAP: list[Callable] = []  # torch.multiprocessing.spawn's own _wrap
+
+
+def _patch_spawn_wrap(spawn) -> None:
+    """``mp.spawn``'s child wrapper catches the rank's exception and exits 1: note it on
+    its way out. The replacement is pickled by name into each spawned child."""
+    if spawn._wrap is not spawn_wrap:
+        _SPAWN_WRAP[:] = [spawn._wrap]
+        spawn._wrap = spawn_wrap
+
+
+def spawn_wrap(fn, i, args, *rest):
+    if not _SPAWN_WRAP:  # unpickled in a child before torch.multiprocessing was imported
+        import torch.multiprocessing.spawn  # noqa: F401 (patches, filling _SPAWN_WRAP)
+    return _SPAWN_WRAP[0](_noting(fn), i, args, *rest)
+
+
+def _patch_process_run(process) -> None:
+    """``multiprocessing.Process`` prints a target's traceback and exits 1: note it first."""
+    original = process.BaseProcess.run
+    if getattr(original, "_distdoctor", False):
+        return
+
+    def run(self) -> None:
+        return _noting(lambda: original(self))()
+
+    run._distdoctor = True  # type: ignore[attr-defined]
+    process.BaseProcess.run = run
+
+
+def _noting(fn: Callable) -> Callable:
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            _note_raised(exc)
+            raise
+
+    return noted
+
+
+def _rendezvous(args: tuple, kwargs: dict) -> str:
+    """What every rank of one process group shares: its rendezvous."""
+    init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
+    store = kwargs.get("store", args[5] if len(args) > 5 else None)
+    if init_method:
+        return str(init_method)
+    if store is not None:
+        where = [str(getattr(store, name)) for name in ("host", "port", "path")
+                 if hasattr(store, name)]
+        return f"{type(store).__name__}:{':'.join(where) or id(store)}"
+    return "env://" + ":".join(os.environ.get(k, "?") for k in ("MASTER_ADDR", "MASTER_PORT",
+                                                               "TORCHELASTIC_RUN_ID"))
+
+
+def _init_line() -> str:
+    from distdoctor.trace.tracer import user_line
+
+    return user_line(skip=(__file__,))
+
+
+def _group_directory(root: Path, rendezvous: str, rank: int) -> tuple[Path, int]:
+    """The directory this rank's trace goes to, and the trace's descriptor (created here,
+    so two ranks never take one name)."""
+    tag = hashlib.sha1(rendezvous.encode()).hexdigest()[:8]
+    number = 1
+    while True:
+        directory = root / f"pg-{tag}-{number}"
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / ENDED).exists():
+            try:
+                fd = os.open(directory / f"rank-{rank}.jsonl",
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                return directory, fd
+            except FileExistsError:
+                pass
+        number += 1
+
+
+def _open_group(rendezvous: str, init_line: str) -> None:
+    """From now on this process is rank ``get_rank()`` of a new group: its trace, stacks
+    file, stall watch and start line (the tracer itself is installed once per process and
+    moves to the new trace)."""
+    import faulthandler
+    import signal
+    import socket
+
+    import torch.distributed as dist
+
+    from distdoctor.launch import procs
+    from distdoctor.models.events import Ev
+    from distdoctor.userjob import bootstrap
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if "tracer" in _state and not _state.get("ended"):
+        _say_end(0)  # a second init without a destroy: the first group's part is over
+        _state["watch"].set()
+    directory, fd = _group_directory(Path(os.environ[HOOK_DIR]), rendezvous, rank)
+    stack_file = open(directory / f"rank-{rank}.stacks", "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable(stack_file, all_threads=True)  # a fatal signal's stacks
+    tracer = _state.get("tracer")
+    if tracer is None:
+        tracer = bootstrap.install(fd, os.environ.get(HOOK_LIGHT) == "1", rank)
+        bootstrap.patch_os_exit(_say_end)
+        atexit.register(_at_exit)
+        _wrap_exit_and_excepthook()
+    else:
+        tracer.reset()
+        tracer.fd, tracer.rank = fd, rank
+    _state.update(tracer=tracer, directory=directory, pid=os.getpid(), ended=False,
+                  stack_file=stack_file)
+    deadline = float(os.environ.get(HOOK_DEADLINE, "60") or 60)
+    _state["watch"] = bootstrap.watch_for_stalls(tracer, deadline, stack_file, False,
+                                                 str(directory), directory.name, rank, world,
+                                                 watched=True)
+    tracer.write(ev=Ev.START, t=procs.now(), run=directory.name, rank=rank, pid=os.getpid(),
+                 host=socket.gethostname(), world=world, threads=bootstrap.thread_names(),
+                 rendezvous=rendezvous, init=init_line)
+
+
+def _say_end(code: int, error: str | None = None) -> None:
+    """The rank's end in its trace, once (the first way out to say it wins), and the
+    group's directory marked: the next group's ranks open another."""
+    if _state.get("ended", True) or _state.get("pid") != os.getpid():
+        return
+    _state["ended"] = True
+    from distdoctor.userjob import bootstrap
+
+    bootstrap.say_exit(_state["tracer"], code, error)
+    try:
+        (_state["directory"] / ENDED).touch()
+    except OSError:
+        pass
+
+
+def _note_raised(exc: BaseException) -> None:
+    if "tracer" not in _state:
+        return
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    _say_end(1, "".join(traceback.format_exception(type(exc), exc, tb)))
+
+
+def _wrap_exit_and_excepthook() -> None:
+    """A main-thread exception (torchrun's workers, plain scripts) and ``sys.exit(code)``'s
+    code reach the trace too."""
+    hook = sys.excepthook
+
+    def excepthook(kind, value, tb) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            _note_raised(value)
+        hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    original_exit = sys.exit
+
+    def exit(code: Any = None) -> None:
+        _state["code"] = code
+        original_exit(code)
+
+    sys.exit = exit  # type: ignore[assignment]
+
+
+def _at_exit() -> None:
+    code = _state.get("code")
+    if code is None:
+        _say_end(0)
+    elif isinstance(code, int):
+        _say_end(code)
+    else:
+        _say_end(1)  # sys.exit("message")
+
+
+
+SITECUSTOMIZE = '''"""Written by distdoctor run -- COMMAND: trace the processes of COMMAND
+that become ranks (distdoctor.userjob.autohook), then run the sitecustomize this one
+shadows, if any."""
+import sys
+
+try:
+    from distdoctor.userjob.autohook import install
+except ImportError:  # a Python without distdoctor installed: its processes run untraced
+    pass
+else:
+    install()
+_here = __file__.rsplit("/", 1)[0]
+_path = sys.path[:]
+sys.path[:] = [p for p in sys.path if p != _here]
+_ours = sys.modules.pop("sitecustomize")
+try:
+    import sitecustomize  # noqa: F401 (the user's own, found further along the path)
+except ModuleNotFoundError as _missing:
+    if _missing.name != "sitecustomize":
+        raise
+finally:
+    sys.modules["sitecustomize"] = _ours  # what the import system expects to find
+'''
+
+
+def write_hook(directory: Path) -> Path:
+    """The folder to put first on PYTHONPATH: it holds our sitecustomize alone."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return directory
+
+
+__all__ = ["install", "write_hook", "HOOK_DIR", "HOOK_DEADLINE", "HOOK_LIGHT", "ENDED"]

@@ -1,0 +1,206 @@
+"""``distdoctor run -- COMMAND``: any launcher's job, its ranks traced and watched from here.
+
+The command runs as is, its output and exit code its own; the processes of it that become
+ranks trace themselves (autohook.py) into one directory per process group. This process
+watches those directories as the torchrun path's watching rank does, from outside: it
+proves deadlocks from the traces (dirwatch.py's wait-for graph; the ranks see the proof
+and write their stacks), and once a group's ranks have all stalled or ended it asks the
+ones still silent (busy holding the GIL) for their stacks, stops the command's whole tree
+and hands the directories to the same reader ``analyze`` uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distdoctor.launch import tree
+from distdoctor.models.events import Ev
+from distdoctor.userjob import autohook, dirwatch
+
+POLL_S = 0.05
+STACKS_WAIT_S = 5.0  # for a stalled or poked rank's stacks to reach its file
+
+
+class CommandStartError(RuntimeError):
+    """The command could not be started (not found, not executable)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    code: int | None  # the command's own exit code; None when distdoctor stopped it
+    groups: tuple[Path, ...]  # one trace directory per process group, in order of start
+    stopped_hung: Path | None  # the group whose hang made distdoctor stop the command
+    wall_s: float
+    root: Path  # holds hook/ and traces/; the caller removes it
+
+
+@dataclass
+class _Rank:
+    pid: int | None = None
+    offset: int = 0
+    tail: bytes = b""
+    stalled: bool = False
+    ended: bool = False
+    poked_at: float | None = None
+
+
+@dataclass
+class _Group:
+    """One process group's directory as its ranks write it."""
+
+    directory: Path
+    world: int = 0
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    watch: dirwatch.TraceDirectory | None = None
+    first_stall: float | None = None
+
+    def read(self) -> None:
+        for path in self.directory.glob("rank-*.jsonl"):
+            number = path.stem.split("-", 1)[1]
+            if not number.isdigit():
+                continue
+            rank = self.ranks.setdefault(int(number), _Rank())
+            try:
+                with open(path, "rb") as trace:
+                    trace.seek(rank.offset)
+                    chunk = trace.read()
+            except OSError:
+                continue
+            rank.offset += len(chunk)
+            lines = (rank.tail + chunk).split(b"\n")
+            rank.tail = lines.pop()
+            for line in lines:
+                if b'"ev":"' + Ev.START.encode() + b'"' in line and rank.pid is None:
+                    start = json.loads(line)
+                    rank.pid, self.world = start.get("pid"), int(start.get("world") or 0)
+                elif b'"ev":"' + Ev.STALLED.encode() + b'"' in line:
+                    rank.stalled = True
+                elif b'"ev":"' + Ev.EXIT.encode() + b'"' in line:
+                    rank.ended = True
+
+    def hung(self, now: float) -> bool:
+        """Has every rank of this group stalled, ended, or been asked for its stacks
+        after a peer stalled, with the stacks written? Proves deadlocks meanwhile."""
+        if self.world and self.watch is None:
+            self.watch = dirwatch.TraceDirectory(self.directory, self.world,
+                                                 self.directory.name)
+        if self.first_stall is None and self.watch is not None \
+                and dirwatch.read_proof(self.directory, self.directory.name) is None:
+            found = self.watch.proof(now)
+            if found is not None:
+                dirwatch.write_proof(self.directory, self.directory.name, found)
+        if not any(r.stalled for r in self.ranks.values()):
+            return False
+        if self.first_stall is None:
+            self.first_stall = now
+        done = True
+        for number, rank in self.ranks.items():
+            if rank.ended:
+                continue
+            stacks = self.directory / f"rank-{number}.stacks"
+            written = stacks.exists() and stacks.stat().st_size > 0
+            if rank.stalled:
+                done &= written or now - self.first_stall > STACKS_WAIT_S
+                continue
+            if rank.poked_at is None:
+                done = False
+                if now - self.first_stall >= dirwatch.POKE_AFTER_S and rank.pid:
+                    _poke(rank.pid)
+                    rank.poked_at = now
+                continue
+            done &= written or now - rank.poked_at > STACKS_WAIT_S
+        return done
+
+
+def _poke(pid: int) -> None:
+    """SIGUSR1: faulthandler in the rank writes its stacks to its file (autohook.py)."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        pass
+
+
+def run_command(argv: list[str], deadline: float, light: bool = False) -> CommandResult:
+    """Run ``argv`` until it ends, or until one of its process groups is hung (then stop
+    its whole tree). Ctrl-C stops the tree and is raised again."""
+    root = Path(tempfile.mkdtemp(prefix="distdoctor-run-"))
+    traces = root / "traces"
+    traces.mkdir()
+    env = dict(os.environ)
+    hook = autohook.write_hook(root / "hook")
+    env["PYTHONPATH"] = os.pathsep.join([str(hook)] + [p for p in env.get(
+        "PYTHONPATH", "").split(os.pathsep) if p])
+    env.update({autohook.HOOK_DIR: str(traces), autohook.HOOK_DEADLINE: f"{deadline:g}",
+                autohook.HOOK_LIGHT: "1" if light else "0"})
+    tree.become_subreaper()
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(argv, env=env, process_group=0)
+    except OSError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        raise CommandStartError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+    groups: dict[Path, _Group] = {}
+    hung: Path | None = None
+    try:
+        while True:
+            code = process.poll()
+            for directory in sorted(traces.glob("pg-*")):
+                group = groups.setdefault(directory, _Group(directory))
+                group.read()
+            now = time.monotonic()
+            hung = next((g.directory for g in groups.values()
+                         if not all(r.ended for r in g.ranks.values()) and g.hung(now)),
+                        None)
+            if hung is not None:
+                break
+            if code is not None and not _ranks_alive(groups):
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _stop(process)
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    wall = time.monotonic() - started
+    if hung is not None:
+        _stop(process)
+    else:
+        _stop(process, grace=0.0)  # whatever the command left running
+    order = sorted(groups, key=_started_at)
+    return CommandResult(None if hung is not None else process.returncode, tuple(order),
+                         hung, wall, root)
+
+
+def _ranks_alive(groups: dict[Path, _Group]) -> bool:
+    """Is any traced rank still running (the command ended, its ranks not: they are this
+    process's now, as the subreaper)?"""
+    for group in groups.values():
+        for rank in group.ranks.values():
+            if rank.pid and not rank.ended and rank.pid in tree.descendants(os.getpid()) \
+                    and tree.alive([rank.pid]):
+                return True
+    return False
+
+
+def _stop(process: subprocess.Popen, grace: float = 0.0) -> None:
+    tree.kill_tree(grace)
+    process.wait()
+    tree.reap_children(block_for=2.0)
+
+
+def _started_at(directory: Path) -> tuple[float, str]:
+    """Groups in the order their first rank started tracing (by its trace's birth)."""
+    times = [p.stat().st_mtime for p in directory.glob("rank-*.jsonl")]
+    try:
+        first = min(json.loads(p.read_bytes().partition(b"\n")[0]).get("t", 0.0)
+                    for p in directory.glob("rank-*.jsonl"))
+    except (ValueError, OSError, AttributeError):
+        first = min(times, default=0.0)
+    return float(first), directory.name
