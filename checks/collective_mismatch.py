@@ -68,8 +68,9 @@ def parted(parting: Parting, world: int, check: str) -> Finding:
     return Finding(
         check=check, fault="collective-mismatch", kind="collective-mismatch",
         headline=f"{' and '.join(differs) or 'call'} "
-                 f"{'differ' if len(differs) > 1 else 'differs'} at collective "
-                 f"#{parting.seq}",
+                 f"{'differ' if len(differs) > 1 else 'differs'} at "
+                 + (f"collective #{parting.seq}" if parting.seq >= 0 else
+                    "the current collective"),
         symptom=f"the ranks' {parting.where_said()} differs in {', '.join(differs)}: "
                 f"{parting.sentence(world)}",
         cause=cause, fix=fix, fix_changes={}, ranks=parting.culprits, where=parting.lines,

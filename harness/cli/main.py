@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Sequence
 
+from distdoctor.cli import attach as attach_cli
 from distdoctor.cli import collectives as collectives_cli
 from distdoctor.cli import demo as demo_cli
 from distdoctor.cli import diagnose as diagnose_cli
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.add_commands(commands)
     pipeline_cli.add_commands(commands)
     script_cli.add_commands(commands)
+    attach_cli.add_commands(commands)
     collectives_cli.add_commands(commands)
     memory_cli.add_commands(commands)
 

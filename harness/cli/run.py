@@ -160,7 +160,7 @@ def run_command(args: argparse.Namespace) -> int:
         except (ScriptStartError, AddressError) as exc:
             raise UsageError(str(exc).splitlines()[0]) from None
         # the report first: the killed ranks' memory is freed meanwhile
-        return _report(script_record(result.ends, result.traces, result.wall_s,
+        return report_record(script_record(result.ends, result.traces, result.wall_s,
                                      result.started, args.deadline), args.script, args.report,
                        all_frames=args.all_frames, html=args.html)
     finally:
@@ -225,7 +225,7 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
         _print_report(record, command, job.partial, args.all_frames, job.notes)
     print(f"\ndistdoctor run: '{command}' {how} after {result.wall_s:.1f} s", flush=True)
     if chosen is not None and (args.report or args.html):
-        _report(chosen[0], command, args.report, all_frames=args.all_frames, html=args.html,
+        report_record(chosen[0], command, args.report, all_frames=args.all_frames, html=args.html,
                 echo=False)
     return 1 if failed or result.code != 0 else 0
 
@@ -260,12 +260,12 @@ def analyze_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     for note in job.notes:
         print(f"distdoctor analyze: partial evidence: {note}", flush=True)
-    return _report(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
+    return report_record(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
                    " ".join(args.directories), args.report, "analyze", job.partial,
                    args.all_frames, args.html)
 
 
-def _report(record, script: str, report_path: str | None, command: str = "run",
+def report_record(record, script: str, report_path: str | None, command: str = "run",
             partial: bool = False, all_frames: bool = False, html: str | None = None,
             echo: bool = True) -> int:
     import time

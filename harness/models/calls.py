@@ -20,6 +20,24 @@ ASYNC_POINT_TO_POINT = frozenset({"isend", "irecv", BATCH})  # return a work to 
 
 Direction = Literal["send", "recv"]
 
+# torch.distributed's Python functions that communicate, each with the argument that names
+# its peer or root and, for a point-to-point call, its direction: what the tracer wraps,
+# and what ``attach`` looks for in a live rank's stack
+TRACED_OPS: dict[str, tuple[str | None, str | None]] = {
+    "send": ("dst", "send"), "recv": ("src", "recv"),
+    "isend": ("dst", "send"), "irecv": ("src", "recv"),
+    "batch_isend_irecv": (None, None),
+    "all_reduce": (None, None), "broadcast": ("src", None), "reduce": ("dst", None),
+    "all_gather": (None, None), "all_gather_into_tensor": (None, None),
+    "all_gather_single": (None, None),  # torch 2.13's name for all_gather_into_tensor
+    "reduce_scatter": (None, None), "reduce_scatter_tensor": (None, None),
+    "reduce_scatter_single": (None, None),
+    "all_to_all": (None, None), "all_to_all_single": (None, None),
+    "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
+    "monitored_barrier": (None, None),
+}
+
+
 
 def is_point_to_point(op: str) -> bool:
     """A send, a receive, or a batch of them: it waits for its peers, not for a group."""
@@ -43,10 +61,11 @@ def describe_call(op: str, peer: int | None, seq: int, shapes: Iterable = (),
     root, its number (on a named group, that group), shapes, dtype, reduce op, and line."""
     target = (f" to {peer}" if op in SENDS else f" from {peer}" if op in RECEIVES else
               f" rooted at {peer}" if peer is not None and op != BATCH else "")
-    number = f"#{seq}" + (f" on process group {pg}" if pg else "")
+    number = (f"#{seq}" if seq >= 0 else "") + (f" on process group {pg}" if pg else "")
+    number = number.strip()  # a negative number: not known (a call read from a stack)
     shown = " ".join(str(tuple(s)) for s in shapes)
     detail = ", ".join(filter(None, [number, shown, dtype, reduce_op or ""]))
-    return f"{op}{target} ({detail}) at {where or '?'}"
+    return f"{op}{target}{f' ({detail})' if detail else ''} at {where or '?'}"
 
 
 def ranks_phrase(ranks: Iterable[int]) -> str:

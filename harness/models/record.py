@@ -106,7 +106,9 @@ class Recorded:
 class InFlight:
     """A collective a stopped rank had enqueued and not completed, and not through a traced
     call, by torch's Flight Recorder: numbered on its group (``pg``: None for the default
-    group) as the backend pairs them (DDP makes its own from C++, never traced)."""
+    group) as the backend pairs them (DDP makes its own from C++, never traced); a
+    negative ``seq`` when it was read from the rank's Python stack (``attach``), not
+    numbered."""
 
     pg: str | None
     seq: int
@@ -142,6 +144,8 @@ class RankEnd:
         if not self.in_flight:
             return None
         last = self.in_flight[-1]
+        if last.seq < 0:  # read from the rank's Python stack, not from its recorder
+            return f"waiting in {_made_by(self.stacks, last.op)} (by its Python stack)"
         group = f"process group {last.pg}" if last.pg else "the default group"
         return (f"waiting in {_made_by(self.stacks, last.op)} ({last.op} #{last.seq} of "
                 f"{group}, by torch's Flight Recorder)")

@@ -129,10 +129,12 @@ class Parting:
         return f"{even}, no majority: {said}"
 
     def where_said(self) -> str:
-        """'collective #2 of the default group', or of process group NAME (ranks 0-3)."""
+        """'collective #2 of the default group', or of process group NAME (ranks 0-3);
+        'current collective', where its number is not known (read from stacks)."""
+        what = f"collective #{self.seq}" if self.seq >= 0 else "current collective"
         if self.pg is None:
-            return f"collective #{self.seq} of the default group"
-        return f"collective #{self.seq} of process group {self.pg} ({ranks_phrase(self.group)})"
+            return f"{what} of the default group"
+        return f"{what} of process group {self.pg} ({ranks_phrase(self.group)})"
 
 
 def parting_at(group: tuple[int, ...], pg: str | None, seq: int, here: dict[int, Made],

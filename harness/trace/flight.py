@@ -89,20 +89,33 @@ def history() -> dict[str | None, list[list]]:
         default = c10d._get_default_group().group_name
     except Exception:
         return {}
+    return history_of(dump, default)
+
+
+def history_of(dump: object, default: str | None = None) -> dict[str | None, list[list]]:
+    """A Flight Recorder dump (plain data, as torch writes it) as ``history()`` gives it:
+    per process group (None: the default group, named ``default`` or, when that is not
+    known, described "default_pg" by torch), ``[seq, op, sizes, dtype, where]`` for
+    each collective. Entries that are not of torch's shape are skipped."""
     if not isinstance(dump, dict):
         return {}
     found: dict[str | None, list[list]] = {}
-    for entry in dump.get("entries", ()):
-        if not isinstance(entry, dict) or entry.get("is_p2p"):
+    for entry in dump.get("entries", ()) or ():
+        try:
+            if not isinstance(entry, dict) or entry.get("is_p2p"):
+                continue
+            name, *desc = entry.get("process_group") or [None]
+            default_group = name == default if default is not None else \
+                bool(desc) and desc[0] == "default_pg"
+            sizes = [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)]
+            dtypes = entry.get("input_dtypes") or [""]
+            found.setdefault(None if default_group else str(name), []).append([
+                int(entry.get("collective_seq_id", 0)),
+                str(entry.get("profiling_name", "")).partition(":")[2],
+                sizes, _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()),
+                _user_line(entry.get("frames") or ())])
+        except (TypeError, ValueError):
             continue
-        name = (entry.get("process_group") or [None])[0]
-        sizes = [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)]
-        dtypes = entry.get("input_dtypes") or [""]
-        found.setdefault(None if name == default else name, []).append([
-            int(entry.get("collective_seq_id", 0)),
-            str(entry.get("profiling_name", "")).partition(":")[2],
-            sizes, _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()),
-            _user_line(entry.get("frames") or ())])
     return found
 
 

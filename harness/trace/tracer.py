@@ -25,24 +25,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distdoctor.models.calls import ASYNC_POINT_TO_POINT
+from distdoctor.models.calls import ASYNC_POINT_TO_POINT, TRACED_OPS
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
 
-# op -> (argument holding the peer, or None), p2p direction ("send"/"recv"/None)
-OPS: dict[str, tuple[str | None, str | None]] = {
-    "send": ("dst", "send"), "recv": ("src", "recv"),
-    "isend": ("dst", "send"), "irecv": ("src", "recv"),
-    "batch_isend_irecv": (None, None),
-    "all_reduce": (None, None), "broadcast": ("src", None), "reduce": ("dst", None),
-    "all_gather": (None, None), "all_gather_into_tensor": (None, None),
-    "all_gather_single": (None, None),  # torch 2.13's name for all_gather_into_tensor
-    "reduce_scatter": (None, None), "reduce_scatter_tensor": (None, None),
-    "reduce_scatter_single": (None, None),
-    "all_to_all": (None, None), "all_to_all_single": (None, None),
-    "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
-    "monitored_barrier": (None, None),
-}
 # frames that are never the user's line: torch, this package's hooks, the standard library
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
               + os.sep, os.path.dirname(os.__file__))
@@ -71,7 +57,7 @@ class Tracer:
     def install(self) -> Tracer:
         global _active
         _active = self
-        for name in OPS:
+        for name in TRACED_OPS:
             original = getattr(c10d, name, None)
             if original is None or name in self._originals:
                 continue
@@ -203,7 +189,7 @@ class Tracer:
 
     def _wrap(self, name: str, original: Callable) -> Callable:
         positional = list(inspect.signature(original).parameters)
-        peer_arg, direction = OPS[name]
+        peer_arg, direction = TRACED_OPS[name]
 
         def traced(*args: Any, **kwargs: Any) -> Any:
             if getattr(self._local, "inside", False):  # e.g. isend inside batch_isend_irecv

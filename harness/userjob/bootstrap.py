@@ -245,8 +245,10 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     node's local rank 0 looks), writes down its own stacks once, notes the moment, and
     says so on stderr once (the job itself waits on, unless ``exit_on_hang``).
     ``watched``: distdoctor watches the directory from outside (``run -- COMMAND``): it
-    proves deadlocks, asks silent ranks for their stacks and reports, so the rank only
-    writes its own stall, quietly. Setting the event returned ends the watch (the rank's
+    proves deadlocks, keeps the deadline for the whole group (no call on any rank, which a
+    rank alone cannot see: its own quiet may be a long start while its peers train), asks
+    silent ranks for their stacks and reports, so the rank writes its stall, quietly,
+    when told. Setting the event returned ends the watch (the rank's
     process group was destroyed)."""
     from distdoctor.models.waitfor import PROOF_SWITCH
     from distdoctor.userjob import dirwatch
@@ -269,7 +271,10 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                 if found is not None:
                     dirwatch.write_proof(directory, run, found)
                     proven = found.text
-            if proven is None and now - tracer.last_event < deadline:
+            if watched:  # distdoctor decides: a proof, or its own deadline for the group
+                if proven is None and not dirwatch.stall_called(directory, run):
+                    continue
+            elif proven is None and now - tracer.last_event < deadline:
                 continue
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
                          **({"proof": proven} if proven is not None else {}))

@@ -61,6 +61,8 @@ class _Group:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     watch: dirwatch.TraceDirectory | None = None
     first_stall: float | None = None
+    last_growth: float = field(default_factory=time.monotonic)  # any rank's trace grew
+    stall_called: bool = False
 
     def read(self) -> None:
         for path in self.directory.glob("rank-*.jsonl"):
@@ -75,6 +77,8 @@ class _Group:
             except OSError:
                 continue
             rank.offset += len(chunk)
+            if chunk:
+                self.last_growth = time.monotonic()
             lines = (rank.tail + chunk).split(b"\n")
             rank.tail = lines.pop()
             for line in lines:
@@ -86,9 +90,14 @@ class _Group:
                 elif b'"ev":"' + Ev.EXIT.encode() + b'"' in line:
                     rank.ended = True
 
-    def hung(self, now: float) -> bool:
+    def hung(self, now: float, deadline: float) -> bool:
         """Has every rank of this group stalled, ended, or been asked for its stacks
-        after a peer stalled, with the stacks written? Proves deadlocks meanwhile."""
+        after a peer stalled, with the stacks written? Proves deadlocks meanwhile, and
+        calls the stall when no rank's trace has grown for ``deadline`` seconds."""
+        if not self.stall_called and now - self.last_growth >= deadline:
+            dirwatch.call_stall(self.directory, self.directory.name,
+                                f"no rank made a call for {deadline:g} s")
+            self.stall_called = True
         if self.world and self.watch is None:
             self.watch = dirwatch.TraceDirectory(self.directory, self.world,
                                                  self.directory.name)
@@ -130,7 +139,7 @@ def _poke(pid: int) -> None:
 
 def run_command(argv: list[str], deadline: float, light: bool = False) -> CommandResult:
     """Run ``argv`` until it ends, or until one of its process groups is hung (then stop
-    its whole tree). Ctrl-C stops the tree and is raised again."""
+    its whole tree). Ctrl-C or SIGTERM stops the tree and is raised again."""
     root = Path(tempfile.mkdtemp(prefix="distdoctor-run-"))
     traces = root / "traces"
     traces.mkdir()
@@ -157,14 +166,15 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                 group.read()
             now = time.monotonic()
             hung = next((g.directory for g in groups.values()
-                         if not all(r.ended for r in g.ranks.values()) and g.hung(now)),
+                         if not all(r.ended for r in g.ranks.values())
+                         and g.hung(now, deadline)),
                         None)
             if hung is not None:
                 break
             if code is not None and not _ranks_alive(groups):
                 break
             time.sleep(POLL_S)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM (SystemExit), or our own failure
         _stop(process)
         shutil.rmtree(root, ignore_errors=True)
         raise

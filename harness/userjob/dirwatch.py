@@ -29,6 +29,7 @@ from distdoctor.models.events import Ev
 from distdoctor.models.waitfor import Confirmation, Deadlock, WaitFor
 
 PROOF_FILE = "deadlock.json"
+STALL_FILE = "stalled.json"  # distdoctor's call, from outside: the group's deadline passed
 QUIET_S = 0.2  # the watching rank's own silence before it reads the others' traces
 POLL_S = 0.1  # how often each rank's stall watch looks for a proof
 # after the watching rank stalled, how long its peers' own watches have to say so before
@@ -128,3 +129,20 @@ def read_proof(directory: str | Path, run: str) -> str | None:
         return None  # an earlier run's
     text = said.get("text")
     return text if isinstance(text, str) else None
+
+
+def call_stall(directory: str | Path, run: str, why: str) -> None:
+    """Tell every rank of the run to write its stall now (``run -- COMMAND``'s deadline,
+    kept by distdoctor for the whole group): atomically, as the proof."""
+    path = Path(directory) / STALL_FILE
+    scratch = path.with_name(f".{STALL_FILE}.{os.getpid()}")
+    scratch.write_text(json.dumps({"run": run, "why": why}))
+    os.replace(scratch, path)
+
+
+def stall_called(directory: str | Path, run: str) -> bool:
+    try:
+        said = json.loads((Path(directory) / STALL_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(said, dict) and said.get("run") == run
