@@ -81,7 +81,7 @@ def ddp_steps(ctx, hooked: bool, blocks: int, steps: int) -> list[tuple[float, f
     import torch.distributed.distributed_c10d as c10d
     from torch import nn
 
-    from distdoctor.trace.tracer import OPS
+    from distdoctor.models.calls import TRACED_OPS as OPS
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])

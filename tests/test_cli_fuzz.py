@@ -3,8 +3,9 @@ numbers negative, huge, not numbers, empty, unicode, paths that do not exist. Wh
 comes, no traceback: exit 0, 1 or 2, and 2 with one line naming the command whenever it
 says "error:".
 
-Input that passes every check would start ranks; that is where this test stops it (the
-pool's and the launcher's entry points raise here), since what is under test is the
+Input that passes every check would start ranks, a command, or read a live process; that
+is where this test stops it (the pool's, the launchers' and attach's entry points raise
+here), since what is under test is the
 checking of input, not the training the suite tests elsewhere.
 """
 
@@ -66,7 +67,7 @@ def argvs(draw) -> list[str]:
 @pytest.fixture
 def stop_before_ranks(monkeypatch):
     from distdoctor.launch import pool
-    from distdoctor.userjob import launcher
+    from distdoctor.userjob import attach, command, launcher
 
     def would_run(*args, **kwargs):
         raise WouldRun
@@ -74,12 +75,14 @@ def stop_before_ranks(monkeypatch):
     monkeypatch.setattr(pool.RankPool, "start", would_run)
     monkeypatch.setattr(pool.RankPool, "run", would_run)
     monkeypatch.setattr(launcher, "run_script", would_run)
+    monkeypatch.setattr(command, "run_command", would_run)  # run -- COMMAND
+    monkeypatch.setattr(attach, "find", would_run)  # a live process's stacks
 
 
 def test_every_sub_command_is_reached_by_the_generator():
     assert {words[0] for words in COMMANDS} == {
         "train", "diagnose", "demo", "pipeline", "run", "analyze", "check-collective",
-        "collectives", "memory", "faults"}
+        "collectives", "memory", "faults", "attach"}
 
 
 @settings(max_examples=400, deadline=None,

@@ -1,10 +1,12 @@
 """Healthy code that nobody here wrote for distdoctor reports OK: a false alarm costs as much
 as a miss. ``examples/healthy/`` holds scripts in the shapes people use (how a rank ends,
 loaders with workers, checkpoints, object collectives, rank-dependent logging, evaluation
-on one rank, DDP's options, ZeRO, FSDP2, two process groups); each runs through the real
-command, some under a real torchrun with ``analyze`` afterwards, and the data-parallel
-steps through ``assert_trains_like_one_process``. A bug added to a few of them is still
-named, under the right headline. Add a script here for every false alarm found."""
+on one rank, DDP's options, ZeRO, FSDP2, two process groups; ``selflaunch/``, scripts
+that start their own ranks, run through ``run -- COMMAND`` in test_any_launcher); each
+runs through the real command, some under a real torchrun with ``analyze`` afterwards,
+and the data-parallel steps through ``assert_trains_like_one_process``. A bug added to a
+few of them is still named, under the right headline. Add a script here for every false
+alarm found."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A self-launching script (``mp.spawn``) that runs twice, as a sweep does: one process
-group per learning rate. Its hand-written data parallelism sums the gradients and never
-divides by the world size, so every step is N times too large; nothing crashes.
+"""A self-launching script (``torch.multiprocessing.start_processes``, forked ranks) that
+trains twice, as a sweep does: one process group per learning rate. Its hand-written
+data parallelism sums the gradients and never divides by the world size, so every step
+is N times too large; nothing crashes.
 ``distdoctor run -- python spawn_summed_gradients.py`` tells the two process groups apart
 and names the bug in each.
 """
@@ -38,4 +39,4 @@ def free_port() -> str:
 
 if __name__ == "__main__":
     for lr in (0.05, 0.01):
-        mp.spawn(train, args=(2, lr, free_port()), nprocs=2, join=True)
+        mp.start_processes(train, args=(2, lr, free_port()), nprocs=2, start_method="fork")

@@ -9,6 +9,8 @@ import time
 from distdoctor.cli.args import UsageError, html_file
 from distdoctor.cli.run import ALL_FRAMES, HTML
 
+SETTLE_ROUNDS = 2  # more windows of reads while some ranks wait and others still move
+
 
 def _pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
@@ -56,12 +58,22 @@ def attach_command(args: argparse.Namespace) -> int:
           f"(process {', '.join(f'{r.pid}' for r in job.ranks)}; numbered by "
           f"{'; '.join(sorted({r.how for r in job.ranks}))})", flush=True)
     job = attach.read_again(job)
-    dumps, dump_notes = attach.ask_flight_recorders(job)
-    ends, events, notes = attach.evidence(job, dumps)
-    for note in [*job.notes, *dump_notes, *notes]:
+    ends, events, notes = attach.evidence(job, {})
+    for _ in range(SETTLE_ROUNDS):  # a rank still on its way to the hang settles, a busy
+        if not (_stuck(ends, events) and _moving(ends)):  # one goes on moving
+            break
+        job = attach.read_again(job, fresh=True)
+        ends, events, notes = attach.evidence(job, {})
+    stuck = _stuck(ends, events)
+    dumps: dict = {}
+    if stuck:  # only then: a dump costs the rank its recorder's time
+        dumps, dump_notes = attach.ask_flight_recorders(job)
+        notes = dump_notes + notes
+        if dumps:
+            ends, events, _ = attach.evidence(job, dumps)
+    for note in [*job.notes, *notes]:
         print(f"distdoctor attach: {note}", flush=True)
-    if not any(end.status == "hung" and (end.in_flight or trace) and
-               "did not move" in (end.error or "") for end, trace in zip(ends, events)):
+    if not stuck:
         print(f"distdoctor attach: no rank is waiting in a collective or send/receive: "
               f"the job is not stuck in communication (read in "
               f"{time.monotonic() - started:.1f} s)")
@@ -81,6 +93,16 @@ def attach_command(args: argparse.Namespace) -> int:
     if args.stop:
         stop(job.launcher, [r.pid for r in job.ranks])
     return code
+
+
+def _stuck(ends, events) -> bool:
+    """Does some rank wait, unmoved through the reads, in a collective or send/receive?"""
+    return any(end.status == "hung" and (end.in_flight or trace) and
+               "did not move" in (end.error or "") for end, trace in zip(ends, events))
+
+
+def _moving(ends) -> bool:
+    return any(end.status == "hung" and "moved" in (end.error or "") for end in ends)
 
 
 def stop(launcher: int, ranks: list[int]) -> None:

@@ -233,8 +233,10 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
 def _group_origin(job) -> str:
     """"2 ranks, init_process_group at tutorial.py:40", from the ranks' start lines."""
     from distdoctor.models.calls import relative_line
+    from distdoctor.models.events import Ev
 
-    start: dict = next((e for events in job.events for e in events if e.get("ev") == "start"), {})
+    start: dict = next((e for events in job.events for e in events
+                        if e.get("ev") == Ev.START), {})
     where = start.get("init") if isinstance(start.get("init"), str) else ""
     return f"{len(job.ends)} ranks" + (f", init_process_group at {relative_line(where)}"
                                        if where else "")

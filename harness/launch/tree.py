@@ -2,10 +2,12 @@
 
 ``distdoctor run -- COMMAND`` starts a launcher it does not know (torchrun, ``mp.spawn``, a
 shell loop) whose ranks may start their own children (DataLoader workers) or leave their
-process group. This process becomes a child subreaper (Linux), so any of them orphaned on
-the way is re-parented to it, not to init: every one stays findable by walking the parent
-links down from here, and is reaped here. ``attach`` reads the same links of a job it did
-not start, only to find its processes (it never signals them unless told to stop them).
+parent. While the command runs, this process is a child subreaper (Linux), so any of them
+orphaned on the way is re-parented to it, not to init: every one stays findable by
+walking the parent links down from here. Only those are stopped and reaped, by pid:
+distdoctor may run inside a process with children of its own (the pytest plugin's warm
+ranks), which are never touched. ``attach`` reads the same links of a job it did not
+start, only to find its processes.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Orphaned descendants come to this process (Linux 3.4+); False where refused."""
+def subreaper(on: bool) -> bool:
+    """Orphaned descendants come to this process while ``on`` (Linux 3.4+); False where
+    refused."""
     if not sys.platform.startswith("linux"):
         return False
-    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on)) == 0
 
 
 def parents() -> dict[int, int]:
@@ -58,44 +62,45 @@ def descendants(root: int, links: dict[int, int] | None = None) -> list[int]:
     return order
 
 
-def kill_tree(grace: float = 0.0) -> None:
+def kill_all(members: Callable[[], list[int]], grace: float = 0.0) -> None:
     """SIGTERM then, after ``grace`` seconds, SIGKILL (at once when ``grace`` is 0) every
-    descendant of this process (with the subreaper, every process the command started,
-    however it left its parent). Only descendants: a pid read from a trace may have been
-    reused by then. Reaping is :func:`reap_children`'s."""
+    process ``members()`` lists, asked again each round (a process forking as it is
+    killed). Reaping is the caller's."""
     if grace > 0:
-        _signal(descendants(os.getpid()), signal.SIGTERM)
+        _signal(members(), signal.SIGTERM)
         end = time.monotonic() + grace
-        while time.monotonic() < end and alive(descendants(os.getpid())):
+        while time.monotonic() < end and alive(members()):
             time.sleep(0.05)
-    for _ in range(5):  # a child forking as it is killed: look again
-        running = [pid for pid in descendants(os.getpid()) if alive([pid])]
+    for _ in range(5):
+        running = [pid for pid in members() if alive([pid])]
         if not running:
             break
         _signal(running, signal.SIGKILL)
         time.sleep(0.02)
 
 
-def reap_children(block_for: float = 0.0) -> None:
-    """Reap every child that has ended; with ``block_for`` > 0, wait up to that long for
-    all of them to end."""
+def reap(pids: list[int], block_for: float = 0.0) -> None:
+    """Reap those of ``pids`` that are this process's children once they end, waiting up
+    to ``block_for`` seconds for them."""
     end = time.monotonic() + block_for
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # none left
-        if pid == 0:
-            if time.monotonic() >= end:
-                return
-            time.sleep(0.01)
+    waiting = set(pids)
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # not ours (re-parented elsewhere), or reaped already
+            if done:
+                waiting.discard(pid)
+        if not waiting or time.monotonic() >= end:
+            return
+        time.sleep(0.01)
 
 
 def alive(pids: list[int]) -> bool:
     """Is any of ``pids`` running (not ended, not a zombie)?"""
     for pid in pids:
         try:
-            os.kill(pid, 0)
             stat = Path(f"/proc/{pid}/stat").read_text()
             if stat[stat.rfind(")") + 2:].split()[0] != "Z":
                 return True

@@ -41,7 +41,8 @@ from distdoctor.userjob import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
 READ_GAP_S = 0.3
-DUMP_WAIT_S = 5.0  # for a rank's Flight Recorder dump after its pipe was written
+DUMP_WAIT_S = 15.0  # for a rank's Flight Recorder dump after its pipe was written (a
+# rank's first dump with stack traces takes 4 s here: torch sets up its symbolizer)
 PIPE_VARIABLES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
 DUMP_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 _WANTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", *PIPE_VARIABLES, *DUMP_VARIABLES,
@@ -51,6 +52,34 @@ _DDP = os.path.join("nn", "parallel", "distributed.py")
 _TORCH_DISTRIBUTED = os.path.join("torch", "distributed", "")
 _LAUNCHERS = tuple(os.path.join("torch", "distributed", part) for part in
                    ("elastic", "run.py", "launch.py", "launcher"))
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of a rank: its stacks, and how much its main thread had run by then (CPU
+    ticks and context switches, from /proc): a thread blocked in a collective adds to
+    neither, one in a loop that looks the same at every read (all-reduces with no counter)
+    adds to both."""
+
+    snapshot: pyspy.Snapshot
+    activity: int
+
+
+def _activity(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    except OSError:
+        return -1  # gone
+    fields = stat[stat.rfind(")") + 2:].split()
+    switches = sum(int(line.split()[1]) for line in status.splitlines()
+                   if line.endswith("ctxt_switches:") or "ctxt_switches:" in line)
+    return int(fields[11]) + int(fields[12]) + switches  # utime + stime + switches
+
+
+def _read(pid: int) -> Read:
+    activity = _activity(pid)
+    return Read(pyspy.dump(pid), activity)
 
 
 class AttachError(RuntimeError):
@@ -70,7 +99,7 @@ class Job:
     launcher: int  # the process the ranks descend from
     ranks: tuple[RankProcess, ...]
     world: int
-    reads: dict[int, tuple[pyspy.Snapshot, ...]]  # by rank
+    reads: dict[int, tuple[Read, ...]]  # by rank
     notes: tuple[str, ...]
 
 
@@ -101,9 +130,9 @@ def find(pid: int) -> Job:
 
 
 def _ranks_under(root: int, links: dict[int, int]
-                 ) -> tuple[list[RankProcess], dict[int, pyspy.Snapshot]]:
+                 ) -> tuple[list[RankProcess], dict[int, Read]]:
     found: list[RankProcess] = []
-    reads: dict[int, pyspy.Snapshot] = {}
+    reads: dict[int, Read] = {}
     taken: set[int] = set()
     unnumbered: list[int] = []
     for pid in [root] + tree.descendants(root, links):
@@ -111,16 +140,16 @@ def _ranks_under(root: int, links: dict[int, int]
             continue
         env = _environment(pid)
         try:
-            snapshot = pyspy.dump(pid)
+            read = _read(pid)
         except pyspy.StackReadError as exc:
             if "not permitted" in str(exc) or "not installed" in str(exc):
                 raise AttachError(str(exc)) from None
             continue  # gone meanwhile, or not Python after all
-        number, how = _number(env, snapshot)
-        if number is None and not _in_distributed(snapshot):
+        number, how = _number(env, read.snapshot)
+        if number is None and not _in_distributed(read.snapshot):
             continue
         taken.add(pid)
-        reads[pid] = snapshot
+        reads[pid] = read
         if number is None:
             unnumbered.append(pid)
         else:
@@ -201,14 +230,15 @@ def _environment(pid: int) -> dict[str, str]:
             if k.decode(errors="replace") in _WANTED}
 
 
-def read_again(job: Job) -> Job:
-    """More reads of every rank, READ_GAP_S apart: a rank that moved is not waiting."""
-    reads = {rank: list(snaps) for rank, snaps in job.reads.items()}
-    for _ in range(READS - 1):
+def read_again(job: Job, fresh: bool = False) -> Job:
+    """More reads of every rank, READ_GAP_S apart, to READS in all (READS new ones if
+    ``fresh``): a rank that moved is not waiting."""
+    reads = {rank: [] if fresh else list(snaps) for rank, snaps in job.reads.items()}
+    for _ in range(READS if fresh else READS - 1):
         time.sleep(READ_GAP_S)
         for process in job.ranks:
             try:
-                reads[process.rank].append(pyspy.dump(process.pid))
+                reads[process.rank].append(_read(process.pid))
             except pyspy.StackReadError:
                 pass  # ended meanwhile: its last read stands
     return Job(job.launcher, job.ranks, job.world,
@@ -244,10 +274,14 @@ def ask_flight_recorders(job: Job) -> tuple[dict[int, object], list[str]]:
     while asked and time.monotonic() < end:
         for rank, (target, before) in list(asked.items()):
             try:
-                if target.stat().st_mtime > before and target.stat().st_size > 0:
-                    time.sleep(0.1)  # the writer may still be at it
-                    dumps[rank] = read_dump(target.read_bytes())
-                    del asked[rank]
+                if not target.exists() or target.stat().st_mtime <= before \
+                        or target.stat().st_size == 0:
+                    continue
+                time.sleep(0.1)  # the writer may still be at it
+                dumps[rank] = read_dump(target.read_bytes())
+                del asked[rank]
+            except FileNotFoundError:
+                continue  # replaced as we read it: the next look finds the new one
             except (OSError, ValueError) as exc:
                 notes.append(f"rank {rank}: its Flight Recorder dump {target} could not be "
                              f"read ({exc})")
@@ -295,8 +329,9 @@ def evidence(job: Job, dumps: dict[int, object]
             events.append(())
             continue
         reads = job.reads[rank]
-        last = reads[-1]
-        still = len({s.key() for s in reads}) == 1
+        last = reads[-1].snapshot
+        still = len({r.snapshot.key() for r in reads}) == 1 \
+            and len({r.activity for r in reads}) == 1
         if not still:
             moving.append(rank)
         history = recorded(history_of(dumps.get(rank)))
@@ -314,7 +349,8 @@ def evidence(job: Job, dumps: dict[int, object]
             in_flight = (InFlight(None, -1, waiting[0]),)
         ends.append(RankEnd(rank, "hung", at=0.0,
                             error="its stacks did not move across the reads" if still else
-                            "its stacks moved between reads: it is running",
+                            "its stacks or its main thread's CPU time moved between reads: it "
+                            "is running",
                             stacks=last.threads, in_flight=in_flight, recorded=history))
         events.append(call_events)
     notes = []

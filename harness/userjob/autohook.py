@@ -15,10 +15,10 @@ reader (traces.py) and the same report serve both.
 Several process groups over a command's life (``init_process_group`` after a
 ``destroy_process_group``, an ``mp.spawn`` in a loop) are told apart without any message
 between the ranks: each group's ranks share a rendezvous (``env://`` address and port,
-``tcp://`` or ``file://`` URL, or store) and start together; a rank joins the newest
-directory of its rendezvous that has no trace of its rank yet and in which no rank has
-ended, else opens the next (``pg-<rendezvous>-<n>``). The directory's name is the run id
-every trace opens with.
+``tcp://`` or ``file://`` URL, or store) and leave ``init_process_group`` together; a rank
+joins the first directory of its rendezvous and world size that has no trace of its rank
+yet, is not full and was opened within the last minute, else opens the next
+(``pg-<rendezvous>-<n>``). The directory's name is the run id every trace opens with.
 
 The exceptions a launcher catches before Python would print them (``mp.spawn``'s child
 wrapper sends the traceback to its parent, which raises ``ProcessExitedException``;
@@ -33,13 +33,15 @@ import hashlib
 import importlib.abc
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 HOOK_DIR = "DISTDOCTOR_HOOK_DIR"  # where traces go; set by ``distdoctor run --`` only
 HOOK_DEADLINE = "DISTDOCTOR_HOOK_DEADLINE"  # seconds without a call before a rank stalls
 HOOK_LIGHT = "DISTDOCTOR_HOOK_LIGHT"  # "1": calls only, not the silent bugs' evidence
-ENDED = "ended"  # a file in a group's directory once one of its ranks has ended
+OPENED = "opened"  # a file in a group's directory, made by its first rank
+JOIN_S = 60.0  # a group's ranks open their traces within this of its first
 
 _PATCH_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {}
 _state: dict[str, Any] = {}  # this process's rank once it is one: tracer, end
@@ -194,15 +196,23 @@ def _init_line() -> str:
     return user_line(skip=(__file__,))
 
 
-def _group_directory(root: Path, rendezvous: str, rank: int) -> tuple[Path, int]:
+def _group_directory(root: Path, rendezvous: str, rank: int, world: int) -> tuple[Path, int]:
     """The directory this rank's trace goes to, and the trace's descriptor (created here,
-    so two ranks never take one name)."""
-    tag = hashlib.sha1(rendezvous.encode()).hexdigest()[:8]
+    so two ranks never take one name): the first of its rendezvous that lacks this rank,
+    is not full and was opened within JOIN_S (the ranks of one group leave
+    ``init_process_group`` together), else a new one."""
+    tag = hashlib.sha1(f"{rendezvous} {world}".encode()).hexdigest()[:8]
     number = 1
     while True:
         directory = root / f"pg-{tag}-{number}"
         directory.mkdir(parents=True, exist_ok=True)
-        if not (directory / ENDED).exists():
+        try:
+            opened = (directory / OPENED).stat().st_mtime
+        except FileNotFoundError:
+            (directory / OPENED).touch()
+            opened = time.time()
+        if time.time() - opened < JOIN_S and \
+                len(list(directory.glob("rank-*.jsonl"))) < world:
             try:
                 fd = os.open(directory / f"rank-{rank}.jsonl",
                              os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -230,7 +240,7 @@ def _open_group(rendezvous: str, init_line: str) -> None:
     if "tracer" in _state and not _state.get("ended"):
         _say_end(0)  # a second init without a destroy: the first group's part is over
         _state["watch"].set()
-    directory, fd = _group_directory(Path(os.environ[HOOK_DIR]), rendezvous, rank)
+    directory, fd = _group_directory(Path(os.environ[HOOK_DIR]), rendezvous, rank, world)
     stack_file = open(directory / f"rank-{rank}.stacks", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable(stack_file, all_threads=True)  # a fatal signal's stacks
@@ -255,18 +265,13 @@ def _open_group(rendezvous: str, init_line: str) -> None:
 
 
 def _say_end(code: int, error: str | None = None) -> None:
-    """The rank's end in its trace, once (the first way out to say it wins), and the
-    group's directory marked: the next group's ranks open another."""
+    """The rank's end in its trace, once (the first way out to say it wins)."""
     if _state.get("ended", True) or _state.get("pid") != os.getpid():
         return
     _state["ended"] = True
     from distdoctor.userjob import bootstrap
 
     bootstrap.say_exit(_state["tracer"], code, error)
-    try:
-        (_state["directory"] / ENDED).touch()
-    except OSError:
-        pass
 
 
 def _note_raised(exc: BaseException) -> None:
@@ -343,4 +348,4 @@ def write_hook(directory: Path) -> Path:
     return directory
 
 
-__all__ = ["install", "write_hook", "HOOK_DIR", "HOOK_DEADLINE", "HOOK_LIGHT", "ENDED"]
+__all__ = ["install", "write_hook", "HOOK_DIR", "HOOK_DEADLINE", "HOOK_LIGHT"]

@@ -63,6 +63,7 @@ class _Group:
     first_stall: float | None = None
     last_growth: float = field(default_factory=time.monotonic)  # any rank's trace grew
     stall_called: bool = False
+    called: bool = False  # some rank has entered a collective or send/receive
 
     def read(self) -> None:
         for path in self.directory.glob("rank-*.jsonl"):
@@ -89,12 +90,16 @@ class _Group:
                     rank.stalled = True
                 elif b'"ev":"' + Ev.EXIT.encode() + b'"' in line:
                     rank.ended = True
+                elif line.startswith(b'{"ev":"' + Ev.ENTER.encode() + b'"'):
+                    self.called = True
 
     def hung(self, now: float, deadline: float) -> bool:
         """Has every rank of this group stalled, ended, or been asked for its stacks
         after a peer stalled, with the stacks written? Proves deadlocks meanwhile, and
-        calls the stall when no rank's trace has grown for ``deadline`` seconds."""
-        if not self.stall_called and now - self.last_growth >= deadline:
+        calls the stall when no rank's trace has grown for ``deadline`` seconds since
+        some rank made its first call (before it, the ranks are starting: importing and
+        building their models, which takes longest on the busiest machines)."""
+        if not self.stall_called and self.called and now - self.last_growth >= deadline:
             dirwatch.call_stall(self.directory, self.directory.name,
                                 f"no rank made a call for {deadline:g} s")
             self.stall_called = True
@@ -149,13 +154,23 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
         "PYTHONPATH", "").split(os.pathsep) if p])
     env.update({autohook.HOOK_DIR: str(traces), autohook.HOOK_DEADLINE: f"{deadline:g}",
                 autohook.HOOK_LIGHT: "1" if light else "0"})
-    tree.become_subreaper()
+    before = {pid for pid, parent in tree.parents().items() if parent == os.getpid()}
+    tree.subreaper(True)
     started = time.monotonic()
     try:
         process = subprocess.Popen(argv, env=env, process_group=0)
     except OSError as exc:
+        tree.subreaper(False)
         shutil.rmtree(root, ignore_errors=True)
         raise CommandStartError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+
+    def members() -> list[int]:
+        """The command and every process it started, orphans re-parented here included
+        (never this process's other children)."""
+        links = tree.parents()
+        roots = [process.pid] + [pid for pid, parent in links.items()
+                                 if parent == os.getpid() and pid not in before]
+        return sorted({pid for root in roots for pid in [root, *tree.descendants(root, links)]})
     groups: dict[Path, _Group] = {}
     hung: Path | None = None
     try:
@@ -171,38 +186,39 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                         None)
             if hung is not None:
                 break
-            if code is not None and not _ranks_alive(groups):
+            if code is not None and not _ranks_alive(groups, members()):
                 break
             time.sleep(POLL_S)
     except BaseException:  # Ctrl-C, SIGTERM (SystemExit), or our own failure
-        _stop(process)
+        _stop(process, members)
         shutil.rmtree(root, ignore_errors=True)
         raise
     wall = time.monotonic() - started
-    if hung is not None:
-        _stop(process)
-    else:
-        _stop(process, grace=0.0)  # whatever the command left running
+    _stop(process, members)  # the hung job, or whatever the command left running
     order = sorted(groups, key=_started_at)
     return CommandResult(None if hung is not None else process.returncode, tuple(order),
                          hung, wall, root)
 
 
-def _ranks_alive(groups: dict[Path, _Group]) -> bool:
+def _ranks_alive(groups: dict[Path, _Group], members: list[int]) -> bool:
     """Is any traced rank still running (the command ended, its ranks not: they are this
     process's now, as the subreaper)?"""
     for group in groups.values():
         for rank in group.ranks.values():
-            if rank.pid and not rank.ended and rank.pid in tree.descendants(os.getpid()) \
-                    and tree.alive([rank.pid]):
+            if rank.pid and not rank.ended and rank.pid in members and tree.alive([rank.pid]):
                 return True
     return False
 
 
-def _stop(process: subprocess.Popen, grace: float = 0.0) -> None:
-    tree.kill_tree(grace)
-    process.wait()
-    tree.reap_children(block_for=2.0)
+def _stop(process: subprocess.Popen, members) -> None:
+    """Kill the command's whole tree, reap it, and stop being a subreaper."""
+    try:
+        tree.kill_all(members)
+        left = members()
+        process.wait()
+        tree.reap(left, block_for=2.0)
+    finally:
+        tree.subreaper(False)
 
 
 def _started_at(directory: Path) -> tuple[float, str]:

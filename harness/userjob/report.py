@@ -134,8 +134,8 @@ SILENT_ORDER: tuple[CauseKind, ...] = (
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
     """The bugs that let the run finish, most fundamental first."""
-    return [Cause(kind, list(f.ranks), f.symptom, f.fix, f.where[0] if f.where else None,
-                  f.measured)
+    return [Cause(kind, list(f.ranks), f.symptom, f.fix,
+                  relative_line(f.where[0]) if f.where else None, f.measured)
             for kind in SILENT_ORDER for f in findings
             if f.kind == kind and not f.inconclusive]
 

@@ -1,5 +1,6 @@
 """PyTorch's DDP tutorial as written (``mp.spawn``, the loss logged on rank 0 without a
-collective): the healthy twin of ``selflaunch/spawn_metric_on_rank0.py``."""
+collective): the healthy twin of ``examples/selflaunch/spawn_metric_on_rank0.py``. Self-launching:
+run it with ``distdoctor run -- python spawn_tutorial.py``."""
 
 import os
 import socket

@@ -1,0 +1,256 @@
+"""Jobs distdoctor did not start: ``distdoctor run -- COMMAND`` (the command's own launcher
+starts the ranks: mp.spawn, multiprocessing.Process, torchrun) and ``distdoctor attach
+PID`` (a job already running, started by the test without distdoctor). Each checks the
+verdict, the real ranks, the user's line, and that no process is left behind; attach
+also that the job it read is still running afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import proctable
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+LAUNCHED = Path(__file__).parent / "launched"
+
+
+def line_of(path: Path, text: str) -> str:
+    source = path.read_text().splitlines()
+    number = next(n for n, line in enumerate(source, 1) if text in line)
+    return f"{os.path.relpath(path, EXAMPLES)}:{number}"
+
+
+def run_command(distdoctor, tmp_path, *command: str, deadline: float = 60.0):
+    report = tmp_path / "report.json"
+    done = distdoctor("run", "--deadline", str(deadline), "--report", str(report), "--",
+                      *command)
+    return done, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_the_tutorials_shape_with_a_collective_on_rank_0_is_named_with_its_real_ranks(
+        distdoctor, tmp_path):
+    """mp.spawn's two children are ranks 0 and 1 (not the parent, whose
+    ProcessExitedException the old 'run SCRIPT' reported); rank 0's logging all-reduce
+    at its line is the cause. Rank 1 waits inside DDP's forward, which no proof sees:
+    the group's deadline ends it."""
+    script = EXAMPLES / "selflaunch" / "spawn_metric_on_rank0.py"
+    done, report = run_command(distdoctor, tmp_path, sys.executable, str(script.relative_to(
+        EXAMPLES)), deadline=5.0)
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
+    assert cause["where"] == line_of(script, "# BUG")
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert "ProcessExitedException" not in done.stdout
+    assert "stopped by distdoctor (process group 1 hung)" in done.stdout
+
+
+def test_the_tutorial_itself_is_healthy_and_its_output_passes_through(distdoctor, tmp_path):
+    done, report = run_command(distdoctor, tmp_path, sys.executable,
+                               "healthy/selflaunch/spawn_tutorial.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["status"] == "ok" and [r["state"] for r in report["ranks"]] == [
+        "finished", "finished"]
+    assert "step 3: loss" in done.stdout  # rank 0's own print, as the command wrote it
+    assert "exited with code 0" in done.stdout
+
+
+def test_a_multiprocessing_process_job_with_a_file_rendezvous_names_the_raising_rank(
+        distdoctor, tmp_path):
+    """multiprocessing prints rank 1's traceback and exits 1; rank 0 fails with gloo's
+    'Connection closed by peer'. The rank's own error comes first, at its line."""
+    script = EXAMPLES / "selflaunch" / "process_file_rendezvous.py"
+    done, report = run_command(distdoctor, tmp_path, sys.executable,
+                               "selflaunch/process_file_rendezvous.py")
+    assert done.returncode == 1
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("rank-crashed", [1]), done.stdout
+    assert "FileNotFoundError: shard-1.pt" in cause["summary"]
+    rank1 = report["ranks"][1]
+    assert f'line {line_of(script, "# BUG").rsplit(":", 1)[1]}, in load_shard' in rank1["error"]
+    assert "exited with code 1" in done.stdout
+
+
+def test_a_silent_bug_in_each_of_two_process_groups_is_named_in_each(distdoctor, tmp_path):
+    """One mp.spawn per learning rate: two process groups over the command's life, told
+    apart, each with gradients summed over its 2 ranks (2x the mean)."""
+    script = EXAMPLES / "selflaunch" / "spawn_summed_gradients.py"
+    done, report = run_command(distdoctor, tmp_path, sys.executable,
+                               "selflaunch/spawn_summed_gradients.py")
+    assert done.returncode == 1
+    assert "== process group 1 of 2 (2 ranks, init_process_group at " \
+           f"{line_of(script, 'dist.init_process_group(')})" in done.stdout
+    assert "== process group 2 of 2" in done.stdout
+    assert done.stdout.count("FAILED: gradient-not-averaged (ranks 0, 1)") == 2
+    assert report["cause"]["measured"]["ratio"] == pytest.approx(2.0, abs=0.01)
+    assert report["cause"]["where"] == line_of(script, "# BUG")
+    assert "exited with code 0" in done.stdout  # the command itself succeeded
+
+
+def test_run_torchrun_as_a_command_names_the_extra_call(distdoctor, tmp_path):
+    done, report = run_command(distdoctor, tmp_path, sys.executable, "-m",
+                               "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               "2", "rank_zero_metric.py")
+    assert done.returncode == 1
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
+    assert cause["where"] == line_of(EXAMPLES / "rank_zero_metric.py", "# BUG")
+
+
+def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecustomize(
+        distdoctor, tmp_path, monkeypatch):
+    """The hook costs a process nothing until init_process_group, and the user's own
+    sitecustomize (shadowed by ours on PYTHONPATH) still runs."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    done, report = run_command(distdoctor, tmp_path, sys.executable, "-c",
+                               "import os, sys; print('site', os.environ.get('USER_SITE_RAN'));"
+                               " print('torch', 'torch' in sys.modules); sys.exit(3)")
+    assert done.returncode == 1 and report is None
+    assert "site yes" in done.stdout and "torch False" in done.stdout
+    assert "initialised a process group" in done.stdout and "exited with code 3" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--"], ["run", "--nproc-per-node", "4", "--", "python", "x.py"],
+    ["run", "--", "/nonexistent/distdoctor-command"], ["attach", "0"], ["attach", "x"],
+    ["attach", "999999999"],
+])
+def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
+    done = distdoctor(*argv)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+class Job:
+    """A job the test starts the way its owner would, without distdoctor: every process
+    it makes carries a tag in its environment, so none can leak unseen."""
+
+    def __init__(self, argv: list[str], tmp_path: Path, env: dict[str, str] | None = None):
+        self.tag = uuid.uuid4().hex
+        scratch = tmp_path / "tmp"
+        scratch.mkdir(exist_ok=True)
+        self.process = subprocess.Popen(
+            argv, cwd=EXAMPLES, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env=dict(os.environ, TMPDIR=str(scratch),
+                                             DISTDOCTOR_TEST_TAG=self.tag, **(env or {})))
+
+    def processes(self) -> set[int]:
+        return proctable.tagged(self.tag)
+
+    def stop(self) -> None:
+        """Every process of the job (torchrun's workers have sessions of their own, and
+        outlive an agent killed outright)."""
+        for pid in self.processes() | ({self.process.pid} if self.process.poll() is None
+                                       else set()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(30)
+        assert proctable.wait_all_exit(sorted(self.processes()), 10) == set()
+
+
+def attach_until_stuck(distdoctor, job: Job, tmp_path: Path, *flags: str):
+    """``distdoctor attach`` on the job's launcher until it finds the job stuck (it starts
+    ranks, imports torch and reaches its hang first): the last answer and its report."""
+    report = tmp_path / "attach.json"
+    give_up = time.monotonic() + 90
+    while True:
+        done = distdoctor("attach", str(job.process.pid), "--report", str(report), *flags)
+        if done.returncode == 1 or time.monotonic() > give_up or job.process.poll() is not None:
+            return done, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_attach_names_a_hung_plain_torchrun_job_and_leaves_it_running(distdoctor, tmp_path):
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "conditional_collective.py"], tmp_path)
+    try:
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "numbered by RANK in its environment" in done.stdout
+        cause = report["cause"]
+        assert cause["kind"] == "collective-mismatch", done.stdout
+        script = EXAMPLES / "conditional_collective.py"
+        assert {cause["where"], *cause["also_at"]} >= {line_of(script, "# BUG"),
+                                                     line_of(script, "dist.barrier()")}
+        assert [(r["rank"], r["call"]["op"]) for r in report["ranks"]] == [
+            (0, "all_reduce"), (1, "barrier")]
+        running = job.processes()
+        assert job.process.poll() is None and all(proctable.alive(p) for p in running)
+        stopped = subprocess.run([sys.executable, "-m", "distdoctor", "attach", "--stop",
+                                  str(job.process.pid)], capture_output=True, text=True,
+                                 timeout=120)  # from another shell, as its owner would
+        assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+        job.process.wait(10)
+        assert proctable.wait_all_exit(sorted(running), 10) == set()
+    finally:
+        job.stop()
+
+
+def test_attach_names_a_hung_mp_spawn_job_from_the_ranks_stacks(distdoctor, tmp_path):
+    script = EXAMPLES / "selflaunch" / "spawn_metric_on_rank0.py"
+    job = Job([sys.executable, "selflaunch/spawn_metric_on_rank0.py"], tmp_path)
+    try:
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "ranks 0, 1 of 2" in done.stdout and "mp.spawn's index" in done.stdout
+        cause = report["cause"]
+        assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
+        assert cause["where"] == line_of(script, "# BUG")
+        assert "DDP's own broadcast in its forward" in cause["summary"]
+        ranks = [int(p) for p in done.stdout.split("(process ")[1].split(";")[0].split(", ")]
+        assert job.process.poll() is None and all(proctable.alive(p) for p in ranks)
+    finally:
+        job.stop()
+
+
+def test_attach_asks_for_flight_recorder_dumps_through_the_dump_pipe(distdoctor, tmp_path):
+    """Every rank waits in the same all-reduce line: the stacks cannot say where the ranks
+    parted, the recorders' histories can (#3, counted from 1: rank 0's extra metric)."""
+    script = LAUNCHED / "dump_pipe_hang.py"
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(script)], tmp_path,
+              env={"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "pipe_"),
+                   "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "dump_")})
+    try:
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        cause = report["cause"]
+        assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
+        assert "collective #3 of the default group" in cause["summary"]  # FR counts from 1
+        assert cause["where"].endswith(f":{line_of(script, '# BUG').rsplit(':', 1)[1]}")
+        assert {p.name for p in tmp_path.glob("dump_*")} == {"dump_0", "dump_1"}
+        assert job.process.poll() is None
+    finally:
+        job.stop()
+
+
+def test_attach_leaves_a_healthy_job_alone_even_when_its_stacks_repeat(distdoctor, tmp_path):
+    """A loop of all-reduces with no counter reads the same at every stack read; its main
+    threads still run (their CPU time and context switches grow): not stuck."""
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(LAUNCHED / "steady_loop.py")], tmp_path)
+    try:
+        give_up = time.monotonic() + 60
+        while True:  # until both ranks are up and in their loop
+            done = distdoctor("attach", str(job.process.pid))
+            if "ranks 0, 1 of 2" in done.stdout or time.monotonic() > give_up:
+                break
+        for _ in range(3):
+            done = distdoctor("attach", str(job.process.pid))
+            assert done.returncode == 0, done.stdout
+            assert "not stuck in communication" in done.stdout
+    finally:
+        job.stop()
