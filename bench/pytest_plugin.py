@@ -99,26 +99,28 @@ def main() -> None:
     parser.add_argument("--mptc-tests", type=int, default=None,
                         help="MultiProcessTestCase tests (default: as many as --tests)")
     parser.add_argument("--smoke", action="store_true",
-                        help="the suite's run: 2 plugin tests and 1 MultiProcessTestCase test")
+                        help="the suite's run: 2 plugin tests and 1 MultiProcessTestCase test, "
+                             "at world size 2")
     args = parser.parse_args()
+    world = WORLD
     if args.smoke:
-        args.tests, args.mptc_tests = 2, 1
+        args.tests, args.mptc_tests, world = 2, 1, 2
     if args.tests < 1 or (args.mptc_tests is not None and args.mptc_tests < 1):
         parser.error("test counts must be at least 1")
-    total = sum(range(WORLD))
+    total = sum(range(world))
     with tempfile.TemporaryDirectory(prefix="distdoctor-bench-") as name:
         directory = Path(name)
         (directory / "bench_timer.py").write_text(TIMER)
         (directory / "pytest.ini").write_text("[pytest]\n")
-        plugin_tests = "".join(PLUGIN_TEST.format(world=WORLD, index=i, total=total)
+        plugin_tests = "".join(PLUGIN_TEST.format(world=world, index=i, total=total)
                                for i in range(args.tests + 1))  # test_00 warms the pool
         (directory / "test_plugin.py").write_text(
             "import pytest\nimport torch\nimport torch.distributed as dist\n" + plugin_tests)
         mptc = args.mptc_tests or args.tests
         (directory / "test_mptc.py").write_text(
-            MPTC_HEAD.format(world=WORLD) + "".join(
+            MPTC_HEAD.format(world=world) + "".join(
                 MPTC_TEST.format(index=i, total=total) for i in range(mptc)))
-        print(f"{args.tests} all-reduce tests at world size {WORLD} through the plugin ...",
+        print(f"{args.tests} all-reduce tests at world size {world} through the plugin ...",
               flush=True)
         plugin, plugin_wall = run(directory, "test_plugin.py")
         print(f"{mptc} as MultiProcessTestCase tests (about 7 s each here) ...", flush=True)

@@ -44,7 +44,7 @@ def test_the_tutorials_shape_with_a_collective_on_rank_0_is_named_with_its_real_
     the group's deadline ends it."""
     script = EXAMPLES / "selflaunch" / "spawn_metric_on_rank0.py"
     done, report = run_command(distdoctor, tmp_path, sys.executable, str(script.relative_to(
-        EXAMPLES)), deadline=5.0)
+        EXAMPLES)), deadline=3.0)
     assert done.returncode == 1, done.stdout + done.stderr
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
@@ -96,14 +96,21 @@ def test_a_silent_bug_in_each_of_two_process_groups_is_named_in_each(distdoctor,
     assert "exited with code 0" in done.stdout  # the command itself succeeded
 
 
-def test_run_torchrun_as_a_command_names_the_extra_call(distdoctor, tmp_path):
+def test_run_torchrun_as_a_command_traces_a_group_formed_by_init_device_mesh(
+        distdoctor, tmp_path):
+    """torchrun starts the ranks; init_device_mesh calls init_process_group by the name it
+    took while torch.distributed was imported (the hook replaces that one too)."""
     done, report = run_command(distdoctor, tmp_path, sys.executable, "-m",
                                "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               "2", "rank_zero_metric.py")
+                               "2", "mesh_metric_on_rank0.py")
     assert done.returncode == 1
     cause = report["cause"]
-    assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
-    assert cause["where"] == line_of(EXAMPLES / "rank_zero_metric.py", "# BUG")
+    assert cause["kind"] == "collective-mismatch", done.stdout
+    script = EXAMPLES / "mesh_metric_on_rank0.py"
+    assert {cause["where"], *cause["also_at"]} == {line_of(script, "# BUG"),
+                                                  line_of(script, "dist.barrier()")}
+    assert [(r["rank"], r["call"]["op"]) for r in report["ranks"]] == [
+        (0, "all_reduce"), (1, "barrier")]
 
 
 def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecustomize(
@@ -248,9 +255,56 @@ def test_attach_leaves_a_healthy_job_alone_even_when_its_stacks_repeat(distdocto
             done = distdoctor("attach", str(job.process.pid))
             if "ranks 0, 1 of 2" in done.stdout or time.monotonic() > give_up:
                 break
-        for _ in range(3):
-            done = distdoctor("attach", str(job.process.pid))
+        for _ in range(2):
             assert done.returncode == 0, done.stdout
             assert "not stuck in communication" in done.stdout
+            done = distdoctor("attach", str(job.process.pid))
     finally:
         job.stop()
+
+
+def test_py_spy_s_refusal_and_odd_answers_become_one_line_or_nothing():
+    """What attach says when ptrace is refused (root here cannot be refused: the message
+    is checked as py-spy words it), and py-spy JSON of the wrong shape is skipped."""
+    from distdoctor.userjob import pyspy
+
+    said = pyspy._why(42, "Error: Permission denied (os error 13)\n")
+    assert said.count("\n") == 0 and "ptrace_scope=0" in said and "SYS_PTRACE" in said
+    assert pyspy.parse(1, {"not": "a list"}).threads == ()
+    odd = pyspy.parse(1, [7, {"thread_name": "MainThread", "frames": [
+        {"name": "Module.run", "filename": "a.py", "line": "x"}, "junk"]}])
+    assert [(f.function, f.line) for f in odd.threads[0].frames] == [("run", 0)]
+
+
+def test_ctrl_c_stops_the_commands_whole_tree(tmp_path):
+    """The command runs in a process group of its own (a terminal's Ctrl-C reaches
+    distdoctor alone); distdoctor then stops every process the command started, ranks
+    and mp.spawn's parent alike, and exits 130."""
+    tag = uuid.uuid4().hex
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "distdoctor", "run", "--", sys.executable,
+         "selflaunch/spawn_metric_on_rank0.py"], cwd=EXAMPLES, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=dict(os.environ, DISTDOCTOR_TEST_TAG=tag))
+    try:
+        give_up = time.monotonic() + 60
+        while len(_ranks_spawned(tag)) < 2 and time.monotonic() < give_up:
+            runner.poll()  # until mp.spawn has started both ranks
+        runner.send_signal(signal.SIGINT)
+        _, err = runner.communicate(timeout=60)
+        assert runner.returncode == 130, err
+        assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+
+
+def _ranks_spawned(tag: str) -> list[int]:
+    found = []
+    for pid in proctable.tagged(tag):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found

@@ -10,7 +10,7 @@ import typing
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distdoctor.models import (
@@ -96,6 +96,10 @@ def specs(draw):
 RECORDS = {RunSpec: specs()}
 
 
+# a RunReport is large (every record type at once): a quarter of the profile's examples
+# (25 in the suite, 250 under --hypothesis-profile=explore) covers every field, as the
+# test after this one checks, at a quarter of the suite's time
+@settings(max_examples=max(10, settings().max_examples // 4))
 @given(instances(RunReport))
 def test_every_report_survives_a_json_round_trip_exactly(report):
     text = json.dumps(to_json(report), allow_nan=False)  # strict JSON: no NaN, no Infinity

@@ -44,7 +44,7 @@ def add_commands(commands) -> None:
 
 def attach_command(args: argparse.Namespace) -> int:
     from distdoctor.cli.run import report_record
-    from distdoctor.models.calls import ranks_phrase
+    from distdoctor.models.calls import ranks_phrase, relative_line
     from distdoctor.userjob import attach
     from distdoctor.userjob.record import script_record
 
@@ -84,6 +84,15 @@ def attach_command(args: argparse.Namespace) -> int:
                   "dump): where the ranks wait is certain, where their sequences parted "
                   "before is not", flush=True)
         record = script_record(ends, events, 0.0, 0.0, 0.0)
+        places = {(trace[-1]["op"], trace[-1]["where"]) for trace in events if trace}
+        if not dumps and len(places) == 1 and all(events):
+            op, where = places.pop()
+            print(f"distdoctor attach: every rank waits in {op} at the same line, "
+                  f"{relative_line(where)}, and it does not complete: their collective "
+                  f"sequences parted before it (one rank made a call more, or fewer). A "
+                  f"stack cannot show where; the Flight Recorder can: start the job with "
+                  f"TORCH_NCCL_DEBUG_INFO_PIPE_FILE (nccl) or under distdoctor run",
+                  flush=True)
         code = report_record(record, f"the job of process {job.launcher}", args.report, "attach",
                        all_frames=args.all_frames, html=args.html)
         print(f"\ndistdoctor attach: read in {time.monotonic() - started:.1f} s; "

@@ -107,6 +107,12 @@ def find(pid: int) -> Job:
     """The job ``pid`` belongs to: its ranks and a first read of each."""
     if not Path(f"/proc/{pid}").exists():
         raise AttachError(f"no process {pid}")
+    try:
+        os.readlink(f"/proc/{pid}/exe")
+    except PermissionError:
+        raise AttachError(pyspy.not_permitted(pid)) from None
+    except OSError:
+        pass  # a kernel thread, or gone: found to have no ranks below
     links = tree.parents()
     ranks, reads = _ranks_under(pid, links)
     if ranks and [r.pid for r in ranks] == [pid] and links.get(pid, 1) > 1:

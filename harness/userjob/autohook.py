@@ -129,8 +129,12 @@ def _patch_init(distributed) -> None:
         ours._distdoctor = True  # type: ignore[attr-defined]
         ours.__wrapped__ = theirs  # type: ignore[attr-defined]
         ours.__doc__ = theirs.__doc__
-        setattr(c10d, theirs.__name__, ours)
-        setattr(distributed, theirs.__name__, ours)
+        # torch.distributed's own modules that took the name while the package was being
+        # imported (device_mesh: init_device_mesh calls it) get ours too
+        for module in [m for name, m in list(sys.modules.items())
+                       if name.startswith("torch.distributed") and m is not None]:
+            if getattr(module, theirs.__name__, None) is theirs:
+                setattr(module, theirs.__name__, ours)
 
 
 _SPAWN_WRAP: list[Callable] = []  # torch.multiprocessing.spawn's own _wrap

@@ -107,13 +107,18 @@ def _int(value: object) -> int:
         return 0
 
 
+def not_permitted(pid: int) -> str:
+    """The one line for a process this user may not read, with what to do about it."""
+    return (f"not permitted to read process {pid} (ptrace): run distdoctor attach as the "
+            f"job's own user after 'sudo sysctl kernel.yama.ptrace_scope=0', or as root, or "
+            f"in a container started with --cap-add SYS_PTRACE")
+
+
 def _why(pid: int, said: str) -> str:
     """py-spy's refusal as one line, with what to do about it."""
     text = " ".join(said.split())
     if "Permission denied" in text or "Operation not permitted" in text:
-        return (f"not permitted to read process {pid}'s memory (ptrace): run distdoctor "
-                f"attach as the job's user with 'sudo sysctl kernel.yama.ptrace_scope=0', "
-                f"or as root, or in a container started with --cap-add SYS_PTRACE")
+        return not_permitted(pid)
     if "No such process" in text or "Failed to find process" in text:
         return f"process {pid} is gone"
     if "python" in text.lower() and ("not" in text.lower() or "fail" in text.lower()):
