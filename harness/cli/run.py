@@ -196,6 +196,7 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     """One report per process group the command made (the hung one, or the first that
     failed, is the one --report and --html write), then the command's own end."""
     from distdoctor.userjob.record import explain, script_record
+    from distdoctor.userjob.report import render
     from distdoctor.userjob.traces import TraceError, load
 
     how = (f"stopped by distdoctor (process group {result.groups.index(result.stopped_hung) + 1}"
@@ -219,14 +220,15 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
         if len(result.groups) > 1:
             print(f"\n== process group {number} of {len(result.groups)} "
                   f"({_group_origin(job)}) ==", flush=True)
+        for note in job.notes:
+            print(f"distdoctor run: partial evidence: {note}", flush=True)
+        print(render(report, "run", job.partial), flush=True)
         failed |= report.status != "ok"
         if chosen is None and (report.status != "ok" or directory == result.groups[-1]):
-            chosen = (record, directory)
-        _print_report(record, command, job.partial, args.all_frames, job.notes)
+            chosen = (record, report)
     print(f"\ndistdoctor run: '{command}' {how} after {result.wall_s:.1f} s", flush=True)
-    if chosen is not None and (args.report or args.html):
-        report_record(chosen[0], command, args.report, all_frames=args.all_frames, html=args.html,
-                echo=False)
+    if chosen is not None:
+        publish(*chosen, "run", args.report, args.html)
     return 1 if failed or result.code != 0 else 0
 
 
@@ -240,16 +242,6 @@ def _group_origin(job) -> str:
     where = start.get("init") if isinstance(start.get("init"), str) else ""
     return f"{len(job.ends)} ranks" + (f", init_process_group at {relative_line(where)}"
                                        if where else "")
-
-
-def _print_report(record, command: str, partial: bool, all_frames: bool,
-                  notes: tuple[str, ...]) -> None:
-    from distdoctor.userjob.record import explain
-    from distdoctor.userjob.report import render
-
-    for note in notes:
-        print(f"distdoctor run: partial evidence: {note}", flush=True)
-    print(render(explain(record, command, all_frames), "run", partial), flush=True)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -268,17 +260,24 @@ def analyze_command(args: argparse.Namespace) -> int:
 
 
 def report_record(record, script: str, report_path: str | None, command: str = "run",
-            partial: bool = False, all_frames: bool = False, html: str | None = None,
-            echo: bool = True) -> int:
-    import time
-
-    from distdoctor.cli.tables import hang_timing
+                  partial: bool = False, all_frames: bool = False,
+                  html: str | None = None) -> int:
+    """Every detector on the record, the report printed, and written as JSON and HTML
+    where asked; 0 when the run is clean, else 1."""
     from distdoctor.userjob.record import explain
     from distdoctor.userjob.report import render
 
     result = explain(record, script, all_frames)
-    if echo:
-        print(render(result, command, partial), flush=True)
+    print(render(result, command, partial), flush=True)
+    return publish(record, result, command, report_path, html)
+
+
+def publish(record, result, command: str, report_path: str | None, html: str | None) -> int:
+    """A report already explained: its hang timing, JSON and HTML where asked."""
+    import time
+
+    from distdoctor.cli.tables import hang_timing
+
     timing = hang_timing(record, time.monotonic()) if record.started else None
     if timing:
         print("\n" + timing)
