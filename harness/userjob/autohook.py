@@ -1,9 +1,10 @@
 """Inside every Python process of a command run by ``distdoctor run -- COMMAND``: trace the
 ones that become ranks.
 
-``distdoctor run --`` puts a ``sitecustomize.py`` (``hookdir/``) first on PYTHONPATH, so
-every Python the command starts, by whatever launcher (torchrun, ``mp.spawn``, a plain
-``multiprocessing.Process``, a shell loop), calls :func:`install` as it starts. That costs
+``distdoctor run --`` puts a folder holding only a ``sitecustomize.py`` (``write_hook``)
+first on PYTHONPATH, so every Python the command starts, by whatever launcher (torchrun,
+``mp.spawn``, a plain ``multiprocessing.Process``, a shell loop), calls :func:`install` as
+it starts. That costs
 one entry on ``sys.meta_path`` and nothing else: no torch, no thread. Only when the process
 imports ``torch.distributed`` is ``init_process_group`` wrapped, and only when it returns
 does the process become a traced rank, numbered by its rank in the default group: its
@@ -48,7 +49,7 @@ _state: dict[str, Any] = {}  # this process's rank once it is one: tracer, end
 
 
 def install() -> None:
-    """Called by the sitecustomize of ``hookdir/`` as every Python process of the command
+    """Called by the sitecustomize ``write_hook`` writes, as every Python process of the command
     starts: wrap what matters once its module is imported."""
     if not os.environ.get(HOOK_DIR) or any(isinstance(f, _AfterImport) for f in sys.meta_path):
         return
