@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,20 +79,39 @@ TORCHRUN = [("exit_os_exit.py", ()), ("exit_destroy_then_os_exit.py", ()),
             ("dataloader_workers.py", ("persistent",)), ("checkpoint_save_load.py", ())]
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("script, args", TORCHRUN, ids=[" ".join((s, *a)) for s, a in TORCHRUN])
-def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, tmp_path, script, args):
-    """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces.
-    Each rank's trace holds one exit, its own: a rank that left by os._exit(0) wrote it
-    first, and no forked worker wrote one for it."""
-    project = tmp_path / "project"
+def _torchrun(base: Path, script: str, args: tuple[str, ...]):
+    """One shape under a real torchrun with the in-rank bootstrap: torchrun's answer and
+    the trace folder."""
+    project = base / "project"
     shutil.copytree(HEALTHY, project)
-    traces = tmp_path / "traces"
+    traces = base / "traces"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "-m", "distdoctor.userjob",
                            "--trace-dir", str(traces), script, *args], cwd=project,
                           capture_output=True, text=True, timeout=150,
-                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+                          env=dict(os.environ, TMPDIR=str(base)))
+    return done, traces
+
+
+@pytest.fixture(scope="module")
+def torchrun_runs(tmp_path_factory):
+    """Every TORCHRUN shape run once, two torchruns at a time: each spends most of its
+    seconds starting interpreters that import torch, which two runs overlap on two cores.
+    The verdicts do not depend on timing (each rank's deadline is 60 s)."""
+    with ThreadPoolExecutor(2) as lanes:
+        runs = {(script, args): lanes.submit(
+            _torchrun, tmp_path_factory.mktemp(script.removesuffix(".py")), script, args)
+            for script, args in TORCHRUN}
+        return {key: run.result() for key, run in runs.items()}
+
+
+@pytest.mark.timeout(400)  # the first test pays for every run (module fixture)
+@pytest.mark.parametrize("script, args", TORCHRUN, ids=[" ".join((s, *a)) for s, a in TORCHRUN])
+def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, torchrun_runs, script, args):
+    """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces.
+    Each rank's trace holds one exit, its own: a rank that left by os._exit(0) wrote it
+    first, and no forked worker wrote one for it."""
+    done, traces = torchrun_runs[(script, args)]
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
         lines = (traces / f"rank-{rank}.jsonl").read_text().splitlines()
