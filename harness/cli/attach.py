@@ -58,22 +58,23 @@ def attach_command(args: argparse.Namespace) -> int:
           f"(process {', '.join(f'{r.pid}' for r in job.ranks)}; numbered by "
           f"{'; '.join(sorted({r.how for r in job.ranks}))})", flush=True)
     job = attach.read_again(job)
-    ends, events, notes = attach.evidence(job, {})
+    reading = attach.evidence(job, {})
     for _ in range(SETTLE_ROUNDS):  # a rank still on its way to the hang settles, a busy
-        if not (_stuck(ends, events) and _moving(ends)):  # one goes on moving
+        if not (reading.waiting and reading.moving):  # one goes on moving
             break
         job = attach.read_again(job, fresh=True)
-        ends, events, notes = attach.evidence(job, {})
-    stuck = _stuck(ends, events)
+        reading = attach.evidence(job, {})
+    notes = list(reading.notes)
     dumps: dict = {}
-    if stuck:  # only then: a dump costs the rank its recorder's time
+    if reading.waiting:  # only then: a dump costs the rank its recorder's time
         dumps, dump_notes = attach.ask_flight_recorders(job)
         notes = dump_notes + notes
         if dumps:
-            ends, events, _ = attach.evidence(job, dumps)
+            reading = attach.evidence(job, dumps)
+    ends, events = reading.ends, reading.events
     for note in [*job.notes, *notes]:
         print(f"distdoctor attach: {note}", flush=True)
-    if not stuck:
+    if not reading.waiting:
         print(f"distdoctor attach: no rank is waiting in a collective or send/receive: "
               f"the job is not stuck in communication (read in "
               f"{time.monotonic() - started:.1f} s)")
@@ -93,8 +94,8 @@ def attach_command(args: argparse.Namespace) -> int:
                   f"stack cannot show where; the Flight Recorder can: start the job with "
                   f"TORCH_NCCL_DEBUG_INFO_PIPE_FILE (nccl) or under distdoctor run",
                   flush=True)
-        code = report_record(record, f"the job of process {job.launcher}", args.report, "attach",
-                       all_frames=args.all_frames, html=args.html)
+        code = report_record(record, f"the job of process {job.launcher}", args.report,
+                             "attach", all_frames=args.all_frames, html=args.html)
         print(f"\ndistdoctor attach: read in {time.monotonic() - started:.1f} s; "
               + ("stopping the job (--stop)" if args.stop else
                  "the job is still running (distdoctor attach --stop PID ends it)"),
@@ -102,16 +103,6 @@ def attach_command(args: argparse.Namespace) -> int:
     if args.stop:
         stop(job.launcher, [r.pid for r in job.ranks])
     return code
-
-
-def _stuck(ends, events) -> bool:
-    """Does some rank wait, unmoved through the reads, in a collective or send/receive?"""
-    return any(end.status == "hung" and (end.in_flight or trace) and
-               "did not move" in (end.error or "") for end, trace in zip(ends, events))
-
-
-def _moving(ends) -> bool:
-    return any(end.status == "hung" and "moved" in (end.error or "") for end in ends)
 
 
 def stop(launcher: int, ranks: list[int]) -> None:

@@ -316,17 +316,29 @@ def _dump_path(process: RankProcess) -> Path:
     return Path(f"{stem}{process.rank}")
 
 
-def evidence(job: Job, dumps: dict[int, object]
-             ) -> tuple[tuple[RankEnd, ...], tuple[tuple[dict, ...], ...], list[str]]:
-    """Each rank's end and events, in the vocabulary of the traces: a rank that waited in
-    the same place through every read is blocked there (an open call, or a collective
-    torch made itself, in flight); one that moved is running; a rank with no process is
-    gone."""
+@dataclass(frozen=True)
+class Reading:
+    """What the reads of a job show, in the vocabulary of the traces: each rank's end and
+    events, the ranks waiting unmoved in a collective or send/receive, and the ranks that
+    moved between reads."""
+
+    ends: tuple[RankEnd, ...]
+    events: tuple[tuple[dict, ...], ...]
+    waiting: tuple[int, ...]
+    moving: tuple[int, ...]
+    notes: tuple[str, ...]
+
+
+def evidence(job: Job, dumps: dict[int, object]) -> Reading:
+    """A rank that waited in the same place through every read is blocked there (an open
+    call, or a collective torch made itself, in flight); one that moved is running; a
+    rank with no process is gone."""
     from distdoctor.trace.flight import history_of, recorded
 
     ends: list[RankEnd] = []
     events: list[tuple[dict, ...]] = []
     moving: list[int] = []
+    waiting_ranks: list[int] = []
     by_rank = {r.rank: r for r in job.ranks}
     for rank in range(job.world):
         if rank not in by_rank:
@@ -353,6 +365,8 @@ def evidence(job: Job, dumps: dict[int, object]
                             "rank": rank, "async_op": False},)
         elif waiting is not None:
             in_flight = (InFlight(None, -1, waiting[0]),)
+        if waiting is not None:
+            waiting_ranks.append(rank)
         ends.append(RankEnd(rank, "hung", at=0.0,
                             error="its stacks did not move across the reads" if still else
                             "its stacks or its main thread's CPU time moved between reads: it "
@@ -363,7 +377,8 @@ def evidence(job: Job, dumps: dict[int, object]
     if moving:
         notes.append(f"rank{'s' * (len(moving) > 1)} {', '.join(map(str, moving))} moved "
                      f"between the reads ({READS} reads, {READ_GAP_S:g} s apart): running")
-    return tuple(ends), tuple(events), notes
+    return Reading(tuple(ends), tuple(events), tuple(waiting_ranks), tuple(moving),
+                   tuple(notes))
 
 
 def _waiting_in(snapshot: pyspy.Snapshot) -> tuple[str, int | None, str, bool] | None:
