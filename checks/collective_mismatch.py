@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from distdoctor.models import Call, Finding, RunRecord
 from distdoctor.models.calls import RECEIVES, SENDS, ranks_phrase, relative_line
-from distdoctor.models.sequences import Parting, first_parting
+from distdoctor.models.sequences import Parting, first_parting, lines_run, recorded_parting
 from distdoctor.models.waitfor import STOPPED
 
 NAME = "collective_mismatch"
@@ -26,8 +26,13 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _collectives(record: RunRecord) -> list[Finding]:
-    found = first_parting({r.rank: r.evidence.calls for r in record.ranks}, len(record.ranks))
-    return [parted(found, len(record.ranks), NAME)] if found else []
+    """The traced calls' first parting; else, where every rank's Flight Recorder history
+    is known (dumps of a job that went on, or finished), theirs."""
+    world = len(record.ranks)
+    found = first_parting({r.rank: r.evidence.calls for r in record.ranks}, world) or \
+        recorded_parting({r.rank: r.end.recorded for r in record.ranks}, world,
+                         {r.rank: lines_run(r) for r in record.ranks})
+    return [parted(found, world, NAME)] if found else []
 
 
 FIELDS = ("op", "root or peer", "shape", "dtype", "reduce op")  # agreement()'s, in order

@@ -195,6 +195,8 @@ def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:
 
 
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:
+    if rank.end.status == "finished" and rank.end.error:  # gone without a word: no dump
+        return rank.end.error
     if rank.end.status in ENDED:
         return f"it {rank.end.status}"
     return f"blocked in {call.describe(relative=True)}" if call else _from_stack(rank)
@@ -210,6 +212,8 @@ def _from_stack(rank: RankRecord) -> str:
             f", {started_by(replace(frame, file=relative_line(frame.file)))}" if frame else "")
     if frame is not None:
         return f"in no collective or send/receive: running {place}"
+    if rank.end.error and not rank.end.stacks:  # what its own evidence says (a dump's)
+        return rank.end.error
     return "in no traced call, and no stack of the user's code"
 
 

@@ -112,17 +112,26 @@ def add_commands(commands) -> None:
     run.set_defaults(handler=run_command)
 
     analyze = commands.add_parser(
-        "analyze", help="diagnose traces written under torchrun by python -m distdoctor.userjob",
+        "analyze", help="diagnose a job from its traces or from torch's Flight Recorder dumps",
         description="Read DIR/rank-*.jsonl (and rank-*.stacks) written by 'torchrun ... -m "
                     "distdoctor.userjob --trace-dir DIR SCRIPT' on one or many machines, and "
-                    "diagnose them as 'distdoctor run' would. Give one DIR per machine when "
-                    "each wrote its own; their ranks are read as one job.")
+                    "diagnose them as 'distdoctor run' would. Where DIR holds no such traces, "
+                    "read the Flight Recorder dumps torch wrote there (one file per rank, "
+                    "named <prefix><rank>, as pickles or JSON, from any job and any launcher: "
+                    "TORCH_FR_DUMP_TEMP_FILE, by default ~/.cache/fr_trace/nccl_trace_rank_) "
+                    "and name the cause from them alone. Give one DIR per machine when each "
+                    "wrote its own; their ranks are read as one job. Dumps are read as plain "
+                    "data only: a file that would run code is refused.")
     analyze.add_argument("directories", metavar="DIR", nargs="+")
     analyze.add_argument("--report", metavar="PATH", help="also write the report as JSON")
     analyze.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
     analyze.add_argument("--html", type=html_file, metavar="PATH", help=HTML)
     analyze.add_argument("--run", metavar="ID", help="analyse this run's traces, where a "
                          "folder holds several runs' (each trace names its run)")
+    analyze.add_argument("--prefix", metavar="PREFIX", help="read only the dumps whose names "
+                         "start with PREFIX (the rest of the name is the rank), as "
+                         "TORCH_FR_DUMP_TEMP_FILE's last part: nccl_trace_rank_; by default "
+                         "every file that opens as a dump")
     analyze.set_defaults(handler=analyze_command)
 
 
@@ -246,7 +255,10 @@ def _group_origin(job) -> str:
 
 def analyze_command(args: argparse.Namespace) -> int:
     from distdoctor.userjob.record import script_record
-    from distdoctor.userjob.traces import TraceError, load
+    from distdoctor.userjob.traces import TraceError, has_traces, load
+
+    if args.prefix is not None or not any(has_traces(d) for d in args.directories):
+        return analyze_dumps(args)
 
     try:
         job = load(args.directories, args.run)
@@ -257,6 +269,36 @@ def analyze_command(args: argparse.Namespace) -> int:
     return report_record(script_record(job.ends, job.events, 0.0, 0.0, 0.0),
                    " ".join(args.directories), args.report, "analyze", job.partial,
                    args.all_frames, args.html)
+
+
+def analyze_dumps(args: argparse.Namespace) -> int:
+    """The Flight Recorder dumps in the directories, judged as one job."""
+    from distdoctor.dumps.collect import Refused, read_all
+    from distdoctor.dumps.files import NoDumps, find
+    from distdoctor.dumps.job import record_of
+
+    try:
+        files, notes = find(args.directories, args.prefix)
+        if not files:
+            raise NoDumps(f"no rank-*.jsonl traces and no Flight Recorder dumps in "
+                          f"{' '.join(args.directories)}"
+                          + (f" named {args.prefix}<rank>" if args.prefix else ""))
+        dumps = read_all(files)
+    except (NoDumps, Refused) as exc:
+        raise UsageError(str(exc)) from None
+    if not dumps.reads:
+        raise UsageError(f"none of the {len(files)} dump files could be read: "
+                         + "; ".join(dumps.notes[:3]))
+    record, said = record_of(dumps)
+    versions = sorted({r.version for r in dumps.reads.values()})
+    backends = sorted({r.backend for r in dumps.reads.values() if r.backend})
+    print(f"distdoctor analyze: {len(dumps.reads)} Flight Recorder dumps of "
+          f"{len(record.ranks)} ranks (schema {', '.join(versions)}"
+          f"{', ' + ', '.join(backends) if backends else ''})", flush=True)
+    for note in notes + list(said):
+        print(f"distdoctor analyze: partial evidence: {note}", flush=True)
+    return report_record(record, " ".join(args.directories), args.report, "analyze",
+                         bool(notes or said), args.all_frames, args.html)
 
 
 def report_record(record, script: str, report_path: str | None, command: str = "run",

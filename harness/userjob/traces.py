@@ -97,6 +97,11 @@ def _foldable(rank: int, events: list[dict], unreadable: list[int]) -> list[dict
     return kept
 
 
+def has_traces(directory: str) -> bool:
+    """Does ``directory`` hold a rank's trace (rank-N.jsonl)?"""
+    return any(p.stem.split("-", 1)[1].isdigit() for p in Path(directory).glob("rank-*.jsonl"))
+
+
 def load(directories: list[str], run: str | None = None) -> Job:
     """The job the traces in ``directories`` hold: one end and one event list per rank."""
     from distdoctor.launch.stacks import parse_faulthandler

@@ -1,0 +1,108 @@
+"""Reading every rank's dump, on every core when there are many.
+
+Reading is the whole cost at cluster scale (a 2000-entry dump takes about 8 ms to
+unpickle and fold), so above ``PARALLEL_FROM`` files the reads are spread over one
+process per core. Each worker sends back a history's entries the first time it meets its
+signature, and only the signature after that: what crosses between processes is small.
+Progress goes to ``progress`` (stderr), since 16,384 files take a while.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TextIO
+
+from distdoctor.dumps.files import DumpFile
+from distdoctor.dumps.job import Dumps
+from distdoctor.dumps.read import NotADump, RankRead, read
+from distdoctor.dumps.schema import Entry
+from distdoctor.models.plaindata import NotPlainData
+
+PARALLEL_FROM = 256
+_CHUNK = 64
+_known: set[bytes] = set()  # a worker's signatures already sent
+
+
+class Refused(ValueError):
+    """A file is not plain data: it would run code if unpickled. Nothing of it ran."""
+
+
+Outcome = tuple[RankRead | None, dict[bytes, tuple[Entry, ...]], str]
+
+
+def read_all(files: list[DumpFile], progress: TextIO | None = sys.stderr,
+             workers: int | None = None) -> Dumps:
+    """Every file read (Refused on the first that is not plain data)."""
+    reads: dict[int, RankRead] = {}
+    histories: dict[bytes, tuple[Entry, ...]] = {}
+    notes: list[str] = []
+    jobs = [(f.rank, str(f.path)) for f in files]
+    workers = workers or min(os.cpu_count() or 1, 8)
+    enabled = gc.isenabled()
+    gc.disable()  # millions of small containers, none of them cyclic
+    try:
+        if len(jobs) < PARALLEL_FROM or workers == 1:
+            known: set[bytes] = set()
+            outcomes = (_read_one(job, known) for job in jobs)
+            _fold(outcomes, len(jobs), reads, histories, notes, progress)
+        else:
+            chunks = [jobs[i:i + _CHUNK] for i in range(0, len(jobs), _CHUNK)]
+            with ProcessPoolExecutor(workers, initializer=_fresh) as pool:
+                outcomes = (o for chunk in pool.map(_read_chunk, chunks) for o in chunk)
+                _fold(outcomes, len(jobs), reads, histories, notes, progress)
+    finally:
+        if enabled:
+            gc.enable()
+    return Dumps(reads, histories, tuple(notes))
+
+
+def _fold(outcomes, total: int, reads: dict, histories: dict, notes: list,
+          progress: TextIO | None) -> None:
+    step = max(1, total // 10)
+    for done, (result, new, note) in enumerate(outcomes, 1):
+        if note.startswith("refused:"):
+            raise Refused(note.removeprefix("refused:"))
+        if note:
+            notes.append(note)
+        if result is not None:
+            reads[result.rank] = result
+            histories.update(new)
+        if progress is not None and total >= PARALLEL_FROM and done % step == 0:
+            print(f"distdoctor analyze: read {done} of {total} dumps", file=progress,
+                  flush=True)
+
+
+def _fresh() -> None:
+    _known.clear()
+    gc.disable()
+
+
+def _read_chunk(chunk: list[tuple[int, str]]) -> list[Outcome]:
+    return [_read_one(job, _known) for job in chunk]
+
+
+def _read_one(job: tuple[int, str], known: set[bytes]) -> Outcome:
+    rank, path = job
+    try:
+        result, new = read(Path(path), rank, known)
+        return result, new, ""
+    except NotPlainData as exc:
+        return None, {}, f"refused:{path}: {exc}; nothing of it was run"
+    except NotADump as exc:
+        return None, {}, f"{path}: {exc}; skipped"
+    except OSError as exc:
+        return None, {}, f"{path}: cannot be read ({exc.strerror or exc}); skipped"
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError,
+            MemoryError) as exc:
+        return None, {}, f"{path}: cut short or damaged ({_short(exc)}); its rank is " \
+                         f"counted as having no dump"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) < 160 else text[:157] + "..."
+

@@ -1,0 +1,210 @@
+"""The ranks' dumps as one job's evidence: each rank's end and calls, in the vocabulary the
+checks already judge a hang by (models/waitfor.py, models/sequences.py), so a dump from a
+cluster gets the same causes, report, JSON and pictures as a run distdoctor traced.
+
+What each rank's dump says becomes: its operations not completed, as calls it is inside
+(the oldest blocking, the later ones enqueued behind it), and its recorder's history as
+``RankEnd.recorded``, the sequence the hang check compares across ranks. Histories are
+handed on from the first number at which any two ranks of a group differ (everything
+before it is the same on every rank: it cannot be where they part), with one entry kept
+for each older line a rank ran, which the two-sided verdict asks about. At 16,384 ranks
+that is the difference between a few entries and 2,000 per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distdoctor.dumps.read import RankRead
+from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
+from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.models.calls import describe_call, relative_line
+from distdoctor.models.evidence import Evidence
+from distdoctor.models.record import Recorded
+
+NO_DUMP = ("no Flight Recorder dump: it may have exited or died before the others hung, "
+           "or its node's files were not collected")
+
+
+@dataclass(frozen=True)
+class Dumps:
+    """Every rank's read, the histories they share (by signature), and what could not be
+    read, one line each."""
+
+    reads: dict[int, RankRead]
+    histories: dict[bytes, tuple[Entry, ...]]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Pg:
+    """One process group as the job's dumps describe it."""
+
+    name: str
+    label: str | None  # as reports name it: None for the default group
+    members: tuple[int, ...]  # global ranks, in group-rank order
+
+
+def world_of(dumps: Dumps) -> int:
+    """The job's size: its default group's, where a dump's pg_config gives it; else the
+    highest rank seen."""
+    sizes = [len(g.ranks) for read in dumps.reads.values() for _, g in read.groups
+             if g.ranks and (g.desc in (DEFAULT_DESC, "") or g.name in ("0", ""))]
+    seen = [r + 1 for r in dumps.reads] + [max(g.ranks) + 1 for read in dumps.reads.values()
+                                           for _, g in read.groups if g.ranks]
+    return max(sizes + seen, default=0)
+
+
+def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...]]:
+    """The RunRecord the checks judge, and the notes on what the dumps could not tell."""
+    world = world_of(dumps)
+    groups = _groups(dumps, world)
+    notes = list(dumps.notes)
+    starts = {name: _window(name, dumps) for name in groups}
+    flying = _flying(dumps)
+    anything_in_flight = any(h.in_flight for read in dumps.reads.values()
+                             for _, h in read.histories)
+    ranks = []
+    for rank in range(world):
+        read = dumps.reads.get(rank)
+        if read is None:
+            notes.append(f"rank {rank}: {NO_DUMP}")
+            # not a crash the dumps show: gone, or never written; peers waiting for it
+            # point at it as at a rank that left
+            end = RankEnd(rank, "finished", at=0.0, error=NO_DUMP)
+            ranks.append(RankRecord(rank, end, Evidence(rank=rank)))
+            continue
+        calls, recorded, last = _rank_calls(read, dumps, groups, starts, flying)
+        blocked = [c for c in calls if c.blocking]
+        if blocked:
+            end = RankEnd(rank, "hung", at=0.0, error=f"its Flight Recorder dump "
+                          f"({read.path}) holds operations not completed", recorded=recorded)
+        elif anything_in_flight:
+            end = RankEnd(rank, "hung", at=0.0, recorded=recorded, error=(
+                "every operation its Flight Recorder holds completed: it was outside any "
+                "collective when dumped" + (f" (its last: {last})" if last else "")))
+        else:
+            end = RankEnd(rank, "finished", recorded=recorded)
+        ranks.append(RankRecord(rank, end, Evidence(rank=rank, calls=calls)))
+    spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
+                   deadline=60.0)
+    return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes)
+
+
+def _groups(dumps: Dumps, world: int) -> dict[str, _Pg]:
+    """Every group named in the entries: its members from some rank's pg_config (gloo
+    keys its default group "", described "default_pg" in the entries), else the ranks
+    whose dumps hold it."""
+    config: dict[str, Group] = {}
+    holders: dict[str, list[int]] = {}
+    descs: dict[str, str] = {}
+    for rank, read in sorted(dumps.reads.items()):
+        for key, group in read.groups:
+            config.setdefault(group.name, group)
+            config.setdefault(key, group)
+        for name, _ in read.histories:
+            holders.setdefault(name, []).append(rank)
+        descs.update(read.descs)
+    found = {}
+    for name, held_by in holders.items():
+        default = descs.get(name) == DEFAULT_DESC or (name == "0" and not descs.get(name))
+        known = config.get(name)
+        members = tuple(range(world)) if default else (
+            known.ranks if known is not None and known.ranks else tuple(held_by))
+        found[name] = _Pg(name, None if default else name, members)
+    return found
+
+
+def _window(name: str, dumps: Dumps) -> int:
+    """The first collective number of group ``name`` handed on: one before the first
+    number at which two of its histories differ, else the oldest in flight anywhere, else
+    the newest."""
+    histories = {read_h.signature for read in dumps.reads.values()
+                 for pg, read_h in read.histories if pg == name}
+    by_number = [{e.seq: e for e in dumps.histories[s] if not e.p2p} for s in histories]
+    common = sorted(set.intersection(*(set(h) for h in by_number))) if by_number else []
+    first = next((seq for seq in common
+                  if len({(h[seq].op, h[seq].sizes, h[seq].dtype, h[seq].where)
+                          for h in by_number}) > 1), None)
+    flying = [dumps.histories[h.signature][i].seq for read in dumps.reads.values()
+              for pg, h in read.histories if pg == name for i in h.in_flight[:1]]
+    newest = max((e.seq for h in histories for e in dumps.histories[h][-1:]), default=0)
+    return min([newest] + ([first - 1] if first is not None else []) + flying)
+
+
+def _flying(dumps: Dumps) -> dict[tuple[str, int], set[tuple]]:
+    """(group, number) -> what the ranks with that collective in flight made there."""
+    found: dict[tuple[str, int], set[tuple]] = {}
+    for read in dumps.reads.values():
+        for name, history in read.histories:
+            entries = dumps.histories[history.signature]
+            for position in history.in_flight:
+                entry = entries[position]
+                if not entry.p2p:
+                    found.setdefault((name, entry.seq), set()).add(_key(entry))
+    return found
+
+
+def _key(entry: Entry) -> tuple:
+    return entry.op, entry.sizes, entry.dtype
+
+
+def _rank_calls(read: RankRead, dumps: Dumps, groups: dict[str, _Pg], starts: dict[str, int],
+                flying: dict[tuple[str, int], set[tuple]]
+                ) -> tuple[tuple[Call, ...], tuple[Recorded, ...], str]:
+    """The rank's calls: its operations in flight (the oldest the one it waits in, the
+    later ones enqueued behind it), and the completed collectives that another rank has
+    in flight, as made alike (it joined them: where they differ, the histories say so);
+    its recorder's history for the checks, and its last operation described."""
+    calls: list[tuple[int, Call]] = []
+    recorded: list[Recorded] = []
+    last = ""
+    oldest: tuple[int, int] | None = None  # (group index, position) of the first in flight
+    for index, (name, history) in enumerate(read.histories):
+        entries = dumps.histories[history.signature]
+        pg = groups[name]
+        in_flight = set(history.in_flight)
+        older_lines: dict[str, Entry] = {}
+        for position, entry in enumerate(entries):
+            if not entry.p2p and entry.seq < starts[name]:
+                older_lines.setdefault(entry.where, entry)
+                continue
+            if not entry.p2p:
+                recorded.append(Recorded(pg.label, entry.seq, entry.op, entry.sizes,
+                                         entry.dtype, entry.where))
+            if position not in in_flight and _key(entry) not in flying.get(
+                    (name, entry.seq), ()) or position not in in_flight and entry.p2p:
+                continue
+            call = _call(read.rank, entry, pg, position in in_flight)
+            calls.append((position, call))
+            if position in in_flight and (oldest is None or position < oldest[1]):
+                oldest = (index, position)
+        recorded[:0] = [Recorded(pg.label, e.seq, e.op, e.sizes, e.dtype, e.where)
+                        for e in older_lines.values() if e.where]
+        if entries:
+            tail = entries[-1]
+            last = describe_call(tail.op, None, tail.seq, tail.sizes, tail.dtype, None,
+                                 pg.label, relative_line(tail.where) if tail.where else "")
+    ordered = [c for _, c in sorted(calls, key=lambda pc: pc[0])]
+    if oldest is not None:  # the oldest in flight is where it waits; later ones queue
+        first = next(c for c in ordered if c.completed is None)
+        ordered = [c if c is first or c.completed is not None
+                   else _queued(c) for c in ordered]
+    return tuple(ordered), tuple(recorded), last
+
+
+def _call(rank: int, entry: Entry, pg: _Pg, in_flight: bool) -> Call:
+    members = pg.members
+    peer = members[entry.peer] if entry.peer is not None and entry.peer < len(members) \
+        else entry.peer
+    return Call(id=0, rank=rank, op=entry.op, seq=entry.seq, group=members, peer=peer,
+                peers=(), shapes=entry.sizes, dtype=entry.dtype, reduce_op=None,
+                where=entry.where, async_op=False, entered=float(entry.seq),
+                completed=None if in_flight else float(entry.seq), pg=pg.label)
+
+
+def _queued(call: Call) -> Call:
+    """An operation enqueued behind the one the rank waits in: made, not waited on."""
+    from dataclasses import replace
+
+    return replace(call, async_op=True)
