@@ -98,47 +98,56 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | None:
-    for call in (c for c in blocked.values() if c and is_collective(c.op)):
-        absent = sorted(waits_for(call, record))
-        if not absent:
-            continue
-        inside = sorted(r for r, c in blocked.items() if c and same_collective(c, call))
-        where = "; ".join(grouped({r: _whereabouts(record.ranks[r], blocked.get(r))
-                                   for r in absent}))
-        if _only_some_call(call, absent, record):
-            return _uncatalogued(
-                "unmatched-collective", "collective-mismatch",
-                f"{call.op} #{call.seq} on {ranks_phrase(inside)} only",
-                f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
-                f"{call.describe(relative=True)}, "
-                f"a call {ranks_phrase(absent)} never made there, while "
-                + "; ".join(grouped({r: _from_stack(record.ranks[r]) for r in absent}, " is ")),
-                "a collective that only some ranks make (a rank-dependent branch): the others "
-                "went on to the collectives torch makes itself, which never pair with it",
-                f"make every rank of the group make the {call.op} at {relative_line(call.where)}, "
-                f"or none", inside,
-                {"seq": call.seq, "missing": absent, "waiting": inside},
-                where=(relative_line(call.where),))
-        busy = _busy(absent, blocked, record)
-        if busy:
-            return busy_rank(call, inside, busy, record)
-        # a rank that finished while the others still expected it is the root; ranks
-        # that failed or were stopped on their way (still starting, when it left) follow
-        left = [r for r in absent if record.ranks[r].end.status == "finished"]
-        ended = bool(left) or all(record.ranks[r].end.status in ENDED for r in absent)
+    """Ranks in a collective that others never joined. Of several such calls, the most
+    specific: one that only its ranks made (the absent ones wait in other collectives and
+    never made it at its line); else one whose absent ranks wait for nobody, the root of
+    the wait-for chain (a rank stuck in its own code, or gone); else the first."""
+    candidates = [(call, sorted(absent)) for call in blocked.values()
+                  if call and is_collective(call.op) and (absent := waits_for(call, record))]
+    if not candidates:
+        return None
+    only = [(c, a) for c, a in candidates if _only_some_call(c, a, record, blocked)]
+    roots = [(c, a) for c, a in candidates if not any(blocked.get(r) for r in a)]
+    call, absent = only[0] if only else min(roots, key=lambda ca: len(ca[1])) if roots \
+        else candidates[0]
+    inside = sorted(r for r, c in blocked.items() if c and same_collective(c, call))
+    where = "; ".join(grouped({r: _whereabouts(record.ranks[r], blocked.get(r))
+                               for r in absent}))
+    if only:
         return _uncatalogued(
-            "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
-            f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
+            "unmatched-collective", "collective-mismatch",
+            f"{call.op} #{call.seq} on {ranks_phrase(inside)} only",
             f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
-            f"{call.describe(relative=True)} for "
-            f"{ranks_phrase(absent)}, which "
-            f"never joined it ({where})",
-            "a collective that not every rank of the group calls (a rank-dependent branch, "
-            "a loop that ends early on some ranks, or a rank that left)",
-            "make every rank of the group make the same collective calls", left or absent,
+            f"{call.describe(relative=True)}, "
+            f"a call {ranks_phrase(absent)} never made there, while "
+            + "; ".join(grouped({r: _whereabouts(record.ranks[r], blocked.get(r))
+                                 for r in absent}, " is ")),
+            "a collective that only some ranks make (a rank-dependent branch): the others "
+            "went on to other collectives (their own, or those torch makes itself), which "
+            "never pair with it",
+            f"make every rank of the group make the {call.op} at {relative_line(call.where)}, "
+            f"or none", inside,
             {"seq": call.seq, "missing": absent, "waiting": inside},
             where=(relative_line(call.where),))
-    return None
+    busy = _busy(absent, blocked, record)
+    if busy:
+        return busy_rank(call, inside, busy, record)
+    # a rank that finished while the others still expected it is the root; ranks
+    # that failed or were stopped on their way (still starting, when it left) follow
+    left = [r for r in absent if record.ranks[r].end.status == "finished"]
+    ended = bool(left) or all(record.ranks[r].end.status in ENDED for r in absent)
+    return _uncatalogued(
+        "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
+        f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
+        f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
+        f"{call.describe(relative=True)} for "
+        f"{ranks_phrase(absent)}, which "
+        f"never joined it ({where})",
+        "a collective that not every rank of the group calls (a rank-dependent branch, "
+        "a loop that ends early on some ranks, or a rank that left)",
+        "make every rank of the group make the same collective calls", left or absent,
+        {"seq": call.seq, "missing": absent, "waiting": inside},
+        where=(relative_line(call.where),))
 
 
 def _busy(absent: list[int], blocked: dict[int, Call | None], record: RunRecord
@@ -183,15 +192,25 @@ def _busy_for(rank: RankRecord, record: RunRecord) -> float:
     return max(0.0, record.started + (rank.end.at or 0.0) - since)
 
 
-def _only_some_call(call: Call, absent: list[int], record: RunRecord) -> bool:
-    """Is ``call`` the one that differs? Every absent rank is waiting in a collective torch
-    made itself (DDP's, seen by the Flight Recorder), not missing: it waits for the others
-    as they wait for it, and it never made this call at this line. Then the ranks in the
-    call are to blame, not the ranks that only wait."""
-    return all(record.ranks[r].end.status in STOPPED and record.ranks[r].end.collective
-               and not any(c.op == call.op and c.where == call.where
-                           for c in record.ranks[r].evidence.calls)
-               for r in absent)
+def _only_some_call(call: Call, absent: list[int], record: RunRecord,
+                    blocked: dict[int, Call | None]) -> bool:
+    """Is ``call`` the one that differs? Every absent rank waits in another collective
+    (one torch made itself, DDP's, seen by the Flight Recorder; or a call of its own on
+    another group or number), not missing: it waits for the others as they wait for it,
+    and it never made this call at this line (by its calls or its recorder's history).
+    Then the ranks in the call are to blame, not the ranks that only wait."""
+    def elsewhere(rank: int) -> bool:
+        end, own = record.ranks[rank].end, blocked.get(rank)
+        return end.status in STOPPED and bool(
+            end.collective or own is not None and is_collective(own.op)
+            and not same_collective(own, call))
+
+    def made_here(rank: int) -> bool:
+        found = record.ranks[rank]
+        return any(c.op == call.op and c.where == call.where for c in found.evidence.calls) \
+            or any(r.op == call.op and r.where == call.where for r in found.end.recorded)
+
+    return all(elsewhere(r) and not made_here(r) for r in absent)
 
 
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:

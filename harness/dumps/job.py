@@ -158,7 +158,7 @@ def _rank_calls(read: RankRead, dumps: Dumps, groups: dict[str, _Pg], starts: di
     its recorder's history for the checks, and its last operation described."""
     calls: list[tuple[int, Call]] = []
     recorded: list[Recorded] = []
-    last = ""
+    last, last_record = "", -2
     oldest: tuple[int, int] | None = None  # (group index, position) of the first in flight
     for index, (name, history) in enumerate(read.histories):
         entries = dumps.histories[history.signature]
@@ -181,8 +181,8 @@ def _rank_calls(read: RankRead, dumps: Dumps, groups: dict[str, _Pg], starts: di
                 oldest = (index, position)
         recorded[:0] = [Recorded(pg.label, e.seq, e.op, e.sizes, e.dtype, e.where)
                         for e in older_lines.values() if e.where]
-        if entries:
-            tail = entries[-1]
+        if entries and history.last_record > last_record:
+            tail, last_record = entries[-1], history.last_record
             last = describe_call(tail.op, None, tail.seq, tail.sizes, tail.dtype, None,
                                  pg.label, relative_line(tail.where) if tail.where else "")
     ordered = [c for _, c in sorted(calls, key=lambda pc: pc[0])]

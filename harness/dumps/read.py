@@ -46,6 +46,7 @@ class GroupHistory:
 
     signature: bytes
     in_flight: tuple[int, ...]  # positions in the history, oldest first
+    last_record: int  # the record id of its newest entry (orders the rank's groups)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def read(path: Path, rank: int, known: set[bytes] | None = None
             known.add(signature)
             new[signature] = tuple(entry_of(e, cache) for e in run)
         in_flight = tuple(i for i, e in enumerate(run) if not done(name, e))
-        histories.append((name, GroupHistory(signature, in_flight)))
+        newest = run[-1].get("record_id")
+        histories.append((name, GroupHistory(signature, in_flight,
+                                             newest if isinstance(newest, int) else -1)))
     oldest = min((e.get("record_id", 0) for e in entries
                   if isinstance(e.get("record_id"), int)), default=0)
     read_ = RankRead(

@@ -17,6 +17,14 @@ from distdoctor.models.record import Frame, is_user_frame
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
           "Long": "int64", "Int": "int32", "Short": "int16", "Bool": "bool", "Byte": "uint8",
           "Char": "int8"}
+# torch's internal names of collectives, as the Python functions the tracer names them by
+OPS = {"_allgather_base": "all_gather_into_tensor", "allgather": "all_gather",
+       "_reduce_scatter_base": "reduce_scatter_tensor", "allreduce": "all_reduce",
+       "all_reduce_barrier": "barrier", "alltoall_base": "all_to_all_single",
+       "alltoall": "all_to_all", "ALLGATHER_coalesced": "all_gather_into_tensor_coalesced",
+       "REDUCE_SCATTER_coalesced": "reduce_scatter_tensor_coalesced",
+       "allreduce_coalesced": "all_reduce_coalesced", "_broadcast_oop": "broadcast",
+       "_reduce_oop": "reduce"}
 DEFAULT_DESC = "default_pg"  # torch's description of the default group
 DONE_STATES = frozenset({"completed"})
 # torch's profiling names of point-to-point operations: "nccl:send 0->1", "nccl:recv 1<-0"
@@ -58,7 +66,8 @@ def op_of(profiling_name: object) -> tuple[str, int | None, int | None]:
         return "send", int(match[1]), int(match[2])
     if (match := _RECV.fullmatch(name)) is not None:
         return "recv", int(match[1]), int(match[2])
-    return name.split(" ")[0] or "?", None, None
+    op = name.split(" ")[0] or "?"
+    return OPS.get(op, op), None, None
 
 
 def backend_of(profiling_name: object) -> str:
