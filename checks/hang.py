@@ -39,6 +39,7 @@ from distdoctor.models.waitfor import (
     STOPPED,
     blocking_call,
     cycle_of,
+    joined_by,
     same_collective,
     wait_edges,
     waits_for,
@@ -102,8 +103,13 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
     specific: one that only its ranks made (the absent ones wait in other collectives and
     never made it at its line); else one whose absent ranks wait for nobody, the root of
     the wait-for chain (a rank stuck in its own code, or gone); else the first."""
-    candidates = [(call, sorted(absent)) for call in blocked.values()
-                  if call and is_collective(call.op) and (absent := waits_for(call, record))]
+    joined = joined_by(record)
+    calls: dict[tuple, Call] = {}  # one per collective: the first rank's call in it
+    for blocking in blocked.values():
+        if blocking and is_collective(blocking.op):
+            calls.setdefault((blocking.group, blocking.pg, blocking.seq), blocking)
+    candidates = [(call, sorted(absent)) for call in calls.values()
+                  if (absent := waits_for(call, record, joined))]
     if not candidates:
         return None
     only = [(c, a) for c, a in candidates if _only_some_call(c, a, record, blocked)]

@@ -289,7 +289,7 @@ def analyze_dumps(args: argparse.Namespace) -> int:
     if not dumps.reads:
         raise UsageError(f"none of the {len(files)} dump files could be read: "
                          + "; ".join(dumps.notes[:3]))
-    record, said = record_of(dumps)
+    record, said, limits = record_of(dumps)
     versions = sorted({r.version for r in dumps.reads.values()})
     backends = sorted({r.backend for r in dumps.reads.values() if r.backend})
     print(f"distdoctor analyze: {len(dumps.reads)} Flight Recorder dumps of "
@@ -297,6 +297,8 @@ def analyze_dumps(args: argparse.Namespace) -> int:
           f"{', ' + ', '.join(backends) if backends else ''})", flush=True)
     for note in notes + list(said):
         print(f"distdoctor analyze: partial evidence: {note}", flush=True)
+    for note in limits:
+        print(f"distdoctor analyze: note: {note}", flush=True)
     return report_record(record, " ".join(args.directories), args.report, "analyze",
                          bool(notes or said), args.all_frames, args.html)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from distdoctor.dumps.read import RankRead
 from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
 from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec
-from distdoctor.models.calls import describe_call, relative_line
+from distdoctor.models.calls import describe_call, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
 
@@ -55,26 +55,31 @@ def world_of(dumps: Dumps) -> int:
     return max(sizes + seen, default=0)
 
 
-def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...]]:
-    """The RunRecord the checks judge, and the notes on what the dumps could not tell."""
+def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]]:
+    """The RunRecord the checks judge; what the dumps could not tell (ranks without a
+    readable dump: the evidence is partial); and what they never hold (entries dropped
+    by a wrapped ring buffer, gloo's sends and receives)."""
     world = world_of(dumps)
     groups = _groups(dumps, world)
     notes = list(dumps.notes)
+    missing = [rank for rank in range(world) if rank not in dumps.reads]
+    if missing:
+        notes.append(f"{ranks_phrase(missing)}: {NO_DUMP}")
     starts = {name: _window(name, dumps) for name in groups}
     flying = _flying(dumps)
+    held: dict[tuple, _Held] = {}
     anything_in_flight = any(h.in_flight for read in dumps.reads.values()
                              for _, h in read.histories)
     ranks = []
     for rank in range(world):
         read = dumps.reads.get(rank)
         if read is None:
-            notes.append(f"rank {rank}: {NO_DUMP}")
             # not a crash the dumps show: gone, or never written; peers waiting for it
             # point at it as at a rank that left
             end = RankEnd(rank, "finished", at=0.0, error=NO_DUMP)
             ranks.append(RankRecord(rank, end, Evidence(rank=rank)))
             continue
-        calls, recorded, last = _rank_calls(read, dumps, groups, starts, flying)
+        calls, recorded, last = _rank_calls(read, dumps, groups, starts, flying, held)
         blocked = [c for c in calls if c.blocking]
         if blocked:
             end = RankEnd(rank, "hung", at=0.0, error=f"its Flight Recorder dump "
@@ -88,7 +93,31 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...]]:
         ranks.append(RankRecord(rank, end, Evidence(rank=rank, calls=calls)))
     spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
                    deadline=60.0)
-    return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes)
+    return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes), \
+        limits(dumps)
+
+
+def limits(dumps: Dumps) -> tuple[str, ...]:
+    """What the dumps cannot hold, whoever wrote them: one line each."""
+    found = []
+    wrapped: dict[int, int] = {r.rank: r.oldest_record for r in dumps.reads.values()
+                               if r.oldest_record > 0}
+    if wrapped:
+        found.append(
+            f"{ranks_phrase(wrapped)}: the recorder's ring buffer wrapped (the oldest entry "
+            f"kept is record #{min(wrapped.values())}"
+            + (f" to #{max(wrapped.values())}" if len(set(wrapped.values())) > 1 else "")
+            + "): older operations are gone, and ranks are compared on the numbers all "
+              "of them still hold")
+    gloo = [r.rank for r in dumps.reads.values() if r.backend == "gloo"]
+    if gloo:
+        found.append(f"{ranks_phrase(gloo)}: gloo's recorder holds no sends or receives: "
+                     f"point-to-point calls are not in these dumps")
+    versions = {r.version for r in dumps.reads.values()}
+    if len(versions) > 1:
+        found.append(f"the dumps are of {len(versions)} schema versions "
+                     f"({', '.join(sorted(versions))}): written by different torch builds")
+    return tuple(found)
 
 
 def _groups(dumps: Dumps, world: int) -> dict[str, _Pg]:
@@ -149,48 +178,67 @@ def _key(entry: Entry) -> tuple:
     return entry.op, entry.sizes, entry.dtype
 
 
-def _rank_calls(read: RankRead, dumps: Dumps, groups: dict[str, _Pg], starts: dict[str, int],
-                flying: dict[tuple[str, int], set[tuple]]
-                ) -> tuple[tuple[Call, ...], tuple[Recorded, ...], str]:
-    """The rank's calls: its operations in flight (the oldest the one it waits in, the
-    later ones enqueued behind it), and the completed collectives that another rank has
-    in flight, as made alike (it joined them: where they differ, the histories say so);
-    its recorder's history for the checks, and its last operation described."""
-    calls: list[tuple[int, Call]] = []
+@dataclass(frozen=True)
+class _Held:
+    """What every rank of one history on one group hands on: its collectives from the
+    window on and one of each older line, as Recorded; the positions from the window on."""
+
+    recorded: tuple[Recorded, ...]
+    window: tuple[int, ...]
+
+
+def _held(entries: tuple[Entry, ...], pg: _Pg, start: int) -> _Held:
+    older: dict[str, Entry] = {}
     recorded: list[Recorded] = []
-    last, last_record = "", -2
-    oldest: tuple[int, int] | None = None  # (group index, position) of the first in flight
-    for index, (name, history) in enumerate(read.histories):
+    window: list[int] = []
+    for position, entry in enumerate(entries):
+        if entry.p2p:
+            continue
+        if entry.seq < start:
+            older.setdefault(entry.where, entry)
+            continue
+        recorded.append(Recorded(pg.label, entry.seq, entry.op, entry.sizes, entry.dtype,
+                                 entry.where))
+        window.append(position)
+    lines = [Recorded(pg.label, e.seq, e.op, e.sizes, e.dtype, e.where)
+             for e in older.values() if e.where]
+    return _Held(tuple(lines + recorded), tuple(window))
+
+
+def _rank_calls(read: RankRead, dumps: Dumps, groups: dict[str, _Pg], starts: dict[str, int],
+                flying: dict[tuple[str, int], set[tuple]], held: dict[tuple, _Held]
+                ) -> tuple[tuple[Call, ...], tuple[Recorded, ...], str]:
+    """The rank's calls: its operations in flight (the oldest, by record id, the one it
+    waits in; the later ones enqueued behind it), and the completed collectives that
+    another rank has in flight, as made alike (it joined them: where they differ, the
+    histories say so); its recorder's history for the checks (shared by every rank of
+    the same history), and its newest operation described."""
+    calls: list[tuple[int, Call]] = []
+    recorded: tuple[Recorded, ...] = ()
+    newest: tuple[int, str] = (-2, "")
+    for name, history in read.histories:
         entries = dumps.histories[history.signature]
         pg = groups[name]
-        in_flight = set(history.in_flight)
-        older_lines: dict[str, Entry] = {}
-        for position, entry in enumerate(entries):
-            if not entry.p2p and entry.seq < starts[name]:
-                older_lines.setdefault(entry.where, entry)
-                continue
-            if not entry.p2p:
-                recorded.append(Recorded(pg.label, entry.seq, entry.op, entry.sizes,
-                                         entry.dtype, entry.where))
-            if position not in in_flight and _key(entry) not in flying.get(
-                    (name, entry.seq), ()) or position not in in_flight and entry.p2p:
-                continue
-            call = _call(read.rank, entry, pg, position in in_flight)
-            calls.append((position, call))
-            if position in in_flight and (oldest is None or position < oldest[1]):
-                oldest = (index, position)
-        recorded[:0] = [Recorded(pg.label, e.seq, e.op, e.sizes, e.dtype, e.where)
-                        for e in older_lines.values() if e.where]
-        if entries and history.last_record > last_record:
-            tail, last_record = entries[-1], history.last_record
-            last = describe_call(tail.op, None, tail.seq, tail.sizes, tail.dtype, None,
-                                 pg.label, relative_line(tail.where) if tail.where else "")
-    ordered = [c for _, c in sorted(calls, key=lambda pc: pc[0])]
-    if oldest is not None:  # the oldest in flight is where it waits; later ones queue
-        first = next(c for c in ordered if c.completed is None)
-        ordered = [c if c is first or c.completed is not None
-                   else _queued(c) for c in ordered]
-    return tuple(ordered), tuple(recorded), last
+        key = (history.signature, name)
+        if key not in held:
+            held[key] = _held(entries, pg, starts[name])
+        recorded += held[key].recorded
+        in_flight = dict(zip(history.in_flight, history.in_flight_records))
+        for position, record_id in in_flight.items():
+            calls.append((record_id, _call(read.rank, entries[position], pg, True)))
+        for position in held[key].window:
+            entry = entries[position]
+            if position not in in_flight and _key(entry) in flying.get((name, entry.seq), ()):
+                calls.append((-1, _call(read.rank, entry, pg, False)))
+        if entries and history.last_record > newest[0]:
+            tail = entries[-1]
+            newest = (history.last_record, describe_call(
+                tail.op, None, tail.seq, tail.sizes, tail.dtype, None, pg.label,
+                relative_line(tail.where) if tail.where else ""))
+    ordered = [call for _, call in sorted(calls, key=lambda rc: rc[0])]
+    waiting = next((c for c in ordered if c.completed is None), None)
+    return tuple(c if c is waiting or c.completed is not None else _queued(c)
+                 for c in ordered), recorded, newest[1]
 
 
 def _call(rank: int, entry: Entry, pg: _Pg, in_flight: bool) -> Call:

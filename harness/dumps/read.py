@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import json
 import pickle
+from collections import defaultdict
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -46,7 +46,8 @@ class GroupHistory:
 
     signature: bytes
     in_flight: tuple[int, ...]  # positions in the history, oldest first
-    last_record: int  # the record id of its newest entry (orders the rank's groups)
+    in_flight_records: tuple[int, ...]  # their record ids (order across the rank's groups)
+    last_record: int  # the record id of its newest entry
 
 
 @dataclass(frozen=True)
@@ -82,47 +83,67 @@ def read(path: Path, rank: int, known: set[bytes] | None = None
          ) -> tuple[RankRead, dict[bytes, tuple[Entry, ...]]]:
     """The rank's read, and the entries of each history whose signature is not in
     ``known`` (which it adds to). NotADump, NotPlainData or ValueError when the file
-    cannot be read as a dump."""
+    cannot be read as a dump. Per entry, only C-level work (a rank's file is read in
+    about the time the unpickler takes)."""
     dump = load(path)
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
         raise NotADump("plain data, but not a Flight Recorder dump (no list of entries)")
-    entries = [e for e in dump["entries"] if isinstance(e, dict) and "profiling_name" in e]
-    if len(entries) < len(dump["entries"]):
-        raise NotADump(f"{len(dump['entries']) - len(entries)} of its entries are not "
-                       f"of torch's shape")
+    entries = dump["entries"]
+    try:
+        backend = backend_of(entries[0]["profiling_name"]) if entries else ""
+        list(map(itemgetter("profiling_name"), entries))
+    except (KeyError, TypeError, IndexError):
+        raise NotADump("some of its entries are not of torch's shape (no "
+                       "profiling_name)") from None
     known = set() if known is None else known
-    done = _completed(dump, entries)
-    rank_hint = dump.get("rank")
+    completed = _completed(dump)
     histories: list[tuple[str, GroupHistory]] = []
     new: dict[bytes, tuple[Entry, ...]] = {}
     descs: dict[str, str] = {}
     cache: dict[int, bool] = {}
-    for name, run in _by_group(entries):
-        descs.setdefault(name, pg_of(run[0])[1])
+    for run in _by_group(entries):
+        name, desc = pg_of(run[0])
+        descs.setdefault(name, desc)
         signature = _signature(run)
         if signature not in known:
             known.add(signature)
             new[signature] = tuple(entry_of(e, cache) for e in run)
-        in_flight = tuple(i for i, e in enumerate(run) if not done(name, e))
-        newest = run[-1].get("record_id")
-        histories.append((name, GroupHistory(signature, in_flight,
-                                             newest if isinstance(newest, int) else -1)))
-    oldest = min((e.get("record_id", 0) for e in entries
-                  if isinstance(e.get("record_id"), int)), default=0)
+        flying = _in_flight(run, completed.get(str(run[0].get("pg_id", ""))))
+        histories.append((name, GroupHistory(
+            signature, flying, tuple(_record_id(run[i]) for i in flying),
+            _record_id(run[-1]))))
+    oldest = entries[0].get("record_id", 0) if entries else 0
+    rank_hint = dump.get("rank")
     read_ = RankRead(
         rank=rank_hint if isinstance(rank_hint, int) and rank_hint >= 0 else rank,
-        path=str(path), version=str(dump.get("version", "")),
-        backend=next((backend_of(e["profiling_name"]) for e in entries), ""),
+        path=str(path), version=str(dump.get("version", "")), backend=backend,
         groups=tuple(groups_of(dump).items()), descs=tuple(descs.items()),
-        histories=tuple(histories), oldest_record=oldest, entries=len(entries))
+        histories=tuple(histories), oldest_record=oldest if isinstance(oldest, int) else 0,
+        entries=len(entries))
     return read_, new
 
 
-def _by_group(entries: list[dict]) -> list[tuple[str, list[dict]]]:
-    """The entries per group, each in the order recorded."""
-    named = sorted(((pg_of(e)[0], i) for i, e in enumerate(entries)), key=itemgetter(0))
-    return [(name, [entries[i] for _, i in run])
-            for name, run in itertools.groupby(named, key=itemgetter(0))]
+def _record_id(entry: dict) -> int:
+    found = entry.get("record_id")
+    return found if isinstance(found, int) else -1
+
+
+def _by_group(entries: list[dict]) -> list[list[dict]]:
+    """The entries per group, each in the order recorded (torch writes each group's
+    (name, description) tuple once and refers to it after, so grouping by it is cheap)."""
+    try:
+        keys = list(map(itemgetter("process_group"), entries))
+        runs: dict = defaultdict(list)
+        for key, entry in zip(keys, entries):
+            runs[key].append(entry)
+    except (KeyError, TypeError):  # no process_group (before 2.1), or lists (JSON)
+        runs = defaultdict(list)
+        for entry in entries:
+            runs[pg_of(entry)].append(entry)
+    merged: dict[str, list[dict]] = {}
+    for run in runs.values():  # equal names written apart ("0" and ("0", "default_pg"))
+        merged.setdefault(pg_of(run[0])[0], []).extend(run)
+    return list(merged.values())
 
 
 def _signature(run: list[dict]) -> bytes:
@@ -140,24 +161,32 @@ def _signature(run: list[dict]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _completed(dump: dict, entries: list[dict]):
-    """Did an entry complete? Where the dump has its group's status (schema 2.5 on), the
-    status says (it counts operations by ``op_id``; gloo leaves every entry "scheduled",
-    and retires entries it has not completed); else the entry's state (nccl's
-    "completed")."""
+def _completed(dump: dict) -> dict[str, int]:
+    """pg_id -> the last operation (by ``op_id``) its group's status counts completed
+    (schema 2.5 on); gloo leaves every entry "scheduled", and retires entries it has not
+    completed, so where a status exists, it decides."""
     status = dump.get("pg_status")
-    status = status if isinstance(status, dict) else {}
-    completed: dict[str, int] = {}
-    for pg_id, value in status.items():
+    found: dict[str, int] = {}
+    for pg_id, value in (status.items() if isinstance(status, dict) else ()):
         if isinstance(value, dict) and isinstance(value.get("last_completed_collective"), int):
-            completed[str(pg_id)] = value["last_completed_collective"]
-    names = {pg_of(e)[0]: str(e.get("pg_id", "")) for e in entries}
+            found[str(pg_id)] = value["last_completed_collective"]
+    return found
 
-    def done(name: str, entry: dict) -> bool:
-        last = completed.get(names.get(name, ""))
-        if last is None:
-            return entry.get("state") in DONE_STATES
-        op_id = entry.get("op_id", seq_of(entry))
-        return isinstance(op_id, int) and 0 <= op_id <= last
 
-    return done
+def _in_flight(run: list[dict], last_completed: int | None) -> tuple[int, ...]:
+    """Positions of the group's entries not completed, read back from the newest: a
+    group's operations complete in the order they were enqueued, so the first completed
+    one met ends the search (by the status's count where there is one, else by nccl's
+    "completed" state)."""
+    position = len(run)
+    while position > 0:
+        entry = run[position - 1]
+        if last_completed is not None:
+            op_id = entry.get("op_id", seq_of(entry))
+            done = isinstance(op_id, int) and 0 <= op_id <= last_completed
+        else:
+            done = entry.get("state") in DONE_STATES
+        if done:
+            break
+        position -= 1
+    return tuple(range(position, len(run)))

@@ -9,6 +9,8 @@ place is never a collective in another, and a call reads the same in every repor
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -105,11 +107,19 @@ def rank_runs(ranks: Iterable[int]) -> list[str]:
 
 def relative_line(where: str) -> str:
     """file:line (or a file), relative to the working directory when the file is under it."""
+    return _relative(where, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative(where: str, cwd: str) -> str:
+    """relative_line's work, once per line and working directory (a report of 16,384
+    ranks names the same few lines thousands of times; resolving a path touches the
+    file system)."""
     path, _, line = where.rpartition(":")
     if not path or not line.isdigit():
         path, line = where, ""
     try:
-        path = str(Path(path).resolve().relative_to(Path.cwd()))
+        path = str(Path(path).resolve().relative_to(Path(cwd)))
     except (ValueError, OSError):
         pass
     return f"{path}:{line}" if line else path

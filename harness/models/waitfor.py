@@ -535,16 +535,29 @@ def same_collective(a: Call, b: Call) -> bool:
     return is_collective(a.op) and (a.group, a.pg, a.seq) == (b.group, b.pg, b.seq)
 
 
-def waits_for(call: Call, record: RunRecord) -> set[int]:
+def waits_for(call: Call, record: RunRecord, joined: dict[tuple, set[int]] | None = None
+              ) -> set[int]:
     """The ranks a blocked ``call`` waits for: its peers, or the members of its group that
-    never entered the same collective."""
+    never entered the same collective (``joined``: joined_by(record), when asked for
+    many calls)."""
     if call.op == BATCH:
         return {peer for _, peer in call.peers}
     if is_point_to_point(call.op):
         return {call.peer} if call.peer is not None else set()
-    joined = {r.rank for r in record.ranks
-              if any(same_collective(c, call) for c in r.evidence.calls)}
-    return set(call.group or range(len(record.ranks))) - joined
+    entered = (joined if joined is not None else joined_by(record)).get(
+        (call.group, call.pg, call.seq), set())
+    return set(call.group or range(len(record.ranks))) - entered
+
+
+def joined_by(record: RunRecord) -> dict[tuple, set[int]]:
+    """(group, name, number) -> the ranks that entered that collective: one pass over the
+    calls, so that asking for every blocked rank of 16,384 is not a pass each."""
+    found: dict[tuple, set[int]] = {}
+    for rank in record.ranks:
+        for call in rank.evidence.calls:
+            if is_collective(call.op):
+                found.setdefault((call.group, call.pg, call.seq), set()).add(rank.rank)
+    return found
 
 
 def wait_edges(record: RunRecord) -> dict[int, set[int]]:
@@ -552,4 +565,17 @@ def wait_edges(record: RunRecord) -> dict[int, set[int]]:
     graph a finished run's hang is judged on, and the one the pictures draw."""
     stopped = [r for r in record.ranks if r.end.status in STOPPED]
     blocked = {r.rank: blocking_call(r) for r in stopped}
-    return {rank: waits_for(call, record) for rank, call in blocked.items() if call}
+    joined = joined_by(record)
+    shared: dict[tuple, set[int]] = {}  # one set per collective, however many wait in it
+    edges = {}
+    for rank, call in blocked.items():
+        if call is None:
+            continue
+        if is_collective(call.op) and call.op != BATCH:
+            key = (call.group, call.pg, call.seq)
+            if key not in shared:
+                shared[key] = waits_for(call, record, joined)
+            edges[rank] = shared[key]
+        else:
+            edges[rank] = waits_for(call, record, joined)
+    return edges
