@@ -34,9 +34,11 @@ class Refused(ValueError):
 Outcome = tuple[RankRead | None, dict[bytes, tuple[Entry, ...]], str]
 
 
-def read_all(files: list[DumpFile], progress: TextIO | None = sys.stderr,
+def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
              workers: int | None = None) -> Dumps:
-    """Every file read (Refused on the first that is not plain data)."""
+    """Every file read (Refused on the first that is not plain data); progress to
+    ``progress`` (True: stderr as it is at the call)."""
+    out = sys.stderr if progress is True else progress or None
     reads: dict[int, RankRead] = {}
     histories: dict[bytes, tuple[Entry, ...]] = {}
     notes: list[str] = []
@@ -48,12 +50,12 @@ def read_all(files: list[DumpFile], progress: TextIO | None = sys.stderr,
         if len(jobs) < PARALLEL_FROM or workers == 1:
             known: set[bytes] = set()
             outcomes = (_read_one(job, known) for job in jobs)
-            _fold(outcomes, len(jobs), reads, histories, notes, progress)
+            _fold(outcomes, len(jobs), reads, histories, notes, out)
         else:
             chunks = [jobs[i:i + _CHUNK] for i in range(0, len(jobs), _CHUNK)]
             with ProcessPoolExecutor(workers, initializer=_fresh) as pool:
                 outcomes = (o for chunk in pool.map(_read_chunk, chunks) for o in chunk)
-                _fold(outcomes, len(jobs), reads, histories, notes, progress)
+                _fold(outcomes, len(jobs), reads, histories, notes, out)
     finally:
         if enabled:
             gc.enable()
@@ -71,7 +73,8 @@ def _fold(outcomes, total: int, reads: dict, histories: dict, notes: list,
         if result is not None:
             reads[result.rank] = result
             histories.update(new)
-        if progress is not None and total >= PARALLEL_FROM and done % step == 0:
+        if progress is not None and total >= PARALLEL_FROM and (done % step == 0
+                                                              or done == total):
             print(f"distdoctor analyze: read {done} of {total} dumps", file=progress,
                   flush=True)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from distdoctor.dumps.read import RankRead
 from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
 from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec
-from distdoctor.models.calls import describe_call, ranks_phrase, relative_line
+from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
 
@@ -68,33 +68,70 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
     starts = {name: _window(name, dumps) for name in groups}
     flying = _flying(dumps)
     held: dict[tuple, _Held] = {}
-    anything_in_flight = any(h.in_flight for read in dumps.reads.values()
-                             for _, h in read.histories)
-    ranks = []
+    built: list[tuple[int, RankRead | None, tuple[Call, ...], tuple[Recorded, ...], str]] = []
     for rank in range(world):
         read = dumps.reads.get(rank)
+        if read is None:
+            built.append((rank, None, (), (), ""))
+            continue
+        built.append((rank, read, *_rank_calls(read, dumps, groups, starts, flying, held)))
+    waiting = _waiting(built)
+    limits_found: tuple[str, ...] = ()
+    if not waiting and any(c.blocking for _, _, made, _, _ in built for c in made):
+        limits_found = (_inside(built),)
+    ranks = []
+    for rank, read, calls, recorded, last in built:
         if read is None:
             # not a crash the dumps show: gone, or never written; peers waiting for it
             # point at it as at a rank that left
             end = RankEnd(rank, "finished", at=0.0, error=NO_DUMP)
             ranks.append(RankRecord(rank, end, Evidence(rank=rank)))
             continue
-        calls, recorded, last = _rank_calls(read, dumps, groups, starts, flying, held)
-        blocked = [c for c in calls if c.blocking]
-        if blocked:
+        if not waiting:  # nobody waits for anybody: a job dumped as it ran, or done
+            end = RankEnd(rank, "finished", recorded=recorded)
+            calls = tuple(c for c in calls if not c.blocking)
+        elif any(c.blocking for c in calls):
             end = RankEnd(rank, "hung", at=0.0, error=f"its Flight Recorder dump "
                           f"({read.path}) holds operations not completed", recorded=recorded)
-        elif anything_in_flight:
+        else:
             end = RankEnd(rank, "hung", at=0.0, recorded=recorded, error=(
                 "every operation its Flight Recorder holds completed: it was outside any "
                 "collective when dumped" + (f" (its last: {last})" if last else "")))
-        else:
-            end = RankEnd(rank, "finished", recorded=recorded)
         ranks.append(RankRecord(rank, end, Evidence(rank=rank, calls=calls)))
     spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
                    deadline=60.0)
     return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes), \
-        limits(dumps)
+        limits(dumps) + limits_found
+
+
+def _waiting(built: list) -> bool:
+    """Does some rank wait for another: a send or receive in flight, or a collective in
+    flight that some member of its group never joined (nor completed alike)? Where every
+    rank inside a collective finds the whole group there, the dumps show a job caught
+    mid-collective, not a rank it waits for."""
+    joined: dict[tuple, set[int]] = {}
+    for rank, read, calls, _, _ in built:
+        for call in calls:
+            joined.setdefault((call.pg, call.seq), set()).add(rank)
+    for rank, read, calls, _, _ in built:
+        for call in calls:
+            if not call.blocking:
+                continue
+            if call.peer is not None or call.op in ("send", "recv"):
+                return True
+            if set(call.group) - joined.get((call.pg, call.seq), set()):
+                return True
+    return False
+
+
+def _inside(built: list) -> str:
+    """The note for ranks inside collectives their whole groups had joined."""
+    inside = {rank: call.describe(relative=True) for rank, _, calls, _, _ in built
+              for call in calls if call.blocking}
+    return ("; ".join(grouped(inside, " inside ")) + ": every member of its group had "
+            "joined it: a collective in progress when the dumps were taken, or one stuck in "
+            "the network or a device; the dumps cannot tell which, and no rank waits for "
+            "another")
 
 
 def limits(dumps: Dumps) -> tuple[str, ...]:
@@ -109,6 +146,11 @@ def limits(dumps: Dumps) -> tuple[str, ...]:
             + (f" to #{max(wrapped.values())}" if len(set(wrapped.values())) > 1 else "")
             + "): older operations are gone, and ranks are compared on the numbers all "
               "of them still hold")
+    empty = [r.rank for r in dumps.reads.values() if r.entries == 0]
+    if empty:
+        found.append(f"{ranks_phrase(empty)}: the dump holds no operations (written before "
+                     f"the first collective, or with the recorder off: TORCH_FR_BUFFER_SIZE "
+                     f"must be above 0)")
     gloo = [r.rank for r in dumps.reads.values() if r.backend == "gloo"]
     if gloo:
         found.append(f"{ranks_phrase(gloo)}: gloo's recorder holds no sends or receives: "

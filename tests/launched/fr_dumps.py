@@ -18,6 +18,7 @@ or after DEADLINE_S.
 import json
 import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def rank_main(out: str, script: str) -> None:
 
     sys.excepthook = on_error
     sys.argv = [script]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python SCRIPT does
     runpy.run_path(script, run_name="__main__")
     if os.environ.get("FR_DUMP_AT_EXIT") == "1":
         dump(out, rank)
@@ -84,6 +86,21 @@ def main(out: str, world: int, script: str, dumps: int) -> int:
         env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         for r in range(world)]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the finally below reaps
+    try:
+        wait_for_dumps(ranks, out, dumps)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for name in os.listdir(out):  # a dump a rank was writing as it was ended
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(out, name))
+    return 0
+
+
+def wait_for_dumps(ranks: list, out: str, dumps: int) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline and any(p.poll() is None for p in ranks):
         written = [n for n in os.listdir(out) if n.startswith("nccl_trace_rank_")
@@ -91,11 +108,6 @@ def main(out: str, world: int, script: str, dumps: int) -> int:
         if len(written) >= dumps:
             break
         time.sleep(0.05)
-    for process in ranks:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return 0
 
 
 if __name__ == "__main__":
