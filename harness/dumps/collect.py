@@ -18,7 +18,7 @@ from typing import TextIO
 
 from distdoctor.dumps.files import DumpFile
 from distdoctor.dumps.job import Dumps
-from distdoctor.dumps.read import NotADump, RankRead, read
+from distdoctor.dumps.read import NotADump, RankRead, Shared, read
 from distdoctor.dumps.schema import Entry
 from distdoctor.models.plaindata import NotPlainData
 
@@ -31,7 +31,7 @@ class Refused(ValueError):
     """A file is not plain data: it would run code if unpickled. Nothing of it ran."""
 
 
-Outcome = tuple[RankRead | None, dict[bytes, tuple[Entry, ...]], str]
+Outcome = tuple[RankRead | None, Shared | None, str]
 
 
 def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
@@ -41,6 +41,7 @@ def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
     out = sys.stderr if progress is True else progress or None
     reads: dict[int, RankRead] = {}
     histories: dict[bytes, tuple[Entry, ...]] = {}
+    members: dict[bytes, tuple[int, ...] | None] = {}
     notes: list[str] = []
     jobs = [(f.rank, str(f.path)) for f in files]
     workers = workers or min(os.cpu_count() or 1, 8)
@@ -50,19 +51,19 @@ def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
         if len(jobs) < PARALLEL_FROM or workers == 1:
             known: set[bytes] = set()
             outcomes = (_read_one(job, known) for job in jobs)
-            _fold(outcomes, len(jobs), reads, histories, notes, out)
+            _fold(outcomes, len(jobs), reads, histories, members, notes, out)
         else:
             chunks = [jobs[i:i + _CHUNK] for i in range(0, len(jobs), _CHUNK)]
             with ProcessPoolExecutor(workers, initializer=_fresh) as pool:
                 outcomes = (o for chunk in pool.map(_read_chunk, chunks) for o in chunk)
-                _fold(outcomes, len(jobs), reads, histories, notes, out)
+                _fold(outcomes, len(jobs), reads, histories, members, notes, out)
     finally:
         if enabled:
             gc.enable()
-    return Dumps(reads, histories, tuple(notes))
+    return Dumps(reads, histories, members, tuple(notes))
 
 
-def _fold(outcomes, total: int, reads: dict, histories: dict, notes: list,
+def _fold(outcomes, total: int, reads: dict, histories: dict, members: dict, notes: list,
           progress: TextIO | None) -> None:
     step = max(1, total // 10)
     for done, (result, new, note) in enumerate(outcomes, 1):
@@ -70,9 +71,10 @@ def _fold(outcomes, total: int, reads: dict, histories: dict, notes: list,
             raise Refused(note.removeprefix("refused:"))
         if note:
             notes.append(note)
-        if result is not None:
+        if result is not None and new is not None:
             reads[result.rank] = result
-            histories.update(new)
+            histories.update(new.histories)
+            members.update(new.members)
         if progress is not None and total >= PARALLEL_FROM and (done % step == 0
                                                               or done == total):
             print(f"distdoctor analyze: read {done} of {total} dumps", file=progress,
@@ -94,14 +96,14 @@ def _read_one(job: tuple[int, str], known: set[bytes]) -> Outcome:
         result, new = read(Path(path), rank, known)
         return result, new, ""
     except NotPlainData as exc:
-        return None, {}, f"refused:{path}: {exc}; nothing of it was run"
+        return None, None, f"refused:{path}: {exc}; nothing of it was run"
     except NotADump as exc:
-        return None, {}, f"{path}: {exc}; skipped"
+        return None, None, f"{path}: {exc}; skipped"
     except OSError as exc:
-        return None, {}, f"{path}: cannot be read ({exc.strerror or exc}); skipped"
+        return None, None, f"{path}: cannot be read ({exc.strerror or exc}); skipped"
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError,
             MemoryError) as exc:
-        return None, {}, f"{path}: cut short or damaged ({_short(exc)}); its rank is " \
+        return None, None, f"{path}: cut short or damaged ({_short(exc)}); its rank is " \
                          f"counted as having no dump"
 
 

@@ -33,6 +33,7 @@ class Dumps:
 
     reads: dict[int, RankRead]
     histories: dict[bytes, tuple[Entry, ...]]
+    members: dict[bytes, tuple[int, ...] | None]  # each group's global ranks, by signature
     notes: tuple[str, ...]
 
 
@@ -48,10 +49,11 @@ class _Pg:
 def world_of(dumps: Dumps) -> int:
     """The job's size: its default group's, where a dump's pg_config gives it; else the
     highest rank seen."""
-    sizes = [len(g.ranks) for read in dumps.reads.values() for _, g in read.groups
-             if g.ranks and (g.desc in (DEFAULT_DESC, "") or g.name in ("0", ""))]
-    seen = [r + 1 for r in dumps.reads] + [max(g.ranks) + 1 for read in dumps.reads.values()
-                                           for _, g in read.groups if g.ranks]
+    defaults = {g.members for read in dumps.reads.values() for _, g in read.groups
+                if g.desc in (DEFAULT_DESC, "") or g.name in ("0", "")}
+    sizes = [len(m) for s in defaults if (m := dumps.members.get(s))]
+    seen = [max(dumps.reads, default=-1) + 1] + [max(m) + 1 for m in dumps.members.values()
+                                                 if m]
     return max(sizes + seen, default=0)
 
 
@@ -180,8 +182,8 @@ def _groups(dumps: Dumps, world: int) -> dict[str, _Pg]:
     for name, held_by in holders.items():
         default = descs.get(name) == DEFAULT_DESC or (name == "0" and not descs.get(name))
         known = config.get(name)
-        members = tuple(range(world)) if default else (
-            known.ranks if known is not None and known.ranks else tuple(held_by))
+        listed = dumps.members.get(known.members) if known is not None else None
+        members = tuple(range(world)) if default else listed or tuple(held_by)
         found[name] = _Pg(name, None if default else name, members)
     return found
 

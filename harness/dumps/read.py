@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import pickle
 from collections import defaultdict
@@ -26,6 +27,7 @@ from distdoctor.dumps.schema import (
     entry_of,
     groups_of,
     pg_of,
+    ranks_of,
     seq_of,
 )
 from distdoctor.models.plaindata import load_plain
@@ -79,12 +81,20 @@ def load(path: Path) -> object:
         return load_plain(file)
 
 
-def read(path: Path, rank: int, known: set[bytes] | None = None
-         ) -> tuple[RankRead, dict[bytes, tuple[Entry, ...]]]:
-    """The rank's read, and the entries of each history whose signature is not in
-    ``known`` (which it adds to). NotADump, NotPlainData or ValueError when the file
-    cannot be read as a dump. Per entry, only C-level work (a rank's file is read in
-    about the time the unpickler takes)."""
+@dataclass(frozen=True)
+class Shared:
+    """What ranks share, by signature: each history's entries and each group's ranks,
+    sent the first time a reader meets them."""
+
+    histories: dict[bytes, tuple[Entry, ...]]
+    members: dict[bytes, tuple[int, ...] | None]
+
+
+def read(path: Path, rank: int, known: set[bytes] | None = None) -> tuple[RankRead, Shared]:
+    """The rank's read, and what it holds that is not in ``known`` (which it adds to).
+    NotADump, NotPlainData or ValueError when the file cannot be read as a dump. Per
+    entry, only C-level work: a rank's file is read in about the time the unpickler
+    takes (and Python takes to free what it built)."""
     dump = load(path)
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
         raise NotADump("plain data, but not a Flight Recorder dump (no list of entries)")
@@ -96,9 +106,9 @@ def read(path: Path, rank: int, known: set[bytes] | None = None
         raise NotADump("some of its entries are not of torch's shape (no "
                        "profiling_name)") from None
     known = set() if known is None else known
+    shared = Shared({}, {})
     completed = _completed(dump)
     histories: list[tuple[str, GroupHistory]] = []
-    new: dict[bytes, tuple[Entry, ...]] = {}
     descs: dict[str, str] = {}
     cache: dict[int, bool] = {}
     for run in _by_group(entries):
@@ -107,20 +117,33 @@ def read(path: Path, rank: int, known: set[bytes] | None = None
         signature = _signature(run)
         if signature not in known:
             known.add(signature)
-            new[signature] = tuple(entry_of(e, cache) for e in run)
+            shared.histories[signature] = tuple(entry_of(e, cache) for e in run)
         flying = _in_flight(run, completed.get(str(run[0].get("pg_id", ""))))
         histories.append((name, GroupHistory(
             signature, flying, tuple(_record_id(run[i]) for i in flying),
             _record_id(run[-1]))))
+    groups = []
+    for key, (name, desc, written) in groups_of(dump).items():
+        members = _members_signature(written)
+        if members and members not in known:
+            known.add(members)
+            shared.members[members] = ranks_of(written)
+        groups.append((key, Group(name, desc, members)))
     oldest = entries[0].get("record_id", 0) if entries else 0
     rank_hint = dump.get("rank")
     read_ = RankRead(
         rank=rank_hint if isinstance(rank_hint, int) and rank_hint >= 0 else rank,
         path=str(path), version=str(dump.get("version", "")), backend=backend,
-        groups=tuple(groups_of(dump).items()), descs=tuple(descs.items()),
-        histories=tuple(histories), oldest_record=oldest if isinstance(oldest, int) else 0,
-        entries=len(entries))
-    return read_, new
+        groups=tuple(groups), descs=tuple(descs.items()), histories=tuple(histories),
+        oldest_record=oldest if isinstance(oldest, int) else 0, entries=len(entries))
+    return read_, shared
+
+
+def _members_signature(written: object) -> bytes:
+    if written is None:
+        return b""
+    text = written if isinstance(written, str) else repr(written)
+    return hashlib.blake2b(text.encode(errors="replace"), digest_size=16).digest()
 
 
 def _record_id(entry: dict) -> int:
@@ -129,20 +152,26 @@ def _record_id(entry: dict) -> int:
 
 
 def _by_group(entries: list[dict]) -> list[list[dict]]:
-    """The entries per group, each in the order recorded (torch writes each group's
-    (name, description) tuple once and refers to it after, so grouping by it is cheap)."""
+    """The entries per group, each in the order recorded, picked out in C: a job has a
+    few groups, so one pass per group over its (name, description) keys."""
     try:
         keys = list(map(itemgetter("process_group"), entries))
-        runs: dict = defaultdict(list)
-        for key, entry in zip(keys, entries):
-            runs[key].append(entry)
+        distinct = list(dict.fromkeys(keys))  # TypeError for lists (JSON): by hand below
+        if len(distinct) > 64:
+            raise TypeError
+        runs = [list(itertools.compress(entries, map(key.__eq__, keys))) for key in distinct]
     except (KeyError, TypeError):  # no process_group (before 2.1), or lists (JSON)
-        runs = defaultdict(list)
+        grouped: dict = defaultdict(list)
         for entry in entries:
-            runs[pg_of(entry)].append(entry)
+            grouped[pg_of(entry)].append(entry)
+        runs = list(grouped.values())
     merged: dict[str, list[dict]] = {}
-    for run in runs.values():  # equal names written apart ("0" and ("0", "default_pg"))
-        merged.setdefault(pg_of(run[0])[0], []).extend(run)
+    for run in runs:  # equal names written apart ("0" and ("0", "default_pg"))
+        name = pg_of(run[0])[0]
+        if name in merged:
+            merged[name] = sorted(merged[name] + run, key=_record_id)
+        else:
+            merged[name] = run
     return list(merged.values())
 
 

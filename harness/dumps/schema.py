@@ -18,7 +18,8 @@ DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16"
           "Long": "int64", "Int": "int32", "Short": "int16", "Bool": "bool", "Byte": "uint8",
           "Char": "int8"}
 # torch's internal names of collectives, as the Python functions the tracer names them by
-OPS = {"_allgather_base": "all_gather_into_tensor", "allgather": "all_gather",
+OPS = {"_all_gather_base": "all_gather_into_tensor", "_allgather_base": "all_gather_into_tensor",
+       "allgather": "all_gather",
        "_reduce_scatter_base": "reduce_scatter_tensor", "allreduce": "all_reduce",
        "all_reduce_barrier": "barrier", "alltoall_base": "all_to_all_single",
        "alltoall": "all_to_all", "ALLGATHER_coalesced": "all_gather_into_tensor_coalesced",
@@ -51,11 +52,13 @@ class Entry:
 @dataclass(frozen=True, slots=True)
 class Group:
     """A process group as the dump's ``pg_config`` describes it: its name, torch's
-    description ("default_pg", "undefined", a user's), and its global ranks where given."""
+    description ("default_pg", "undefined", a user's), and the signature of its global
+    ranks (the default group's list is as long as the job: it is parsed and sent once per
+    signature, never once per rank; b"" when not given)."""
 
     name: str
     desc: str
-    ranks: tuple[int, ...] | None
+    members: bytes
 
 
 def op_of(profiling_name: object) -> tuple[str, int | None, int | None]:
@@ -133,22 +136,27 @@ def entry_of(entry: dict, cache: dict[int, bool] | None = None) -> Entry:
                  p2p)
 
 
-def groups_of(dump: dict) -> dict[str, Group]:
-    """The dump's ``pg_config``: name -> Group (ranks written as "[0, 1]" or a list)."""
-    found: dict[str, Group] = {}
+def groups_of(dump: dict) -> dict[str, tuple[str, str, object]]:
+    """The dump's ``pg_config``: key -> (name, description, its ranks as written: "[0, 1]"
+    or a list)."""
+    found: dict[str, tuple[str, str, object]] = {}
     config = dump.get("pg_config")
     for key, value in (config.items() if isinstance(config, dict) else ()):
-        if not isinstance(value, dict):
-            continue
-        ranks = value.get("ranks")
-        if isinstance(ranks, str):  # "[0, 1, 2]"
-            ranks = [int(r) for r in re.findall(r"\d+", ranks)] \
-                if re.fullmatch(r"\[[\d,\s]*\]", ranks) else None
-        members = tuple(int(r) for r in ranks) if isinstance(ranks, (list, tuple)) and all(
-            isinstance(r, int) for r in ranks) else None
-        name = str(value.get("name", key))
-        found[str(key)] = Group(name, str(value.get("desc", "")), members)
+        if isinstance(value, dict):
+            found[str(key)] = (str(value.get("name", key)), str(value.get("desc", "")),
+                               value.get("ranks"))
     return found
+
+
+def ranks_of(written: object) -> tuple[int, ...] | None:
+    """A group's global ranks from "[0, 1, 2]" or [0, 1, 2]; None when not of that form."""
+    if isinstance(written, str):
+        if not re.fullmatch(r"\[[\d,\s]*\]", written):
+            return None
+        return tuple(int(r) for r in re.findall(r"\d+", written))
+    if isinstance(written, (list, tuple)) and all(isinstance(r, int) for r in written):
+        return tuple(written)
+    return None
 
 
 def version_of(dump: dict) -> tuple[int, int] | None:
