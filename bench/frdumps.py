@@ -41,7 +41,7 @@ VERSIONS = tuple(f"2.{minor}" for minor in range(3, 11))
 USER_FILE = "/home/user/project/train.py"
 LINES = {"all_gather": 41, "reduce_scatter": 47, "grad": 55, "loss": 61, "extra": 58,
          "send": 72, "recv": 70, "coalesced": 44}
-NAMES = {"all_gather": "nccl:_allgather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
+NAMES = {"all_gather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
          "grad": "nccl:all_reduce", "loss": "nccl:all_reduce", "extra": "nccl:all_reduce",
          "coalesced": "nccl:ALLGATHER_coalesced"}
 SHARD = 4096  # elements of a rank's shard in the TP collectives

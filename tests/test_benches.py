@@ -25,8 +25,12 @@ SMOKE = {
     "pytest_plugin.py": r"^per test, the plugin is \d+x faster",
     "soak.py": r"^ +diagnose .*: 1 of 1 passed$",
     "run_overhead.py": r"^evidence on a 1.05M-parameter DDP step, 2 ranks, 6 steps: [\d.]+ CPU",
+    # ranks, MB written, s; ours: s, MB, verdict; fr_trace's; the ratio
+    "flight_recorder.py": r"^ +32 +\d+ MB +[\d.]+ s +[\d.]+ s +\d+ MB +collective-mismatch "
+                          r"\(rank 21\) right .* [\d.]+x$",
 }
-HELPERS = {"ddp_1m.py", "evidence_blocks.py"}  # run by run_overhead.py, not on their own
+HELPERS = {"ddp_1m.py", "evidence_blocks.py",  # run by run_overhead.py, not on their own
+           "frdumps.py"}  # the dumps flight_recorder.py reads (and the tests)
 
 
 def test_every_bench_has_a_smoke_run():
@@ -36,7 +40,8 @@ def test_every_bench_has_a_smoke_run():
 
 # the longest first, so the two lanes below end together (seconds here, one at a time)
 LONGEST_FIRST = ("run_overhead.py", "pytest_plugin.py", "hang_time.py", "pipeline.py",
-                 "launch.py", "matrix.py", "zero.py", "soak.py", "collectives.py")
+                 "launch.py", "matrix.py", "zero.py", "soak.py", "flight_recorder.py",
+                 "collectives.py")
 
 
 @pytest.fixture(scope="module")

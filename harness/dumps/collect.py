@@ -24,7 +24,7 @@ from distdoctor.models.plaindata import NotPlainData
 
 PARALLEL_FROM = 256
 _CHUNK = 64
-_known: set[bytes] = set()  # a worker's signatures already sent
+_known: dict[bytes, object] = {}  # a worker's signatures already sent, and their programs
 
 
 class Refused(ValueError):
@@ -49,7 +49,7 @@ def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
     gc.disable()  # millions of small containers, none of them cyclic
     try:
         if len(jobs) < PARALLEL_FROM or workers == 1:
-            known: set[bytes] = set()
+            known: dict[bytes, object] = {}
             outcomes = (_read_one(job, known) for job in jobs)
             _fold(outcomes, len(jobs), reads, histories, members, notes, out)
         else:
@@ -90,7 +90,7 @@ def _read_chunk(chunk: list[tuple[int, str]]) -> list[Outcome]:
     return [_read_one(job, _known) for job in chunk]
 
 
-def _read_one(job: tuple[int, str], known: set[bytes]) -> Outcome:
+def _read_one(job: tuple[int, str], known: dict[bytes, object]) -> Outcome:
     rank, path = job
     try:
         result, new = read(Path(path), rank, known)

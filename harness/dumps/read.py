@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import json
 import pickle
-from collections import defaultdict
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -90,11 +88,26 @@ class Shared:
     members: dict[bytes, tuple[int, ...] | None]
 
 
-def read(path: Path, rank: int, known: set[bytes] | None = None) -> tuple[RankRead, Shared]:
+@dataclass(frozen=True)
+class _Program:
+    """What every rank whose file has one signature shares: the signature of its history
+    on each of its groups (in the order the groups first appear) and, per entry, its
+    group's index and its position there."""
+
+    histories: tuple[bytes, ...]
+    places: tuple[tuple[int, int], ...]
+
+
+def read(path: Path, rank: int, known: dict[bytes, object] | None = None
+         ) -> tuple[RankRead, Shared]:
     """The rank's read, and what it holds that is not in ``known`` (which it adds to).
-    NotADump, NotPlainData or ValueError when the file cannot be read as a dump. Per
-    entry, only C-level work: a rank's file is read in about the time the unpickler
-    takes (and Python takes to free what it built)."""
+    NotADump, NotPlainData or ValueError when the file cannot be read as a dump.
+
+    Ranks of one job made the same calls in the same order on groups of the same shape,
+    whatever each group is called: a file's entries, their groups' names aside, hash to
+    a signature, and only the first file of each signature is split by group and built
+    into entries. Per rank there is C-level work over its entries and a walk back from
+    its newest entries to the last completed one of each group."""
     dump = load(path)
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
         raise NotADump("plain data, but not a Flight Recorder dump (no list of entries)")
@@ -105,38 +118,79 @@ def read(path: Path, rank: int, known: set[bytes] | None = None) -> tuple[RankRe
     except (KeyError, TypeError, IndexError):
         raise NotADump("some of its entries are not of torch's shape (no "
                        "profiling_name)") from None
-    known = set() if known is None else known
+    known = {} if known is None else known
     shared = Shared({}, {})
-    completed = _completed(dump)
-    histories: list[tuple[str, GroupHistory]] = []
-    descs: dict[str, str] = {}
-    cache: dict[int, bool] = {}
-    for run in _by_group(entries):
-        name, desc = pg_of(run[0])
-        descs.setdefault(name, desc)
-        signature = _signature(run)
-        if signature not in known:
-            known.add(signature)
-            shared.histories[signature] = tuple(entry_of(e, cache) for e in run)
-        flying = _in_flight(run, completed.get(str(run[0].get("pg_id", ""))))
-        histories.append((name, GroupHistory(
-            signature, flying, tuple(_record_id(run[i]) for i in flying),
-            _record_id(run[-1]))))
+    keys = _group_keys(entries)
+    order = list(dict.fromkeys(keys))
+    slots = list(map({k: i for i, k in enumerate(order)}.__getitem__, keys))
+    signature = _signature(entries, slots)
+    program = known.get(signature)
+    if not isinstance(program, _Program):
+        program = _program(entries, slots, len(order), signature, shared)
+        known[signature] = program
+    flying = _in_flight(entries, slots, len(order), _completed(dump))
+    lasts: dict[int, int] = {}
+    for index, slot in enumerate(slots):
+        lasts[slot] = index
+    histories = []
+    for slot, key in enumerate(order):
+        mine = [i for i in flying if slots[i] == slot]
+        histories.append((key[0], GroupHistory(
+            program.histories[slot], tuple(program.places[i][1] for i in mine),
+            tuple(_record_id(entries[i]) for i in mine), _record_id(entries[lasts[slot]]))))
     groups = []
-    for key, (name, desc, written) in groups_of(dump).items():
+    for config_key, (name, desc, written) in groups_of(dump).items():
         members = _members_signature(written)
         if members and members not in known:
-            known.add(members)
+            known[members] = True
             shared.members[members] = ranks_of(written)
-        groups.append((key, Group(name, desc, members)))
+        groups.append((config_key, Group(name, desc, members)))
     oldest = entries[0].get("record_id", 0) if entries else 0
     rank_hint = dump.get("rank")
     read_ = RankRead(
         rank=rank_hint if isinstance(rank_hint, int) and rank_hint >= 0 else rank,
         path=str(path), version=str(dump.get("version", "")), backend=backend,
-        groups=tuple(groups), descs=tuple(descs.items()), histories=tuple(histories),
-        oldest_record=oldest if isinstance(oldest, int) else 0, entries=len(entries))
+        groups=tuple(groups), descs=tuple((k[0], k[1]) for k in order),
+        histories=tuple(histories), oldest_record=oldest if isinstance(oldest, int) else 0,
+        entries=len(entries))
     return read_, shared
+
+
+def _group_keys(entries: list[dict]) -> list[tuple[str, str]]:
+    """Each entry's (group name, description), in C where torch wrote them as tuples (its
+    pickles do); by hand where not (JSON's lists, a version without process_group), and
+    where one name comes with two descriptions."""
+    try:
+        keys = list(map(itemgetter("process_group"), entries))
+        distinct = dict.fromkeys(keys)  # TypeError for lists
+        if all(isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], str)
+               and isinstance(k[1], str) for k in distinct) and \
+                len({k[0] for k in distinct}) == len(distinct):
+            return keys
+    except (KeyError, TypeError):
+        pass
+    named = [pg_of(entry) for entry in entries]
+    first: dict[str, tuple[str, str]] = {}
+    return [first.setdefault(name, (name, desc)) for name, desc in named]
+
+
+def _program(entries: list[dict], slots: list[int], groups: int, signature: bytes,
+             shared: Shared) -> _Program:
+    """The first file of a signature, split by group: each group's entries built, under
+    a signature of its own (the file's and the group's index)."""
+    runs: list[list[int]] = [[] for _ in range(groups)]
+    places = []
+    for index, slot in enumerate(slots):
+        places.append((slot, len(runs[slot])))
+        runs[slot].append(index)
+    cache: dict[int, bool] = {}
+    histories = []
+    for slot, run in enumerate(runs):
+        history = hashlib.blake2b(signature + slot.to_bytes(4, "little"),
+                                  digest_size=16).digest()
+        shared.histories[history] = tuple(entry_of(entries[i], cache) for i in run)
+        histories.append(history)
+    return _Program(tuple(histories), tuple(places))
 
 
 def _members_signature(written: object) -> bytes:
@@ -151,42 +205,18 @@ def _record_id(entry: dict) -> int:
     return found if isinstance(found, int) else -1
 
 
-def _by_group(entries: list[dict]) -> list[list[dict]]:
-    """The entries per group, each in the order recorded, picked out in C: a job has a
-    few groups, so one pass per group over its (name, description) keys."""
+def _signature(entries: list[dict], slots: list[int]) -> bytes:
+    """A hash of every compared field of the file's entries (frames included: the lines)
+    and of which group (by order of first appearance, not by name) each belongs to."""
+    keys = [k for k in _COMPARED if entries and k in entries[0]]
     try:
-        keys = list(map(itemgetter("process_group"), entries))
-        distinct = list(dict.fromkeys(keys))  # TypeError for lists (JSON): by hand below
-        if len(distinct) > 64:
-            raise TypeError
-        runs = [list(itertools.compress(entries, map(key.__eq__, keys))) for key in distinct]
-    except (KeyError, TypeError):  # no process_group (before 2.1), or lists (JSON)
-        grouped: dict = defaultdict(list)
-        for entry in entries:
-            grouped[pg_of(entry)].append(entry)
-        runs = list(grouped.values())
-    merged: dict[str, list[dict]] = {}
-    for run in runs:  # equal names written apart ("0" and ("0", "default_pg"))
-        name = pg_of(run[0])[0]
-        if name in merged:
-            merged[name] = sorted(merged[name] + run, key=_record_id)
-        else:
-            merged[name] = run
-    return list(merged.values())
-
-
-def _signature(run: list[dict]) -> bytes:
-    """A hash of every compared field of a group's entries (frames included: the lines),
-    equal for equal histories on every rank and every group."""
-    keys = [k for k in _COMPARED if k in run[0]]
-    try:
-        rows = list(map(itemgetter(*keys), run))
+        rows = list(map(itemgetter(*keys), entries)) if keys else []
     except KeyError:  # an entry lacks a field its first has: read field by field
-        rows = [tuple(e.get(k) for k in keys) for e in run]
+        rows = [tuple(e.get(k) for k in keys) for e in entries]
     try:
-        data = pickle.dumps((keys, rows), protocol=4)
+        data = pickle.dumps((keys, rows, slots), protocol=4)
     except (pickle.PicklingError, RecursionError, TypeError):
-        data = repr((keys, rows)).encode()
+        data = repr((keys, rows, slots)).encode()
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
@@ -202,20 +232,29 @@ def _completed(dump: dict) -> dict[str, int]:
     return found
 
 
-def _in_flight(run: list[dict], last_completed: int | None) -> tuple[int, ...]:
-    """Positions of the group's entries not completed, read back from the newest: a
-    group's operations complete in the order they were enqueued, so the first completed
-    one met ends the search (by the status's count where there is one, else by nccl's
-    "completed" state)."""
-    position = len(run)
-    while position > 0:
-        entry = run[position - 1]
-        if last_completed is not None:
+def _in_flight(entries: list[dict], slots: list[int], groups: int,
+               completed: dict[str, int]) -> list[int]:
+    """Indices of the entries not completed, oldest first, read back from the newest: a
+    group's operations complete in the order they were enqueued, so a group's search
+    ends at its first completed entry met (by the status's count where the dump has one,
+    else by nccl's "completed" state)."""
+    pending = set(range(groups))
+    found = []
+    index = len(entries)
+    while pending and index > 0:
+        index -= 1
+        slot = slots[index]
+        if slot not in pending:
+            continue
+        entry = entries[index]
+        last = completed.get(str(entry.get("pg_id", "")))
+        if last is not None:
             op_id = entry.get("op_id", seq_of(entry))
-            done = isinstance(op_id, int) and 0 <= op_id <= last_completed
+            done = isinstance(op_id, int) and 0 <= op_id <= last
         else:
             done = entry.get("state") in DONE_STATES
         if done:
-            break
-        position -= 1
-    return tuple(range(position, len(run)))
+            pending.discard(slot)
+        else:
+            found.append(index)
+    return found[::-1]
