@@ -20,9 +20,12 @@ all-reduce of the loss on the default group. The job hangs in its last step, and
 * ``p2p``: a pipeline of ``world`` stages on the default group; the culprit and the
   next stage both send first (each waits for the other to receive).
 
-Versions: "2.3" to "2.10". Fields as torch's reader (``fr_trace``) and the dumps of
-torch 2.13 show them: ``is_p2p`` from 2.4, ``timeout_ms`` and ``pg_status`` from 2.5,
-``thread_id``/``thread_name`` from 2.8; before 2.4 all-to-all sizes were not logged.
+Versions: "2.3" to "2.10". Fields as torch's reader (``fr_trace``, which reads
+``is_p2p``, ``p2p_seq_id`` and the dtypes in every version it takes) and the dumps of
+torch 2.13 show them: ``timeout_ms`` and ``pg_status`` from 2.5, ``thread_id`` and
+``thread_name`` from 2.8; before 2.4 all-to-all sizes were not logged. (Which version
+added which of the later fields is this generator's reading of torch's history, not
+checked against dumps of each torch release: none is installed here.)
 
     python bench/frdumps.py OUT --world 64 --case extra --culprit 5 [--json] [--version 2.7]
 """
@@ -208,8 +211,7 @@ def dump_of(job: Job, rank: int) -> dict:
             "retired": done, "frames": FRAMES[kind.split(":")[0]]}
         if done:
             entry["duration_ms"] = 0.085
-        if minor >= 4:
-            entry["is_p2p"] = p2p
+        entry["is_p2p"] = p2p
         if minor >= 5:
             entry["timeout_ms"] = 600_000
         if minor >= 8:

@@ -108,8 +108,8 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
     for blocking in blocked.values():
         if blocking and is_collective(blocking.op):
             calls.setdefault((blocking.group, blocking.pg, blocking.seq), blocking)
-    candidates = [(call, sorted(absent)) for call in calls.values()
-                  if (absent := waits_for(call, record, joined))]
+    candidates = [(call, sorted(waits_for(call, record, joined))) for call in calls.values()]
+    candidates = [(call, absent) for call, absent in candidates if absent]
     if not candidates:
         return None
     only = [(c, a) for c, a in candidates if _only_some_call(c, a, record, blocked)]

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+DUMP_PREFIX = "frdump_rank_"  # the dump a traced rank writes beside its trace, as torch's
 _NAME = re.compile(r"(.*?)(\d+)(\.json|\.pkl|\.pickle)?")
 _HEAD = 512  # bytes read to tell a dump by its content
 _FIELDS = (b"version", b"entries", b"pg_config")

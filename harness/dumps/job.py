@@ -67,7 +67,7 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
     missing = [rank for rank in range(world) if rank not in dumps.reads]
     if missing:
         notes.append(f"{ranks_phrase(missing)}: {NO_DUMP}")
-    starts = {name: _window(name, dumps) for name in groups}
+    starts = _windows(dumps)
     flying = _flying(dumps)
     held: dict[tuple, _Held] = {}
     built: list[tuple[int, RankRead | None, tuple[Call, ...], tuple[Recorded, ...], str]] = []
@@ -115,13 +115,15 @@ def _waiting(built: list) -> bool:
     for rank, read, calls, _, _ in built:
         for call in calls:
             joined.setdefault((call.pg, call.seq), set()).add(rank)
+    judged: set[tuple] = set()  # each collective once, however many ranks wait in it
     for rank, read, calls, _, _ in built:
         for call in calls:
-            if not call.blocking:
+            if not call.blocking or (call.pg, call.seq) in judged:
                 continue
             if call.peer is not None or call.op in ("send", "recv"):
                 return True
-            if set(call.group) - joined.get((call.pg, call.seq), set()):
+            judged.add((call.pg, call.seq))
+            if len(joined.get((call.pg, call.seq), ())) < len(set(call.group)):
                 return True
     return False
 
@@ -188,21 +190,42 @@ def _groups(dumps: Dumps, world: int) -> dict[str, _Pg]:
     return found
 
 
-def _window(name: str, dumps: Dumps) -> int:
-    """The first collective number of group ``name`` handed on: one before the first
-    number at which two of its histories differ, else the oldest in flight anywhere, else
-    the newest."""
-    histories = {read_h.signature for read in dumps.reads.values()
-                 for pg, read_h in read.histories if pg == name}
-    by_number = [{e.seq: e for e in dumps.histories[s] if not e.p2p} for s in histories]
-    common = sorted(set.intersection(*(set(h) for h in by_number))) if by_number else []
-    first = next((seq for seq in common
-                  if len({(h[seq].op, h[seq].sizes, h[seq].dtype, h[seq].where)
-                          for h in by_number}) > 1), None)
-    flying = [dumps.histories[h.signature][i].seq for read in dumps.reads.values()
-              for pg, h in read.histories if pg == name for i in h.in_flight[:1]]
-    newest = max((e.seq for h in histories for e in dumps.histories[h][-1:]), default=0)
-    return min([newest] + ([first - 1] if first is not None else []) + flying)
+def _windows(dumps: Dumps) -> dict[str, int]:
+    """Per group, the first collective number handed on: one before the first number at
+    which two of its histories differ, else the oldest in flight on any rank, else the
+    newest. One pass over the ranks; groups of one shape (every tensor-parallel group of
+    a job) share their histories, and the comparison is made once per set of them."""
+    signatures: dict[str, set[bytes]] = {}
+    flying: dict[str, int] = {}
+    for read in dumps.reads.values():
+        for name, history in read.histories:
+            signatures.setdefault(name, set()).add(history.signature)
+            if history.in_flight:
+                seq = dumps.histories[history.signature][history.in_flight[0]].seq
+                flying[name] = min(seq, flying.get(name, seq))
+    parted: dict[frozenset[bytes], int | None] = {}
+    found = {}
+    for name, held in signatures.items():
+        key = frozenset(held)
+        if key not in parted:
+            parted[key] = _first_difference([dumps.histories[s] for s in held])
+        first = parted[key]
+        newest = max((e.seq for s in held for e in dumps.histories[s][-1:]), default=0)
+        found[name] = min([newest] + ([first - 1] if first is not None else [])
+                          + ([flying[name]] if name in flying else []))
+    return found
+
+
+def _first_difference(histories: list[tuple[Entry, ...]]) -> int | None:
+    """The first collective number, of those every history holds, at which two differ
+    (kind, sizes, dtype or line); None when none does."""
+    by_number = [{e.seq: e for e in h if not e.p2p} for h in histories]
+    if len(by_number) < 2:
+        return None
+    common = sorted(set.intersection(*(set(h) for h in by_number)))
+    return next((seq for seq in common
+                 if len({(h[seq].op, h[seq].sizes, h[seq].dtype, h[seq].where)
+                         for h in by_number}) > 1), None)
 
 
 def _flying(dumps: Dumps) -> dict[tuple[str, int], set[tuple]]:

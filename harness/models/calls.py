@@ -86,11 +86,13 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
 
 def grouped(said: dict[int, str], sep: str = ": ") -> list[str]:
     """'ranks 1-15: X', 'rank 0: Y': ranks that say the same thing, once, in rank order of
-    their first member (one line per distinct thing at 64 ranks, not one per rank)."""
+    their first member (one line per distinct thing at 64 ranks, not one per rank). A
+    verb for a separator agrees with the ranks: " is " becomes " are " for several."""
     ranks_of: dict[str, list[int]] = {}
     for rank, text in sorted(said.items()):
         ranks_of.setdefault(text, []).append(rank)
-    return [f"{ranks_phrase(ranks)}{sep}{text}" for text, ranks in ranks_of.items()]
+    return [f"{ranks_phrase(ranks)}{' are ' if sep == ' is ' and len(ranks) > 1 else sep}"
+            f"{text}" for text, ranks in ranks_of.items()]
 
 
 def rank_runs(ranks: Iterable[int]) -> list[str]:

@@ -81,15 +81,22 @@ def history() -> dict[str | None, list[list]]:
     stack traces, through the plain-data unpickler like any other dump."""
     try:
         import torch.distributed.distributed_c10d as c10d
-        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
-            _dump_fr_trace,  # in torch's C module, but not in its type stubs
-        )
 
-        dump = loads_plain(_dump_fr_trace(True, True, False))
+        dump = loads_plain(dump_bytes())
         default = c10d._get_default_group().group_name
     except Exception:
         return {}
     return history_of(dump, default)
+
+
+def dump_bytes() -> bytes:
+    """The rank's Flight Recorder dump as torch writes it on a watchdog timeout (a pickle
+    of plain data, its Python frames included): what ``analyze`` reads from any job."""
+    from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+        _dump_fr_trace,  # in torch's C module, but not in its type stubs
+    )
+
+    return _dump_fr_trace(True, True, False)
 
 
 def history_of(dump: object, default: str | None = None) -> dict[str | None, list[list]]:

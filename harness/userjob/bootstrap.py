@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
-import json
 import os
 import runpy
 import signal
@@ -295,15 +294,21 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
 
 
 def _write_history(directory: str, rank: int) -> None:
-    """The collectives this rank's Flight Recorder holds, torch's own included (DDP's,
-    FSDP's), beside its trace: where the sequences parted, for ``analyze``."""
-    from distdoctor.trace.flight import history
+    """This rank's Flight Recorder dump, as torch writes it on a watchdog timeout (every
+    collective it holds, torch's own included: DDP's, FSDP's), beside its trace: where
+    the sequences parted. ``analyze`` reads it with the trace, or alone (``--prefix
+    frdump_rank_``) as it reads any job's dumps."""
+    from distdoctor.dumps.files import DUMP_PREFIX
+    from distdoctor.trace.flight import dump_bytes
 
-    found = history()
-    if found:
-        path = os.path.join(directory, f"rank-{rank}.flight.json")
-        with open(path, "w") as out:
-            json.dump({name or "": entries for name, entries in found.items()}, out)
+    try:
+        found = dump_bytes()
+    except Exception:
+        return
+    path = os.path.join(directory, f"{DUMP_PREFIX}{rank}")
+    with open(path + ".tmp", "wb") as out:
+        out.write(found)
+    os.replace(path + ".tmp", path)
 
 
 def _say_stalled(deadline: float, stack_path: str, exiting: bool,

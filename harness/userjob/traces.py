@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from distdoctor.dumps.files import DUMP_PREFIX
 from distdoctor.models import RankEnd
 from distdoctor.models.events import Ev
 from distdoctor.models.record import is_peer_echo
@@ -160,7 +161,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
                                 "its trace stops without an exit",
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
                                 raw_stack=raw or None,
-                                recorded=_flight(trace.path.with_suffix(".flight.json"))))
+                                recorded=_flight(trace.path.with_name(
+                                    f"{DUMP_PREFIX}{rank}"))))
         elif exit_event.get("status") == "raised":
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
@@ -190,13 +192,14 @@ def load(directories: list[str], run: str | None = None) -> Job:
 
 
 def _flight(path: Path) -> tuple:
-    """The Flight Recorder history a stalled rank wrote beside its trace (bootstrap.py),
-    as Recorded collectives; none when it wrote none or it cannot be read."""
-    from distdoctor.trace.flight import recorded
+    """The Flight Recorder dump a stalled rank wrote beside its trace (bootstrap.py), as
+    Recorded collectives; none when it wrote none or it cannot be read as plain data."""
+    from distdoctor.dumps.read import load
+    from distdoctor.trace.flight import history_of, recorded
 
     try:
-        return recorded(json.loads(path.read_text()))
-    except (OSError, ValueError, AttributeError):
+        return recorded(history_of(load(path)))
+    except (OSError, ValueError):  # missing, cut short, or not plain data (NotPlainData)
         return ()
 
 
