@@ -18,8 +18,11 @@ edge, and on any import circle):
   imports: models, text
 - ``checks``: the detectors, one module each; they read a RunRecord's evidence only.
   imports: models, memory, faults
-- ``trace``: the in-rank collective tracer and recorders, and folding a trace into Evidence.
+- ``dumps``: torch's Flight Recorder dumps from any job, read as plain data into the
+  evidence the checks judge.
   imports: models
+- ``trace``: the in-rank collective tracer and recorders, and folding a trace into Evidence.
+  imports: models, dumps
 - ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks.
   imports: models, trace
 - ``training``: the built-in data-parallel workload and its strategies (DDP, ZeRO, FSDP2).
@@ -29,7 +32,7 @@ edge, and on any import circle):
 - ``pipeline``: the pipeline workload, schedules, simulators, hand-rolled and torch runs.
   imports: models, text, launch, training
 - ``userjob``: a user's own job: ``distdoctor run`` and ``analyze``, traced, and its report.
-  imports: models, trace, launch, checks
+  imports: models, dumps, trace, launch, checks
 - ``collectives``: collectives from scratch, their transports, and ``check-collective``.
   imports: models, trace, launch, userjob
 - ``faultloop``: on the built-in workloads, run a spec and assess it; inject a fault, apply
@@ -40,6 +43,6 @@ edge, and on any import circle):
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
-  imports: models, text, faults, memory, launch, pipeline, userjob, collectives, faultloop,
-  pictures
+  imports: models, text, faults, memory, dumps, launch, pipeline, userjob, collectives,
+  faultloop, pictures
 """

@@ -155,6 +155,11 @@ def limits(dumps: Dumps) -> tuple[str, ...]:
         found.append(f"{ranks_phrase(empty)}: the dump holds no operations (written before "
                      f"the first collective, or with the recorder off: TORCH_FR_BUFFER_SIZE "
                      f"must be above 0)")
+    bare = [r.rank for r in dumps.reads.values() if r.entries and not r.framed]
+    if bare:
+        found.append(f"{ranks_phrase(bare)}: the dump holds no Python frames (torch's JSON "
+                     f"dumps never do; its pickles do): the lines that made each call are "
+                     f"not known")
     gloo = [r.rank for r in dumps.reads.values() if r.backend == "gloo"]
     if gloo:
         found.append(f"{ranks_phrase(gloo)}: gloo's recorder holds no sends or receives: "

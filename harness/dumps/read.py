@@ -1,10 +1,12 @@
 """One rank's dump file, read as plain data and folded into what the checks need.
 
-A cluster's dumps are thousands of files of 2000 entries each, nearly all alike: the
-ranks of one group made the same calls. So a rank's history on each group is reduced to
-a signature (a hash of every field the checks compare, its group's name aside), and its
-entries are built only for the first rank of each signature; the others share them. What
-differs from rank to rank, how far each one got (its entries in flight), is read per rank.
+A cluster's dumps are thousands of files of 2000 entries each, nearly all alike: ranks
+made the same calls in the same order on groups of the same shape. So a file's entries
+are reduced to a signature (a hash of every field the checks compare and of which group,
+by order of appearance, each entry is on; the groups' names aside), and only the first
+file of each signature is split by group and built into entries; the others share them.
+What differs from rank to rank, its groups' names and how far it got (its entries in
+flight), is read per rank.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import io
 import json
 import pickle
+import re
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -63,6 +66,7 @@ class RankRead:
     histories: tuple[tuple[str, GroupHistory], ...]  # group name -> its history there
     oldest_record: int  # the first record id it still holds (> 0: the ring buffer wrapped)
     entries: int
+    framed: bool  # its entries hold Python frames (torch's JSON dumps never do)
 
 
 def load(path: Path) -> object:
@@ -152,7 +156,7 @@ def read(path: Path, rank: int, known: dict[bytes, object] | None = None
         path=str(path), version=str(dump.get("version", "")), backend=backend,
         groups=tuple(groups), descs=tuple((k[0], k[1]) for k in order),
         histories=tuple(histories), oldest_record=oldest if isinstance(oldest, int) else 0,
-        entries=len(entries))
+        entries=len(entries), framed=bool(entries) and bool(entries[-1].get("frames")))
     return read_, shared
 
 
@@ -227,8 +231,11 @@ def _completed(dump: dict) -> dict[str, int]:
     status = dump.get("pg_status")
     found: dict[str, int] = {}
     for pg_id, value in (status.items() if isinstance(status, dict) else ()):
-        if isinstance(value, dict) and isinstance(value.get("last_completed_collective"), int):
-            found[str(pg_id)] = value["last_completed_collective"]
+        last = value.get("last_completed_collective") if isinstance(value, dict) else None
+        if isinstance(last, str) and re.fullmatch(r"-?\d+", last):
+            last = int(last)  # the JSON dump writes the counts as strings
+        if isinstance(last, int):
+            found[str(pg_id)] = last
     return found
 
 

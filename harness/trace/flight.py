@@ -17,10 +17,7 @@ from __future__ import annotations
 import json
 
 from distdoctor.models.plaindata import loads_plain
-from distdoctor.models.record import Frame, Recorded, is_user_frame
-
-_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-           "Long": "int64", "Int": "int32", "Bool": "bool", "Byte": "uint8", "Char": "int8"}
+from distdoctor.models.record import Recorded
 
 
 def in_flight() -> dict[str | None, dict]:
@@ -103,37 +100,28 @@ def history_of(dump: object, default: str | None = None) -> dict[str | None, lis
     """A Flight Recorder dump (plain data, as torch writes it) as ``history()`` gives it:
     per process group (None: the default group, named ``default`` or, when that is not
     known, described "default_pg" by torch), ``[seq, op, sizes, dtype, where]`` for
-    each collective. Entries that are not of torch's shape are skipped."""
+    each collective, in the dump vocabulary (dumps/schema.py). Entries that are not of
+    torch's shape are skipped."""
+    from distdoctor.dumps.schema import DEFAULT_DESC, entry_of, pg_of
+
     if not isinstance(dump, dict):
         return {}
     found: dict[str | None, list[list]] = {}
+    cache: dict[int, bool] = {}
     for entry in dump.get("entries", ()) or ():
         try:
-            if not isinstance(entry, dict) or entry.get("is_p2p"):
+            if not isinstance(entry, dict):
                 continue
-            name, *desc = entry.get("process_group") or [None]
-            default_group = name == default if default is not None else \
-                bool(desc) and desc[0] == "default_pg"
-            sizes = [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)]
-            dtypes = entry.get("input_dtypes") or [""]
-            found.setdefault(None if default_group else str(name), []).append([
-                int(entry.get("collective_seq_id", 0)),
-                str(entry.get("profiling_name", "")).partition(":")[2],
-                sizes, _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()),
-                _user_line(entry.get("frames") or ())])
-        except (TypeError, ValueError):
+            made = entry_of(entry, cache)
+            if made.p2p:
+                continue
+            name, desc = pg_of(entry)
+            default_group = name == default if default is not None else desc == DEFAULT_DESC
+            found.setdefault(None if default_group else name, []).append(
+                [made.seq, made.op, [list(s) for s in made.sizes], made.dtype, made.where])
+        except (TypeError, ValueError, KeyError, AttributeError):
             continue
     return found
-
-
-def _user_line(frames) -> str:
-    """file:line of the innermost of the user's frames (the recorder lists innermost
-    first), or ""."""
-    for frame in frames:
-        if isinstance(frame, dict) and is_user_frame(
-                Frame(str(frame.get("filename", "")), int(frame.get("line", 0) or 0), "")):
-            return f"{frame.get('filename')}:{frame.get('line')}"
-    return ""
 
 
 def recorded(history: dict | None) -> tuple[Recorded, ...]:

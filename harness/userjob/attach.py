@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distdoctor.dumps.read import load
 from distdoctor.launch import tree
 from distdoctor.models import RankEnd
 from distdoctor.models.calls import TRACED_OPS
 from distdoctor.models.events import Ev
-from distdoctor.models.plaindata import loads_plain
 from distdoctor.models.record import InFlight, is_user_frame
 from distdoctor.userjob import pyspy
 
@@ -284,7 +284,7 @@ def ask_flight_recorders(job: Job) -> tuple[dict[int, object], list[str]]:
                         or target.stat().st_size == 0:
                     continue
                 time.sleep(0.1)  # the writer may still be at it
-                dumps[rank] = read_dump(target.read_bytes())
+                dumps[rank] = load(target)
                 del asked[rank]
             except FileNotFoundError:
                 continue  # replaced as we read it: the next look finds the new one
@@ -296,15 +296,6 @@ def ask_flight_recorders(job: Job) -> tuple[dict[int, object], list[str]]:
     notes += [f"rank {rank}: no Flight Recorder dump reached {target} within "
               f"{DUMP_WAIT_S:g} s of asking" for rank, (target, _) in asked.items()]
     return dumps, notes
-
-
-def read_dump(raw: bytes) -> object:
-    """A dump as torch writes it: a pickle of plain data, or JSON."""
-    import json
-
-    if raw.lstrip()[:1] in (b"{", b"["):
-        return json.loads(raw)
-    return loads_plain(raw)
 
 
 def _dump_path(process: RankProcess) -> Path:

@@ -320,7 +320,8 @@ def look_at(result: ScriptReport) -> list[str]:
     first = list(dict.fromkeys([cause.where, *cause.also_at])) \
         if cause is not None and cause.where else []
     named = {relative_line(p) for p in first}  # the same line, written either way
-    return first + sorted((p for p in places if relative_line(p) not in named), key=_by_line)
+    return [p for p in first if p] + sorted(
+        (p for p in places if p and relative_line(p) not in named), key=_by_line)
 
 
 def render(result: ScriptReport, command: str = "run", partial: bool = False) -> str:

@@ -138,7 +138,9 @@ def load(directories: list[str], run: str | None = None) -> Job:
         exit_event = next((e for e in reversed(trace.events) if e.get("ev") == Ev.EXIT), None)
         stack_file = trace.path.with_suffix(".stacks")
         raw = stack_file.read_text(errors="replace") if stack_file.exists() else ""
-        stalled = any(e.get("ev") == Ev.STALLED for e in trace.events)
+        stalled = _still_stalled(trace.events)
+        if FATAL in raw:  # the fatal signal's dump is the last word (after any stall's)
+            raw = raw[raw.rindex(FATAL):]
         if exit_event is None and not stalled and not raw.strip():
             # a hung rank notes its stall and, stopped, dumps its stacks: this one went
             # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
@@ -189,6 +191,14 @@ def load(directories: list[str], run: str | None = None) -> Job:
             if is_peer_echo(end):
                 ends[rank], events[rank] = _still_waiting(end, events[rank])
     return Job(tuple(ends), tuple(events), tuple(notes))
+
+
+def _still_stalled(events: tuple[dict, ...]) -> bool:
+    """Did the rank note a stall and make no call after it? A rank slow at one line (a
+    mesh forming on a loaded machine) notes a stall and dumps its stacks, then goes on:
+    what it did after, an abort included, is how it ended."""
+    last = max((i for i, e in enumerate(events) if e.get("ev") == Ev.STALLED), default=None)
+    return last is not None and not any(e.get("ev") == Ev.ENTER for e in events[last + 1:])
 
 
 def _flight(path: Path) -> tuple:
