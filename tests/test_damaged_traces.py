@@ -191,3 +191,26 @@ def test_a_rank_sigkilled_while_tracing_heavily_under_torchrun(capsys, tmp_path)
     assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("rank-crashed", [1]), out
     assert "rank 1 died first: its trace stops mid-run with no exit, no stall and no " \
            "stacks: it was killed" in out
+
+
+def test_a_rank_that_noted_a_stall_then_went_on_and_aborted_is_judged_by_its_abort(tmp_path):
+    """Slow at one line on a loaded machine (a mesh forming), a rank notes a stall and
+    dumps its stacks, then goes on and is aborted by gloo in a later collective: its end
+    is the abort, read from the fatal signal's stacks (the second dump in its file), not
+    a hang at the slow line."""
+    from distdoctor.models.events import Ev
+    from distdoctor.userjob.traces import load
+
+    call = {"ev": Ev.ENTER, "id": 1, "t": 2.0, "op": "all_reduce", "seq": 0,
+            "group": [0, 1], "peer": None, "peers": [], "shapes": [[4]], "dtype": "float32",
+            "reduce_op": "SUM", "where": "train.py:20", "rank": 0, "async_op": False}
+    events = [{"ev": Ev.START, "t": 0.0, "run": "r", "world": 1},
+              {"ev": Ev.STALLED, "t": 1.0}, call, {"ev": Ev.DONE, "id": 1, "t": 2.1}]
+    (tmp_path / "rank-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "rank-0.stacks").write_text(
+        'Thread 0x01 (most recent call first):\n  File "train.py", line 11 in <module>\n\n'
+        'Fatal Python error: Aborted\n\n'
+        'Thread 0x01 (most recent call first):\n  File "train.py", line 22 in <module>\n')
+    end = load([str(tmp_path)]).ends[0]
+    assert (end.status, end.exitcode) == ("died", -6), end
+    assert "line 22" in (end.raw_stack or "") and "line 11" not in (end.raw_stack or "")
