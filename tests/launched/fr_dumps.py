@@ -108,12 +108,17 @@ def start_rank(rank: int, world: int, port: int, out: str, script: str) -> None:
 
 
 def main(out: str, world: int, script: str, dumps: int) -> int:
-    """The ranks are forked from this process once it has imported torch (as torchrun's
-    children each import it; a fork shares the import: the job starts in a fraction of
-    the time, and each rank is still its own process with its own gloo group)."""
+    """The ranks are forked from this process once it has imported torch and set up its
+    symbolizer (torchrun's children each pay for both; a fork shares them, and each rank
+    is still its own process with its own gloo group)."""
     import multiprocessing
 
     import torch.distributed  # noqa: F401 (imported once, before the fork)
+    from torch._C._profiler import gather_traceback, symbolize_tracebacks
+
+    # a process's first dump with frames sets up torch's symbolizer (1.2 s here, 4 s on
+    # a loaded machine); set up once here, every forked rank dumps in a millisecond
+    symbolize_tracebacks([gather_traceback(True, True, True)])
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
