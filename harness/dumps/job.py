@@ -21,6 +21,7 @@ from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
+from distdoctor.models.sequences import agreement
 
 NO_DUMP = ("no Flight Recorder dump: it may have exited or died before the others hung, "
            "or its node's files were not collected")
@@ -79,7 +80,8 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
         built.append((rank, read, *_rank_calls(read, dumps, groups, starts, flying, held)))
     waiting = _waiting(built)
     limits_found: tuple[str, ...] = ()
-    if not waiting and any(c.blocking for _, _, made, _, _ in built for c in made):
+    if not waiting and _alike(built) and any(c.blocking for _, _, made, _, _ in built
+                                              for c in made):
         limits_found = (_inside(built),)
     ranks = []
     for rank, read, calls, recorded, last in built:
@@ -108,9 +110,10 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
 
 def _waiting(built: list) -> bool:
     """Does some rank wait for another: a send or receive in flight, or a collective in
-    flight that some member of its group never joined (nor completed alike)? Where every
-    rank inside a collective finds the whole group there, the dumps show a job caught
-    mid-collective, not a rank it waits for."""
+    flight that some member of its group never reached (in flight or completed)? Where
+    every rank inside a collective finds the whole group there, the dumps show a job
+    caught mid-collective, or ranks inside different calls at one number (which the
+    histories' comparison names), not a rank it waits for."""
     joined: dict[tuple, set[int]] = {}
     for rank, read, calls, _, _ in built:
         for call in calls:
@@ -126,6 +129,20 @@ def _waiting(built: list) -> bool:
             if len(joined.get((call.pg, call.seq), ())) < len(set(call.group)):
                 return True
     return False
+
+
+def _alike(built: list) -> bool:
+    """Did every rank with a call at each number of a group (in flight, queued, or
+    completed alike) make the same call there?"""
+    made: dict[tuple, set[tuple]] = {}
+    for _, _, calls, _, _ in built:
+        for call in calls:
+            made.setdefault((call.pg, call.seq), set()).add(_agreed(call))
+    return all(len(keys) == 1 for keys in made.values())
+
+
+def _agreed(call: Call) -> tuple:
+    return agreement(call.op, call.peer, call.shapes, call.dtype, call.reduce_op)
 
 
 def _inside(built: list) -> str:
