@@ -13,6 +13,7 @@ import gc
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -31,7 +32,15 @@ class Refused(ValueError):
     """A file is not plain data: it would run code if unpickled. Nothing of it ran."""
 
 
-Outcome = tuple[RankRead | None, Shared | None, str]
+@dataclass(frozen=True)
+class Outcome:
+    """One file's read: what it holds, or the line that says why not (``refused``: it is
+    not plain data, which ends the whole analysis)."""
+
+    read: RankRead | None
+    shared: Shared | None
+    note: str = ""
+    refused: bool = False
 
 
 def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
@@ -66,15 +75,15 @@ def read_all(files: list[DumpFile], progress: TextIO | None | bool = True,
 def _fold(outcomes, total: int, reads: dict, histories: dict, members: dict, notes: list,
           progress: TextIO | None) -> None:
     step = max(1, total // 10)
-    for done, (result, new, note) in enumerate(outcomes, 1):
-        if note.startswith("refused:"):
-            raise Refused(note.removeprefix("refused:"))
-        if note:
-            notes.append(note)
-        if result is not None and new is not None:
-            reads[result.rank] = result
-            histories.update(new.histories)
-            members.update(new.members)
+    for done, outcome in enumerate(outcomes, 1):
+        if outcome.refused:
+            raise Refused(outcome.note)
+        if outcome.note:
+            notes.append(outcome.note)
+        if outcome.read is not None and outcome.shared is not None:
+            reads[outcome.read.rank] = outcome.read
+            histories.update(outcome.shared.histories)
+            members.update(outcome.shared.members)
         if progress is not None and total >= PARALLEL_FROM and (done % step == 0
                                                               or done == total):
             print(f"distdoctor analyze: read {done} of {total} dumps", file=progress,
@@ -93,18 +102,17 @@ def _read_chunk(chunk: list[tuple[int, str]]) -> list[Outcome]:
 def _read_one(job: tuple[int, str], known: dict[bytes, object]) -> Outcome:
     rank, path = job
     try:
-        result, new = read(Path(path), rank, known)
-        return result, new, ""
+        return Outcome(*read(Path(path), rank, known))
     except NotPlainData as exc:
-        return None, None, f"refused:{path}: {exc}; nothing of it was run"
+        return Outcome(None, None, f"{path}: {exc}; nothing of it was run", refused=True)
     except NotADump as exc:
-        return None, None, f"{path}: {exc}; skipped"
+        return Outcome(None, None, f"{path}: {exc}; skipped")
     except OSError as exc:
-        return None, None, f"{path}: cannot be read ({exc.strerror or exc}); skipped"
+        return Outcome(None, None, f"{path}: cannot be read ({exc.strerror or exc}); skipped")
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError,
             MemoryError) as exc:
-        return None, None, f"{path}: cut short or damaged ({_short(exc)}); its rank is " \
-                         f"counted as having no dump"
+        return Outcome(None, None, f"{path}: cut short or damaged ({_short(exc)}); its rank "
+                                   f"is counted as having no dump")
 
 
 def _short(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ that is the difference between a few entries and 2,000 per rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distdoctor.dumps.read import RankRead
 from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
@@ -264,7 +264,8 @@ def _flying(dumps: Dumps) -> dict[tuple[str, int], set[tuple]]:
 
 
 def _key(entry: Entry) -> tuple:
-    return entry.op, entry.sizes, entry.dtype
+    """What every member's call at one number must share (the checks' own definition)."""
+    return agreement(entry.op, None, entry.sizes, entry.dtype, None)
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,4 @@ def _call(rank: int, entry: Entry, pg: _Pg, in_flight: bool) -> Call:
 
 def _queued(call: Call) -> Call:
     """An operation enqueued behind the one the rank waits in: made, not waited on."""
-    from dataclasses import replace
-
     return replace(call, async_op=True)

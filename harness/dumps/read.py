@@ -12,7 +12,6 @@ flight), is read per rank.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
 import re
@@ -74,7 +73,7 @@ def load(path: Path) -> object:
     NotPlainData when the pickle names a class or function (nothing of it runs);
     ValueError when it is cut short or neither."""
     with open(path, "rb") as file:
-        head = file.peek(1)[:1] if isinstance(file, io.BufferedReader) else b""
+        head = file.peek(1)[:1]
         if head in (b"{", b"["):
             try:
                 return json.load(file)

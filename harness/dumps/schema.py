@@ -157,9 +157,3 @@ def ranks_of(written: object) -> tuple[int, ...] | None:
     if isinstance(written, (list, tuple)) and all(isinstance(r, int) for r in written):
         return tuple(written)
     return None
-
-
-def version_of(dump: dict) -> tuple[int, int] | None:
-    """(2, 10) from "2.10"; None when the dump carries no readable version."""
-    match = re.fullmatch(r"(\d+)\.(\d+)", str(dump.get("version", "")))
-    return (int(match[1]), int(match[2])) if match else None
