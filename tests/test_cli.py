@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -230,11 +231,25 @@ def test_pipeline_simulate_one_schedule_draws_its_chart(capsys):
 
 
 def test_pipeline_run_checks_the_reference_and_compares_bubbles(capsys):
-    assert main(["pipeline", "run", "--schedule", "pipe-1f1b", "--world-size", "2",
-                 "--num-steps", "3"]) == 0
+    """The reference is matched and the bubbles compared. The stages' balance is a
+    timing judged with a margin: on a loaded machine it may say inconclusive (seen once
+    in a fresh clone's suite: rank 1 at 1.24x the mean), and then only it may, with
+    exit 1; never a failure."""
+    code = main(["pipeline", "run", "--schedule", "pipe-1f1b", "--world-size", "2",
+                 "--num-steps", "3"])
     printed = capsys.readouterr().out
     assert "bubble: measured" in printed and "simulated 1f1b" in printed
-    assert "verdict: PASS" in printed
+    verdict = next(line for line in printed.splitlines() if line.startswith("verdict: "))
+    difference, limit = re.search(r"single-process run ([\d.e+-]+) \(limit ([\d.e+-]+)\)",
+                                  verdict).groups()
+    assert float(difference) <= float(limit), verdict
+    if verdict.startswith("verdict: PASS"):
+        assert code == 0
+    else:
+        assert verdict.startswith("verdict: INCONCLUSIVE") and code == 1, verdict
+        undecided = verdict.split("undecided after measuring more: ", 1)[1]
+        assert all(part.startswith("stage_balance") for part in undecided.split("; ")), \
+            verdict
 
 
 def test_diagnosing_a_hang_reports_the_time_from_block_to_diagnosis(capsys):
