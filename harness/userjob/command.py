@@ -173,8 +173,10 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
         return sorted({pid for root in roots for pid in [root, *tree.descendants(root, links)]})
     groups: dict[Path, _Group] = {}
     hung: Path | None = None
+    interrupted = _InterruptFlag()
     try:
         while True:
+            interrupted.check()
             code = process.poll()
             for directory in sorted(traces.glob("pg-*")):
                 group = groups.setdefault(directory, _Group(directory))
@@ -193,11 +195,41 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
         _stop(process, members)
         shutil.rmtree(root, ignore_errors=True)
         raise
+    finally:
+        interrupted.restore()
     wall = time.monotonic() - started
     _stop(process, members)  # the hung job, or whatever the command left running
     order = sorted(groups, key=_started_at)
     return CommandResult(None if hung is not None else process.returncode, tuple(order),
                          hung, wall, root)
+
+
+class _InterruptFlag:
+    """Ctrl-C, remembered as well as raised. Python raises KeyboardInterrupt wherever the
+    main thread is when the signal is handled; inside a destructor or a weakref callback
+    (which the garbage collector may run at any bytecode) it is printed as "Exception
+    ignored" and lost, and the watch would go on until the deadline. The flag stops it at
+    the next poll whatever happened to the exception."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.previous = None
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: Ctrl-C is not ours to watch
+            pass
+
+    def _handle(self, signum, frame) -> None:
+        self.asked = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _ranks_alive(groups: dict[Path, _Group], members: list[int]) -> bool:
