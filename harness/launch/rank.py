@@ -156,6 +156,7 @@ def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
         except BaseException:
             ctx._send(("raised", procs.now(), traceback.format_exc()))
             return 1
+        tracer.job_ended()
         try:
             ctx._send(("done", procs.now(), value))
         except Exception:

@@ -14,6 +14,7 @@ It imports nothing of the project, torch included, and every other package impor
 """
 
 from distdoctor.models.evidence import (
+                                     Arrival,
                                      BackwardEvidence,
                                      BatchEvidence,
                                      BufferEvidence,
@@ -21,6 +22,7 @@ from distdoctor.models.evidence import (
                                      DDPForward,
                                      Evidence,
                                      Fingerprint,
+                                     GapSample,
                                      GradientEvidence,
                                      GroupTensor,
                                      GroupTraffic,
@@ -28,6 +30,7 @@ from distdoctor.models.evidence import (
                                      MemoryEvidence,
                                      NonFiniteEvidence,
                                      OptimizerEvidence,
+                                     Phase,
                                      PipeStepEvidence,
                                      StageCost,
                                      StageEvent,
@@ -69,7 +72,8 @@ from distdoctor.models.verdict import (
 )
 
 __all__ = [
-    "AuxSkip", "Assessment", "CauseKind", "BackwardEvidence", "BatchEvidence",
+    "Arrival", "AuxSkip", "Assessment", "GapSample", "Phase", "CauseKind", "BackwardEvidence",
+    "BatchEvidence",
     "BufferEvidence", "OptimizerEvidence", "Call", "DDPForward",
     "Evidence",
     "Fingerprint", "Finding", "Frame", "GradientEvidence", "GroupTensor", "GroupTraffic",

@@ -34,6 +34,11 @@ class Ev:
     BUFFERS = "buffers"  # a DDP model's buffers as a training forward begins, sampled
     OPTIMIZER = "optimizer"  # an optimiser's settings when they change, its state sampled
     TP_TENSOR = "tp_tensor"  # a tensor a tensor-parallel group must hold alike or apart
+    # where a rank's time goes: a loader wait, forward, backward or optimiser step; its own
+    # code's lines sampled in long gaps, per step; when it entered each collective
+    PHASE = "phase"
+    GAP_SAMPLES = "gap_samples"
+    ARRIVALS = "arrivals"
     # a user's rank: its start, its end, a stall (no call for a while)
     START = "start"
     EXIT = "exit"
@@ -57,6 +62,7 @@ class Emit:
     NODE = "node"  # the node the rank sits on
     STAGE = "stage"  # StageCost: a pipeline stage's layers, parameters, FLOPs
     STAGE_EVENT = "stage_event"  # StageEvent: one forward or backward of a micro-batch
+    PHASE = "phase"  # Phase: a loader wait, forward, backward or optimiser step of a step
     PIPE_STEP = "pipe_step"  # PipeStepEvidence, per pipeline step
     GROUP_TENSOR = "group_tensor"  # GroupTensor, tensor parallelism
     TRAFFIC = "traffic"  # GroupTraffic: bytes a group's collectives moved in a step

@@ -241,6 +241,48 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """A span of a rank's main thread that says where its time went between collectives:
+    waiting for a data loader's next batch (``loader``), a DDP forward (``forward``), a
+    backward (``backward``, DDP's wait for its gradient all-reduce included), an optimiser
+    step (``optimizer``). On the machine-wide monotonic clock; ``step`` counts the
+    optimiser steps the rank had completed as it began (so it belongs to step ``step + 1``);
+    ``where`` is the user's line that started it."""
+
+    kind: str
+    start: float
+    end: float
+    step: int
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class GapSample:
+    """Where a rank's main thread was, sampled while it ran its own code (in no phase and
+    no collective): the user's innermost line and function, and the time the samples of
+    step ``step + 1`` (as Phase counts) found it there (their number times the period)."""
+
+    step: int
+    where: str
+    function: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """When a rank entered one collective, by torch's Flight Recorder: every collective of
+    its process groups, DDP's and FSDP's own included, numbered on its group as the backend
+    pairs them. ``at`` is on the rank's monotonic clock (the record's ``wall_offset`` turns
+    it into wall-clock time, which machines share)."""
+
+    pg: str | None  # the group's name; None: the default group
+    group: tuple[int, ...]  # its global ranks
+    seq: int
+    op: str
+    at: float
+
+
+@dataclass(frozen=True)
 class Incomplete:
     """Evidence a rank could not record from ``step`` on (a recorder raised; or trace
     events this version cannot read): the checks that read it may have missed something,
@@ -343,3 +385,7 @@ class Evidence:
     traffic: tuple[GroupTraffic, ...] = ()  # collective bytes per step and purpose
     node: int = 0  # the machine this rank runs on (rank // ranks per node)
     incomplete: tuple[Incomplete, ...] = ()  # evidence a recorder could not keep
+    phases: tuple[Phase, ...] = ()  # loader waits, forwards, backwards, optimiser steps
+    gap_samples: tuple[GapSample, ...] = ()  # its own code's lines, sampled in long gaps
+    arrivals: tuple[Arrival, ...] = ()  # when it entered each collective (Flight Recorder)
+    wall_offset: float | None = None  # wall-clock minus monotonic time on its machine

@@ -8,19 +8,22 @@ from distdoctor.models import Evidence, Incomplete
 from distdoctor.models.events import EMITTED, Emit, Ev, unknown_kinds
 from distdoctor.trace.folds import (
     fold,
+    fold_arrivals,
     fold_batches,
     fold_buffers,
     fold_ddp_forwards,
+    fold_gap_samples,
     fold_gradients,
     fold_group_tensors,
     fold_nonfinite,
     fold_optimizer,
+    fold_phases,
 )
 
 # record tag -> Evidence field, for records that accumulate
 _SERIES = {Emit.BACKWARD: "backward", Emit.STEP: "steps", Emit.STAGE: "stages",
            Emit.STAGE_EVENT: "stage_events", Emit.PIPE_STEP: "pipe_steps",
-           Emit.MEMORY: "memory", Emit.GROUP_TENSOR: "group_tensors",
+           Emit.MEMORY: "memory", Emit.PHASE: "phases", Emit.GROUP_TENSOR: "group_tensors",
            Emit.TRAFFIC: "traffic"}
 # record tag -> Evidence field, for records that happen once
 _ONCE = {Emit.BUILT: "built_params", Emit.INITIAL: "initial_params", Emit.HOLDS: "holds",
@@ -39,6 +42,9 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["optimizer"] = list(fold_optimizer(trace))
     fields["group_tensors"] = list(fold_group_tensors(trace))
     fields["incomplete"] = list(fold_incomplete(trace))
+    fields["phases"] = list(fold_phases(trace))
+    fields["gap_samples"] = list(fold_gap_samples(trace))
+    fields["arrivals"], fields["wall_offset"] = fold_arrivals(trace)
     ddp = [event for event in trace if event.get("ev") == Ev.DDP]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

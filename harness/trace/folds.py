@@ -11,15 +11,18 @@ from array import array
 from typing import Iterable
 
 from distdoctor.models import (
+    Arrival,
     BatchEvidence,
     BufferEvidence,
     Call,
     DDPForward,
     Fingerprint,
+    GapSample,
     GradientEvidence,
     GroupTensor,
     NonFiniteEvidence,
     OptimizerEvidence,
+    Phase,
 )
 from distdoctor.models.events import Ev
 
@@ -126,6 +129,30 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
     return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
                  for e in events if e.get("ev") == Ev.DDP_FORWARD)
+
+def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
+    return tuple(Phase(e["k"], e["t0"], e["t1"], e["s"], e.get("where", ""))
+                 for e in events if e.get("ev") == Ev.PHASE)
+
+def fold_gap_samples(events: Iterable[dict]) -> tuple[GapSample, ...]:
+    return tuple(GapSample(e["s"], str(where), str(function), int(count) * e["period"])
+                 for e in events if e.get("ev") == Ev.GAP_SAMPLES
+                 for where, function, count in e["lines"])
+
+def fold_arrivals(events: Iterable[dict]) -> tuple[tuple[Arrival, ...], float | None]:
+    """The collectives a rank entered, by its Flight Recorder (the last such event: a
+    pool's rank writes one per job), and its wall-clock offset."""
+    last = None
+    for e in events:
+        if e.get("ev") == Ev.ARRIVALS:
+            last = e
+    if last is None:
+        return (), None
+    groups = {name: tuple(ranks) for name, ranks in last["groups"].items()}
+    default = last.get("default")
+    return tuple(Arrival(None if name == default else name, groups[name], int(seq), str(op),
+                         float(at))
+                 for name, seq, op, at in last["calls"] if name in groups), last["offset"]
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:
     """Turn a rank's JSON events into one Call per call, in the order they were entered."""

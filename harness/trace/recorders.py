@@ -6,13 +6,14 @@ from __future__ import annotations
 
 def install_recorders(tracer) -> None:
     """Batches, gradients, DDP's buffers, non-finite values, optimisers' settings and
-    state, a tensor-parallel model's shared tensors: hooks that stay for the life of the
-    process."""
+    state, a tensor-parallel model's shared tensors, where each step's time goes: hooks
+    that stay for the life of the process."""
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.buffers import record_buffers
     from distdoctor.trace.gradients import record_gradients
     from distdoctor.trace.nonfinite import record_nonfinite
     from distdoctor.trace.optimizer import record_optimizer
+    from distdoctor.trace.phases import record_phases
     from distdoctor.trace.tensorparallel import record_tensor_parallel
 
     record_batches(tracer)
@@ -21,3 +22,4 @@ def install_recorders(tracer) -> None:
     record_nonfinite(tracer)
     record_optimizer(tracer)
     record_tensor_parallel(tracer)
+    record_phases(tracer)

@@ -45,7 +45,7 @@ class Tracer:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._originals: dict[str, Callable] = {}
-        self.last_event = time.monotonic()
+        self.last_event = self.started = time.monotonic()  # started: the job's start
         self.optimizer_steps = 0  # kept once count_optimizer_steps ran
         self._counting = False
         self.incomplete_said: set[str] = set()  # evidence already reported as cut short
@@ -53,6 +53,20 @@ class Tracer:
         self.forwarding: Any = None  # the DDP whose training forward is running, if any
         self.jobs = 0  # jobs run on this tracer before the current one (a pool's reset)
         self.optimizer_hook: Any = None  # (handle, hook) of trace/optimizer.py's pre-step hook
+        self.phases: Any = None  # trace/phases.py's state, once it records them
+        self.ended = False  # job_ended ran for the job under way
+
+    def job_ended(self) -> None:
+        """What a job leaves once it is over: the samples of its last step, and when it
+        entered each collective (trace/phases.py, trace/arrivals.py)."""
+        from distdoctor.trace.arrivals import write_arrivals
+        from distdoctor.trace.phases import flush_samples
+
+        if self.ended:
+            return
+        self.ended = True
+        flush_samples(self)
+        write_arrivals(self, self.started)
 
     def install(self) -> Tracer:
         global _active
@@ -65,7 +79,27 @@ class Tracer:
             wrapped = self._wrap(name, original)
             setattr(c10d, name, wrapped)
             setattr(dist, name, wrapped)
+        self._before_teardown()
         return self
+
+    def _before_teardown(self) -> None:
+        """A script that destroys its default group at the end takes the recorder's groups
+        with it: the job's end is written first."""
+        original = c10d.destroy_process_group
+        if hasattr(original, "__wrapped__"):
+            return
+
+        def destroy(group: Any = None) -> None:
+            if group is None:
+                try:
+                    self.job_ended()
+                except Exception as exc:  # evidence is best effort
+                    incomplete("when each rank entered its collectives", exc)
+            original(group)
+
+        setattr(destroy, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
+        setattr(c10d, "destroy_process_group", destroy)  # noqa: B010 (a patch)
+        setattr(dist, "destroy_process_group", destroy)  # noqa: B010
 
     def reset(self) -> None:
         """Number calls from zero again (every rank does this at the same point)."""
@@ -75,6 +109,8 @@ class Tracer:
             self.optimizer_steps = 0  # a pool's next job numbers its optimiser steps anew
             self.incomplete_said = set()
             self.jobs += 1
+            self.started = time.monotonic()
+            self.ended = False
             hooks = getattr(self, "_step_hooks", None)
             if hooks is not None:
                 hooks._decided = -1

@@ -73,11 +73,13 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         stacks.serve_stacks(ctrl)
         faulthandler.enable(sys.stderr, all_threads=True)
         _line_buffered(sys.stdout)
-        install(trace_fd, options.light)
+        tracer = install(trace_fd, options.light)
         conn.send(("ready", procs.now()))
         conn.recv_bytes()  # the parent says go once every rank is up
         error = _run_script(options.script, options.args)
         code = _exit_code(error, traceback_to_stderr=False)  # the parent shows it
+        if code == 0:
+            tracer.job_ended()
         if error:
             conn.send(("raised", procs.now(), error))
         elif code == 0:
@@ -128,6 +130,8 @@ def _run_into_directory(options: argparse.Namespace) -> None:
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
     code = _exit_code(error)
+    if code == 0:
+        tracer.job_ended()
     say_exit(tracer, code, error)
     _exit(code)
 

@@ -1,0 +1,181 @@
+"""Where a rank's time goes between its collectives: the evidence the straggler check reads
+to say why one rank arrives last.
+
+Four spans of the main thread are timed where torch lets a wrapper see them: a data
+loader's ``__next__`` (the wait for a batch, worker processes or not), a DDP forward,
+a backward (``torch.autograd.backward``, which ``Tensor.backward`` calls; under DDP it
+includes the wait for the gradient all-reduce), and an optimiser step (torch's global
+pre/post step hooks). Each is one short JSON line as it ends, a few microseconds a step.
+
+The rest of a step is the user's own code: logging, a checkpoint, a metric, extra work
+on one rank. A sampler thread looks at the main thread every ``SAMPLE_S`` and, when it
+is in none of the spans and in no collective, counts the user's innermost line there.
+A gap shorter than the period is seen in proportion to its length, so the lines that
+take the time are the ones counted, and short gaps cost nothing. The counts of a step
+are written when its optimiser step ends (and at the job's end), never while a rank
+runs: a rank spinning in its own code writes nothing, as before, and reads as hung.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from distdoctor.models.events import Ev
+from distdoctor.models.record import Frame, is_user_frame
+from distdoctor.trace.tracer import incomplete, user_line
+
+SAMPLE_S = 0.02  # the sampler's period: 50 looks a second, each a few microseconds
+# frames of torch.distributed (its collectives, a group's set-up) and of DDP's construction
+# (its parameters' broadcast): a rank there waits for its peers, not in its own code
+_DISTRIBUTED = os.path.join("torch", "distributed") + os.sep
+_DDP_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
+
+
+class _State:
+    """The main thread's open spans (the sampler counts only outside them) and the
+    samples of the step under way, keyed (line, function)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.counts: dict[tuple[str, str], int] = {}
+        self.user: dict[str, bool] = {}  # file -> is it the user's (cached)
+
+
+def record_phases(tracer: Any) -> None:
+    """Time loader waits, DDP forwards, backwards and optimiser steps on this rank, and
+    sample its own code in between (see the module's docstring)."""
+    tracer.count_optimizer_steps()
+    state = _State()
+    tracer.phases = state
+    _time_loader(tracer, state)
+    _time_ddp_forward(tracer, state)
+    _time_backward(tracer, state)
+    _time_optimizer(tracer, state)
+    main = threading.main_thread().ident
+    threading.Thread(target=_sample, args=(state, main), name="distdoctor-sampler",
+                     daemon=True).start()
+
+
+def _write(tracer: Any, kind: str, start: float, step: int, where: str) -> None:
+    tracer.put(f'{{"ev":"{Ev.PHASE}","k":"{kind}","t0":{start!r},"t1":{time.monotonic()!r},'
+               f'"s":{step},"where":{json.dumps(where)}}}')
+
+
+def _span(tracer: Any, state: _State, kind: str, original: Any) -> Any:
+    """``original`` wrapped: its time on the main thread written as a phase."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return original(*args, **kwargs)
+        start, step = time.monotonic(), tracer.optimizer_steps
+        state.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.depth -= 1
+            try:
+                _write(tracer, kind, start, step, user_line())
+            except Exception as exc:  # evidence is best effort: never break the step
+                incomplete("where each rank's time goes", exc)
+
+    setattr(timed, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
+    return timed
+
+
+def _time_loader(tracer: Any, state: _State) -> None:
+    from torch.utils.data import dataloader
+
+    iterator = dataloader._BaseDataLoaderIter
+    setattr(iterator, "__next__",  # noqa: B010 (a patch)
+            _span(tracer, state, "loader", iterator.__next__))
+
+
+def _time_ddp_forward(tracer: Any, state: _State) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    setattr(DistributedDataParallel, "forward",  # noqa: B010 (a patch)
+            _span(tracer, state, "forward", DistributedDataParallel.forward))
+
+
+def _time_backward(tracer: Any, state: _State) -> None:
+    import torch.autograd
+
+    setattr(torch.autograd, "backward",  # noqa: B010 (a patch)
+            _span(tracer, state, "backward", torch.autograd.backward))
+
+
+def _time_optimizer(tracer: Any, state: _State) -> None:
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    began: list[float] = []
+
+    def before(*_: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            began.append(time.monotonic())
+            state.depth += 1
+
+    def after(*_: Any) -> None:
+        # the step counter's own post hook was registered first, and has counted this step
+        if threading.current_thread() is not threading.main_thread() or not began:
+            return
+        state.depth -= 1
+        try:
+            step = tracer.optimizer_steps - 1
+            _write(tracer, "optimizer", began.pop(), step, user_line())
+            flush_samples(tracer, step)
+        except Exception as exc:
+            incomplete("where each rank's time goes", exc)
+
+    register_optimizer_step_pre_hook(before)
+    register_optimizer_step_post_hook(after)
+
+
+def flush_samples(tracer: Any, step: int | None = None) -> None:
+    """Write the samples taken since the last flush as step ``step`` (by default the one
+    under way): at each optimiser step's end, and at the job's end."""
+    state = tracer.phases
+    if state is None or not state.counts:
+        return
+    counts, state.counts = state.counts, {}
+    lines = [[where, function, n] for (where, function), n in counts.items()]
+    tracer.write(ev=Ev.GAP_SAMPLES, s=tracer.optimizer_steps if step is None else step,
+                 period=SAMPLE_S, lines=lines)
+
+
+def _sample(state: _State, main: int | None) -> None:
+    """The sampler's loop (see the module's docstring); never raises."""
+    while True:
+        time.sleep(SAMPLE_S)
+        if state.depth or main is None:
+            continue
+        try:
+            frame = sys._current_frames().get(main)
+            found = _user_line(state, frame)
+        except Exception:
+            continue
+        if found is not None:
+            state.counts[found] = state.counts.get(found, 0) + 1
+
+
+def _user_line(state: _State, frame: Any) -> tuple[str, str] | None:
+    """(file:line, function) of the innermost user frame, or None when the thread is in a
+    collective or in no code of the user's."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _DISTRIBUTED in filename or filename.endswith(_DDP_FILE):
+            return None  # inside a collective the user's line led to
+        mine = state.user.get(filename)
+        if mine is None:
+            mine = state.user[filename] = is_user_frame(Frame(filename, 0, ""))
+        if mine:
+            return f"{filename}:{frame.f_lineno}", frame.f_code.co_name
+        frame = frame.f_back
+    return None
