@@ -19,6 +19,7 @@ P2POrder = Literal["even-odd", "send-first", "batched"]
 StageSplit = Literal["flops", "params", "time"]
 OptimizerName = Literal["auto", "sgd", "adam"]
 DropoutRNG = Literal["tracked", "per-rank", "same-for-slices"]
+StragglerIn = Literal["loader", "work"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Knobs:
     # rank its own state everywhere; "same-for-slices": one state everywhere
     tp_inside_node: bool = True  # tensor-parallel groups are ranks of one node, data
     # parallelism across nodes (False: the mesh's dimensions swapped)
+    straggler_rank: int = -1  # a rank whose every step takes longer (-1: none): its batch
+    straggler_in: StragglerIn = "loader"  # arrives late ("loader"), or it does extra work
+    # after its optimiser step ("work"), STRAGGLER_S of it (training/workload.py)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "ra
                     "divergent-parameters",
                     "divergent-buffers",
                     "gradient-not-averaged", "sync-every-microbatch",
-                    "duplicate-samples", "repeated-epoch-order", "non-finite"]
+                    "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler"]
 
 
 @dataclass(frozen=True)

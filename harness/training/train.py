@@ -16,11 +16,18 @@ import time
 import torch
 
 from distdoctor.launch.rank import RankContext
-from distdoctor.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
+from distdoctor.models import BackwardEvidence, MemoryEvidence, Phase, RunSpec, StepEvidence
 from distdoctor.models.events import Emit
 from distdoctor.training import strategies
 from distdoctor.training.fingerprint import fingerprint
-from distdoctor.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
+from distdoctor.training.workload import (
+    batch_ids,
+    build_model,
+    epoch_of,
+    loss_fn,
+    make_dataset,
+    straggle,
+)
 
 
 def train_job(ctx: RankContext, spec: RunSpec) -> None:
@@ -43,7 +50,10 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     use_aux = spec.uses_aux(ctx.rank)
     k = spec.micro_batches
     for step in range(1, spec.num_steps + 1):
+        fetched = time.monotonic()
         ids = batch_ids(spec, ctx.rank, step)
+        straggle(spec, ctx.rank, "loader")
+        _phase(ctx, "loader", step, fetched)
         started = time.perf_counter()
         dp.zero_grad()
         dp.probe.reset()
@@ -56,15 +66,22 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             micro = ids[i * len(ids) // k: (i + 1) * len(ids) // k]
             skip_sync = spec.knobs.no_sync_accumulation and i < k - 1
             with dp.no_sync() if skip_sync else contextlib.nullcontext():
+                began = time.monotonic()
                 out, aux = dp(x[micro], use_aux=use_aux)
                 loss = loss_fn(out, aux, y[micro]) / k
+                _phase(ctx, "forward", step, began)
+                began = time.monotonic()
                 loss.backward()
                 if i == k - 1:
                     report_backward()
                 dp.finish_backward()
+                _phase(ctx, "backward", step, began)
             loss_total += loss.item()
+        began = time.monotonic()
         dp.step()
+        _phase(ctx, "optimizer", step, began)
         seconds = time.perf_counter() - started
+        straggle(spec, ctx.rank, "work")
         held = dp.held()
         memory = MemoryEvidence(
             step=step, stage=dp.stage, world_size=spec.world_size, params=held.params,
@@ -90,6 +107,11 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             gradient_bytes=dp.gradient_bytes,
             seconds=seconds,
         )))
+
+
+def _phase(ctx: RankContext, kind: str, step: int, began: float) -> None:
+    """Where this step's time went (models.evidence.Phase), as a user's rank records it."""
+    ctx.emit((Emit.PHASE, Phase(kind, began, time.monotonic(), step - 1)))
 
 
 def _once(action):

@@ -7,12 +7,31 @@ Samples carry ids (their row numbers) so ranks can record exactly what they trai
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
 from distdoctor.models import RunSpec
 
 AUX_WEIGHT = 0.1  # the aux head's share of the loss; a rank that skips it leaves it unused
+STRAGGLER_S = 0.02  # what the straggler knob adds to one rank's every step: many steps'
+# worth of this workload, so the others wait for it most of each step
+
+
+def straggle(spec: RunSpec, rank: int, where: str) -> None:
+    """The straggler knob's delay, if ``rank`` is the one it slows at ``where``: "loader",
+    its batch arrives late (a wait, as on slow storage); "work", it computes for that long
+    after its optimiser step (as a rank that logs, evaluates or checkpoints alone)."""
+    if rank != spec.knobs.straggler_rank or where != spec.knobs.straggler_in:
+        return
+    if where == "loader":
+        time.sleep(STRAGGLER_S)
+        return
+    ends = time.monotonic() + STRAGGLER_S
+    x = torch.ones(64, 64)
+    while time.monotonic() < ends:
+        x = torch.tanh(x @ x)
 
 
 class MLP(nn.Module):

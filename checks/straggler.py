@@ -1,0 +1,276 @@
+"""Is there a rank every other rank waits for? Who arrives last at each group's collectives,
+what that costs the others, and where the late rank's time goes.
+
+The invariant: in a healthy job no rank holds the others up more than chance makes it.
+Per step (``models/stragglers.py``) each member's cost is the time it alone held the
+others up, arriving last. Two statistics of the member with the largest total, each with
+a 95% interval from a bootstrap over the steps (seeded: the same record gives the same
+verdict):
+
+- its share of all the holding-up the group suffered, against chance (1/N for N members):
+  a straggler causes far more than its share, at least halfway from chance to all of it,
+  ``(1 + 1/N) / 2`` (0.75 of it with 2 ranks, 0.625 with 4). This is "arrives last far
+  more often than chance", weighted by how late: a rank that stalls for a second every
+  tenth step is caught as surely as one 20 ms late at every step;
+- the share of every other rank's step spent waiting for it, beyond what the next-worst
+  member costs them: at least ``FLOOR``, a tenth of the step.
+
+A straggler when both intervals lie above their limits. None when either lies below;
+and none, too, when an estimate itself falls short of its limit and only its interval
+reaches over (the evidence leans to no straggler: a noisy healthy run would otherwise be
+called undecided every time, and users learn to ignore a tool that always hedges).
+Inconclusive, said as such, when both estimates pass but an interval does not: measure
+more steps. Everyone slow (a loaded machine, a CPU hog on every core) spreads the
+waiting over all ranks: no one's share stands out, and the next-worst costs nearly what
+the worst does. A rank slower by a few per cent costs under a tenth of a step; it is
+not reported, since on a machine shared by more ranks than cores (as CI runners are)
+such a difference is within what scheduling alone makes of one run (healthy runs under
+a CPU hog on every core measured up to 3% here, their intervals reaching 9%), and it is
+not what a user needs to act on. Not judged: fewer than ``MIN_STEPS`` steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import statistics
+from collections import Counter
+
+from distdoctor.checks import finding
+from distdoctor.models import Evidence, Finding, RankRecord, RunRecord
+from distdoctor.models.calls import ranks_phrase, relative_line
+from distdoctor.models.stragglers import GroupKey, Step, group_steps, inside, step_ends
+
+NAME = "straggler"
+FLOOR = 0.10  # the smallest share of the others' step reported
+MIN_STEPS = 12  # judged steps needed (the first, start-up, is never judged)
+RESAMPLES = 1000
+PHASE_TEXT = {"loader": "waiting for its data loader's next batch", "forward": "its forward",
+              "backward": "its backward", "optimizer": "its optimiser step"}
+
+
+def check(record: RunRecord) -> list[Finding]:
+    found: dict[int, Finding] = {}
+    for key, steps in group_steps(record).items():
+        if len(steps) < MIN_STEPS:
+            continue
+        judged = _judge(record, key, steps)
+        if judged is None:
+            continue
+        rank = judged.ranks[0]
+        kept = found.get(rank)
+        if kept is None or judged.measured["wait_share"] > kept.measured["wait_share"]:
+            found[rank] = judged
+    return list(found.values())
+
+
+Row = tuple[float, float, float, float, float]  # one step: see _statistics
+
+
+def _statistics(rows: list[Row]) -> tuple[float, float, float]:
+    """Over ``rows`` of (the candidate's cost, the others' mean cost, the next-worst
+    member's cost, step seconds, everyone's cost): the share of the others' step spent
+    waiting for it, the same beyond what the next-worst member costs, and its share of
+    all the holding-up."""
+    mine, others, second, seconds, everyone = (sum(r[i] for r in rows) for i in range(5))
+    if seconds <= 0:
+        return 0.0, 0.0, 0.0
+    return (mine - others) / seconds, (mine - second) / seconds, \
+        mine / everyone if everyone > 0 else 0.0
+
+
+def _interval(rows: list[Row]) -> list[tuple[float, float]]:
+    """95% bootstrap intervals of the three statistics, resampling steps."""
+    pick = random.Random(0)
+    n = len(rows)
+    drawn = [_statistics([rows[pick.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES)]
+    low, high = int(0.025 * RESAMPLES), int(0.975 * RESAMPLES) - 1
+    found = []
+    for i in range(3):
+        values = sorted(d[i] for d in drawn)
+        found.append((values[low], values[high]))
+    return found
+
+
+def waiting(record: RunRecord) -> str | None:
+    """The waiting a run's costliest rank put on the others, in words, judged or not: the
+    verification that a straggler's fix took the wait away. None without steps to judge."""
+    said = []
+    for key, steps in group_steps(record).items():
+        totals = {m: sum(s.cost[m] for s in steps) for m in key[1]}
+        rank = max(totals, key=lambda m: totals[m])
+        rows = [(s.cost[rank], statistics.fmean(s.cost[m] for m in key[1] if m != rank),
+                 0.0, s.seconds, 0.0) for s in steps]
+        said.append(f"the costliest rank ({rank}) holds the others up {_statistics(rows)[0]:.0%}"
+                    f" of a {statistics.median(s.seconds for s in steps) * 1e3:.1f} ms step")
+    return "; ".join(said) or None
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(at least k successes in n trials of probability p)."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | None:
+    members = key[1]
+    size = len(members)
+    totals = {m: sum(s.cost[m] for s in steps) for m in members}
+    rank, second = sorted(members, key=lambda m: -totals[m])[:2]
+    rows = [(s.cost[rank], statistics.fmean(s.cost[m] for m in members if m != rank),
+             s.cost[second], s.seconds, sum(s.cost.values())) for s in steps]
+    wait, excess, share = _statistics(rows)
+    (wait_low, wait_high), (excess_low, excess_high), (share_low, share_high) = \
+        _interval(rows)
+    chance = (1 + 1 / size) / 2
+    if excess < FLOOR or share < chance or excess_high < FLOOR or share_high < chance:
+        return None  # not a straggler: clearly, or more likely than not (the docstring)
+    inconclusive = not (excess_low >= FLOOR and share_low >= chance)
+    lasts = sum(1 for s in steps if s.cost[rank] > 0 and
+                s.cost[rank] == max(s.cost.values()))
+    late = sorted(s.lateness(rank) * 1e3 for s in steps)
+    q1, median, q3 = statistics.quantiles(late, n=4)
+    step_ms = statistics.median(s.seconds for s in steps) * 1e3
+    group = "the default group" if key[0] is None else \
+        f"process group {key[0]} ({ranks_phrase(members)})"
+    places, fix, where = _where_time_goes(record, rank, members, [s.number for s in steps])
+    verdict = (f"cannot yet say whether it costs over {FLOOR:.0%} of a step more than any "
+               f"other rank ({excess_low:.0%}-{excess_high:.0%}): measure more steps"
+               if inconclusive else "")
+    symptom = (
+        f"rank {rank} arrives last at {group}'s collectives in {lasts} of {len(steps)} "
+        f"steps (chance: 1 in {size}), a median {median:.1f} ms after the others "
+        f"(quartiles {q1:.1f}-{q3:.1f} ms); it causes {share:.0%} of all the waiting "
+        f"(95% interval {share_low:.0%}-{share_high:.0%}) and every other rank spends "
+        f"{wait:.0%} of its {step_ms:.1f} ms step waiting for it (95% interval "
+        f"{max(wait_low, 0):.0%}-{wait_high:.0%}){'; ' + verdict if verdict else ''}. "
+        f"Where its time goes: {places}")
+    return finding(
+        "straggler", NAME,
+        f"rank {rank} costs the others {wait:.0%} of each step"
+        + (" (inconclusive)" if inconclusive else ""),
+        symptom, {"knobs.straggler_rank": -1}, [rank],
+        {"straggler_rank": rank, "group": list(members), "steps_judged": len(steps),
+         "last_in_steps": lasts, "chance_p_value": binomial_tail(lasts, len(steps), 1 / size),
+         "wait_share": wait, "wait_share_interval": [wait_low, wait_high],
+         "beyond_next_worst": excess, "beyond_next_worst_interval": [excess_low, excess_high],
+         "share_of_waiting": share, "share_of_waiting_interval": [share_low, share_high],
+         "late_ms_quartiles": [q1, median, q3], "step_ms": step_ms},
+        fix=fix, inconclusive=inconclusive, kind="straggler", where=where)
+
+
+def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],
+                     numbers: list[int]) -> tuple[str, str, tuple[str, ...]]:
+    """Where ``rank`` spends more per step than the others (phases, its own code), in
+    words; the fix that follows; the lines to look at."""
+    by_rank = {r.rank: r for r in record.ranks}
+    spent = {m: _per_step(by_rank[m], numbers) for m in members}
+    mine = spent[rank]
+    if not mine:
+        return (f"not recorded (no optimiser steps or phases on rank {rank}): run it under "
+                f"'distdoctor run', or look with 'py-spy dump' while it trains",
+                f"find what rank {rank} does between collectives that the others do not "
+                f"('py-spy dump --pid' on it), and check its node for other work",
+                ())
+    excess = {kind: mine[kind] - statistics.median(spent[m].get(kind, 0.0) for m in members
+                                                  if m != rank)
+              for kind in mine}
+    shown = sorted((k for k, v in excess.items() if v > 0), key=lambda k: -excess[k])
+    biggest = excess[shown[0]] if shown else 0.0
+    shown = [k for k in shown if excess[k] >= 0.2 * biggest and excess[k] * 1e3 >= 0.1]
+    if not shown:
+        return ("no phase of its step is longer than the others' (its time goes "
+                "somewhere the phases do not cover)",
+                f"check rank {rank}'s node for other work sharing its CPUs or device", ())
+    said, where = [], []
+    for kind in shown:
+        amount = f"{excess[kind] * 1e3:.1f} ms a step more than the others"
+        if kind == "own":
+            sampled = _own_line(by_rank, rank, members, numbers)
+            if sampled is not None:
+                where.append(sampled[0])
+                said.append(f"its own code, {amount}, mostly at {relative_line(sampled[0])} "
+                            f"in {sampled[1]} ({sampled[2]})")
+            else:
+                said.append(f"its own code outside the loader, forward, backward and "
+                            f"optimiser step, {amount}")
+        else:
+            line = _phase_line(by_rank[rank].evidence, kind, numbers)
+            where += [line] if line else []
+            at = f" at {relative_line(line)}" if line else ""
+            said.append(f"{PHASE_TEXT[kind]}{at}, {amount}")
+    return "; ".join(said), _fix(shown[0], rank, where), tuple(where)
+
+
+def _per_step(rank: RankRecord, numbers: list[int]) -> dict[str, float]:
+    """Mean seconds per judged step in each phase kind, and in its own code ("own": the
+    step's time outside every phase and every blocking traced call)."""
+    ends = step_ends(rank.evidence)
+    wanted = {n for n in numbers if 2 <= n <= len(ends)}
+    if not wanted:
+        return {}
+    spent: dict[str, float] = {}
+    for phase in rank.evidence.phases:
+        if phase.step + 1 in wanted:
+            spent[phase.kind] = spent.get(phase.kind, 0.0) + phase.end - phase.start
+    spans = sorted((p.start, p.end) for p in rank.evidence.phases)
+    waited = 0.0  # in blocking traced calls outside every phase (the user's own)
+    for call in rank.evidence.calls:
+        if call.async_op or call.completed is None or inside(spans, call.entered):
+            continue
+        if bisect.bisect_left(ends, call.entered) + 1 in wanted:
+            waited += call.completed - call.entered
+    total = sum(ends[n - 1] - ends[n - 2] for n in wanted)
+    spent["own"] = max(0.0, total - waited - sum(spent.values()))
+    return {kind: seconds / len(wanted) for kind, seconds in spent.items()}
+
+
+def _phase_line(evidence: Evidence, kind: str, numbers: list[int]) -> str:
+    wanted = {n - 1 for n in numbers}
+    lines = Counter(p.where for p in evidence.phases
+                    if p.kind == kind and p.step in wanted and p.where)
+    return lines.most_common(1)[0][0] if lines else ""
+
+
+def _own_line(by_rank: dict[int, RankRecord], rank: int, members: tuple[int, ...],
+              numbers: list[int]) -> tuple[str, str, str] | None:
+    """The user's line where ``rank``'s own code spent the most more than the others',
+    by the samples taken in its long gaps: (file:line, function, how much a step)."""
+    wanted = {n - 1 for n in numbers}
+
+    def counts(m: int) -> dict[tuple[str, str], float]:
+        found: dict[tuple[str, str], float] = {}
+        for sample in by_rank[m].evidence.gap_samples:
+            if sample.step in wanted:
+                line = (sample.where, sample.function)
+                found[line] = found.get(line, 0.0) + sample.seconds
+        return found
+
+    mine = counts(rank)
+    if not mine:
+        return None
+    others = [counts(m) for m in members if m != rank]
+    extra = {line: n - statistics.median(o.get(line, 0) for o in others)
+             for line, n in mine.items()}
+    best = max(extra, key=lambda line: extra[line])
+    if extra[best] <= 0:
+        return None
+    per_step = extra[best] / len(numbers) * 1e3
+    return best[0], best[1], f"sampled there for about {per_step:.1f} ms a step"
+
+
+def _fix(kind: str, rank: int, where: list[str]) -> str:
+    at = f" at {relative_line(where[0])}" if where else ""
+    if kind == "loader":
+        return (f"feed rank {rank} faster: more DataLoader workers (num_workers) or a "
+                f"larger prefetch_factor for the loader{at}, its shard on faster storage, "
+                f"or samples of even cost across ranks")
+    if kind in ("forward", "backward"):
+        return (f"rank {rank} computes more per step than the others: give it the same "
+                f"batch (size, sequence lengths) as every rank, and check its node for "
+                f"another job sharing its CPUs or device")
+    if kind == "optimizer":
+        return (f"rank {rank}'s optimiser step costs more than the others': check what it "
+                f"steps that they do not, and its node")
+    return (f"move the work{at} off rank {rank}'s training step: do it every N steps, in "
+            f"a background thread or process, or share it across the ranks")
