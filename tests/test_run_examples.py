@@ -46,7 +46,7 @@ def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float 
 def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
     done, report = run_example(distdoctor, tmp_path, "clean.py", 2)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert report["schema"] == "distdoctor.run.v4"
+    assert report["schema"] == "distdoctor.run.v5"
     assert (report["status"], report["cause"], report["findings"]) == ("ok", None, [])
     assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
     assert report["ranks"][0]["call"]["op"] == "barrier"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distdoctor.checks.straggler import waiting
 from distdoctor.cli.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
 from distdoctor.faults import Fault
 from distdoctor.models import RunReport
@@ -63,6 +64,8 @@ def lesson(fault: Fault, report: RunReport) -> str:
                  else "still " + "; ".join(f.headline for f in after.findings))
         memory = memory_line(report.fixed_record) if report.fixed_record and any(
             m.budget for r in report.fixed_record.ranks for m in r.evidence.memory) else None
+        if report.fixed_record and any(f.kind == "straggler" for f in before.findings):
+            memory = waiting(report.fixed_record)  # the wait, gone or not
         paragraphs.append(wrap(f"After the fix: {found}; {numbers_line(after)}"
                                + (f"; {memory}" if memory else "")
                                + f". {OUTCOME_TEXT[verdict.outcome]}."))

@@ -8,7 +8,7 @@ from html import escape
 
 from distdoctor.models import RunRecord, RunReport
 from distdoctor.models.calls import ranks_phrase
-from distdoctor.pictures import charts, gantt, page, timeline, waitgraph
+from distdoctor.pictures import arrivals, charts, gantt, page, timeline, waitgraph
 
 GOOD = ("ok", "healthy", "fixed", "masked")
 
@@ -17,7 +17,8 @@ def script_page(record: RunRecord, result, command: str) -> str:
     """``distdoctor run`` / ``analyze``: ``result`` is the ScriptReport."""
     sections = [page.Section("Verdict", "findings", _script_findings(result))]
     sections += [s for s in (waitgraph.picture(record), timeline.picture(record),
-                             charts.training(record)) if s is not None]
+                             arrivals.picture(record), charts.training(record))
+                 if s is not None]
     states = page.table(["rank", "state", "call", "where"],
                         [[str(r.rank), r.state, r.call.op if r.call else "-",
                           (r.call.where if r.call else r.running) or "-"]
@@ -64,6 +65,7 @@ def diagnosis_page(report: RunReport, title: str) -> str:
     record = report.record
     reference = verdict.before.reference.per_step if verdict.before.reference else ()
     sections += [s for s in (waitgraph.picture(record), timeline.picture(record),
+                             arrivals.picture(record),
                              charts.training(record, reference, verdict.before.findings),
                              charts.memory(record, record.spec.optimizer_name),
                              _pipeline(record)) if s is not None]

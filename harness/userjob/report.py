@@ -18,8 +18,8 @@ costs time, not correctness). Each cause is chosen by the ``kind`` its finding c
 (set by the check), never by the numbers inside it. Every cause found is listed in
 ``findings``; ``cause`` is the first; evidence the ranks could not record is listed in
 ``incomplete``. Written as JSON, the report has the schema
-``distdoctor.run.v4`` (v3 had no ``also_at``; v2 no ``incomplete``; v1 had ``cause`` alone,
-without ``where``).
+``distdoctor.run.v5`` (v4 had no ``undecided``; v3 no ``also_at``; v2 no ``incomplete``; v1
+had ``cause`` alone, without ``where``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from distdoctor.models.record import (
 )
 from distdoctor.userjob.stacktext import stack_text
 
-RUN_SCHEMA = "distdoctor.run.v4"
+RUN_SCHEMA = "distdoctor.run.v5"
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
@@ -97,6 +97,9 @@ class ScriptReport:
     # evidence the ranks could not record ("gradient samples on rank 1 from step 12
     # (RuntimeError: ...)"): the checks reading it may have missed something
     incomplete: list[str] = field(default_factory=list)
+    # timing judgements whose interval straddles their limit ("straggler (rank 1): ..."):
+    # neither a cause nor a clean bill, until more steps are measured
+    undecided: list[str] = field(default_factory=list)
 
     def write(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -109,8 +112,11 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str,
     ended = classify(record, findings)
     causes = ([ended] if ended else []) + silent_causes(findings)
     ranks = [_rank(r, ended is not None, all_frames) for r in record.ranks]
+    undecided = [f"{f.kind} ({ranks_phrase(f.ranks)}): {f.symptom}" for f in findings
+                 if f.inconclusive and f.kind]
     return ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
-                        ranks, script, record.wall_s, causes, incomplete=incomplete(record))
+                        ranks, script, record.wall_s, causes, incomplete=incomplete(record),
+                        undecided=undecided)
 
 
 def incomplete(record: RunRecord) -> list[str]:
@@ -129,7 +135,7 @@ SILENT_ORDER: tuple[CauseKind, ...] = (
     "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
     "rank-dependent-update", "divergent-parameters", "divergent-buffers",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
-    "sync-every-microbatch")
+    "sync-every-microbatch", "straggler")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
@@ -346,6 +352,7 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
         if places:
             lines.append("  look at: " + ", ".join(places))
     lines += [f"  evidence incomplete: {gap}" for gap in result.incomplete]
+    lines += [f"  not decided: {text}" for text in result.undecided]
     if result.cause is not None:
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
         if cause.kind in ("rank-crashed", "unused-parameters"):
