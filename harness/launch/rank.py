@@ -144,6 +144,8 @@ def _join_group(ctx: RankContext, host: str) -> None:
 
 
 def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
+    from distdoctor.trace import jobend
+
     while True:
         message = conn.recv()
         if message[0] == "close":
@@ -156,7 +158,7 @@ def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
         except BaseException:
             ctx._send(("raised", procs.now(), traceback.format_exc()))
             return 1
-        tracer.job_ended()
+        jobend.job_ended(tracer)
         try:
             ctx._send(("done", procs.now(), value))
         except Exception:

@@ -54,19 +54,7 @@ class Tracer:
         self.jobs = 0  # jobs run on this tracer before the current one (a pool's reset)
         self.optimizer_hook: Any = None  # (handle, hook) of trace/optimizer.py's pre-step hook
         self.phases: Any = None  # trace/phases.py's state, once it records them
-        self.ended = False  # job_ended ran for the job under way
-
-    def job_ended(self) -> None:
-        """What a job leaves once it is over: the samples of its last step, and when it
-        entered each collective (trace/phases.py, trace/arrivals.py)."""
-        from distdoctor.trace.arrivals import write_arrivals
-        from distdoctor.trace.phases import flush_samples
-
-        if self.ended:
-            return
-        self.ended = True
-        flush_samples(self)
-        write_arrivals(self, self.started)
+        self.ended = False  # trace/jobend.py's job_ended ran for the job under way
 
     def install(self) -> Tracer:
         global _active
@@ -79,27 +67,7 @@ class Tracer:
             wrapped = self._wrap(name, original)
             setattr(c10d, name, wrapped)
             setattr(dist, name, wrapped)
-        self._before_teardown()
         return self
-
-    def _before_teardown(self) -> None:
-        """A script that destroys its default group at the end takes the recorder's groups
-        with it: the job's end is written first."""
-        original = c10d.destroy_process_group
-        if hasattr(original, "__wrapped__"):
-            return
-
-        def destroy(group: Any = None) -> None:
-            if group is None:
-                try:
-                    self.job_ended()
-                except Exception as exc:  # evidence is best effort
-                    incomplete("when each rank entered its collectives", exc)
-            original(group)
-
-        setattr(destroy, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
-        setattr(c10d, "destroy_process_group", destroy)  # noqa: B010 (a patch)
-        setattr(dist, "destroy_process_group", destroy)  # noqa: B010
 
     def reset(self) -> None:
         """Number calls from zero again (every rank does this at the same point)."""

@@ -79,7 +79,9 @@ def _run_under_distdoctor(options: argparse.Namespace) -> None:
         error = _run_script(options.script, options.args)
         code = _exit_code(error, traceback_to_stderr=False)  # the parent shows it
         if code == 0:
-            tracer.job_ended()
+            from distdoctor.trace import jobend
+
+            jobend.job_ended(tracer)
         if error:
             conn.send(("raised", procs.now(), error))
         elif code == 0:
@@ -130,8 +132,6 @@ def _run_into_directory(options: argparse.Namespace) -> None:
                  world=int(os.environ.get("WORLD_SIZE", "0") or 0), threads=thread_names())
     error = _run_script(options.script, options.args)
     code = _exit_code(error)
-    if code == 0:
-        tracer.job_ended()
     say_exit(tracer, code, error)
     _exit(code)
 
@@ -166,6 +166,10 @@ def say_exit(tracer, code: int, error: str | None = None) -> None:
     """The rank's end in its trace: finished (code 0), raised (a traceback), or exited
     with a code; ``distdoctor analyze`` reads it."""
     status = "raised" if error else "finished" if code == 0 else "exited"
+    if status == "finished":  # a script leaving by os._exit(0) comes here too
+        from distdoctor.trace import jobend
+
+        jobend.job_ended(tracer)
     tracer.write(ev=Ev.EXIT, t=procs.now(), status=status, error=error, code=code)
 
 
@@ -193,12 +197,14 @@ def patch_os_exit(say: Callable[[int], None]) -> None:
 def install(fd: int, light: bool = False, rank: int | None = None):
     """The tracer on ``fd`` (this rank's calls), DDP's parameter names and, unless
     ``light``, the recorders of the silent bugs' evidence."""
+    from distdoctor.trace import jobend
     from distdoctor.trace.recorders import install_recorders
     from distdoctor.trace.tracer import Tracer
 
     if rank is None:
         rank = int(os.environ.get("RANK", "-1"))
     tracer = Tracer(fd, rank).install()
+    jobend.before_teardown(tracer)
     tracer.record_ddp_parameters()
     if not light:
         install_recorders(tracer)
