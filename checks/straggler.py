@@ -13,7 +13,12 @@ verdict):
   more often than chance", weighted by how late: a rank that stalls for a second every
   tenth step is caught as surely as one 20 ms late at every step;
 - the share of every other rank's step spent waiting for it, beyond what the next-worst
-  member costs them: at least ``FLOOR``, a tenth of the step.
+  member costs them: at least ``FLOOR``, a tenth of the step, and at least ``MIN_WAIT_S``
+  (5 ms) a step: below it the machine's scheduling, not the rank's work, can decide who
+  comes last. Ranks sharing cores get a time slice (3 ms) in turn, and the one placed
+  beside a busy process lags by a slice or so at every step: healthy runs of the built-in
+  workload (steps of 4-20 ms, 4 ranks on 2 cores, a CPU hog on each) showed one rank up
+  to 1.2 ms late at nearly every step, and 1.7 ms beyond the next-worst.
 
 A straggler when both intervals lie above their limits. None when either lies below;
 and none, too, when an estimate itself falls short of its limit and only its interval
@@ -40,10 +45,21 @@ from collections import Counter
 from distdoctor.checks import finding
 from distdoctor.models import Evidence, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
-from distdoctor.models.stragglers import GroupKey, Step, group_steps, inside, step_ends
+from distdoctor.models.stragglers import (
+    GroupKey,
+    Row,
+    Step,
+    costliest,
+    group_steps,
+    inside,
+    rows,
+    shares,
+    step_ends,
+)
 
 NAME = "straggler"
 FLOOR = 0.10  # the smallest share of the others' step reported
+MIN_WAIT_S = 0.005  # ... and the smallest wait a step
 MIN_STEPS = 12  # judged steps needed (the first, start-up, is never judged)
 RESAMPLES = 1000
 PHASE_TEXT = {"loader": "waiting for its data loader's next batch", "forward": "its forward",
@@ -65,46 +81,18 @@ def check(record: RunRecord) -> list[Finding]:
     return list(found.values())
 
 
-Row = tuple[float, float, float, float, float]  # one step: see _statistics
-
-
-def _statistics(rows: list[Row]) -> tuple[float, float, float]:
-    """Over ``rows`` of (the candidate's cost, the others' mean cost, the next-worst
-    member's cost, step seconds, everyone's cost): the share of the others' step spent
-    waiting for it, the same beyond what the next-worst member costs, and its share of
-    all the holding-up."""
-    mine, others, second, seconds, everyone = (sum(r[i] for r in rows) for i in range(5))
-    if seconds <= 0:
-        return 0.0, 0.0, 0.0
-    return (mine - others) / seconds, (mine - second) / seconds, \
-        mine / everyone if everyone > 0 else 0.0
-
-
-def _interval(rows: list[Row]) -> list[tuple[float, float]]:
-    """95% bootstrap intervals of the three statistics, resampling steps."""
+def _interval(found: list[Row]) -> list[tuple[float, float]]:
+    """95% bootstrap intervals of the three statistics (models.stragglers.shares),
+    resampling steps."""
     pick = random.Random(0)
-    n = len(rows)
-    drawn = [_statistics([rows[pick.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES)]
+    n = len(found)
+    drawn = [shares([found[pick.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES)]
     low, high = int(0.025 * RESAMPLES), int(0.975 * RESAMPLES) - 1
-    found = []
+    intervals = []
     for i in range(3):
         values = sorted(d[i] for d in drawn)
-        found.append((values[low], values[high]))
-    return found
-
-
-def waiting(record: RunRecord) -> str | None:
-    """The waiting a run's costliest rank put on the others, in words, judged or not: the
-    verification that a straggler's fix took the wait away. None without steps to judge."""
-    said = []
-    for key, steps in group_steps(record).items():
-        totals = {m: sum(s.cost[m] for s in steps) for m in key[1]}
-        rank = max(totals, key=lambda m: totals[m])
-        rows = [(s.cost[rank], statistics.fmean(s.cost[m] for m in key[1] if m != rank),
-                 0.0, s.seconds, 0.0) for s in steps]
-        said.append(f"the costliest rank ({rank}) holds the others up {_statistics(rows)[0]:.0%}"
-                    f" of a {statistics.median(s.seconds for s in steps) * 1e3:.1f} ms step")
-    return "; ".join(said) or None
+        intervals.append((values[low], values[high]))
+    return intervals
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -115,17 +103,16 @@ def binomial_tail(k: int, n: int, p: float) -> float:
 def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | None:
     members = key[1]
     size = len(members)
-    totals = {m: sum(s.cost[m] for s in steps) for m in members}
-    rank, second = sorted(members, key=lambda m: -totals[m])[:2]
-    rows = [(s.cost[rank], statistics.fmean(s.cost[m] for m in members if m != rank),
-             s.cost[second], s.seconds, sum(s.cost.values())) for s in steps]
-    wait, excess, share = _statistics(rows)
+    rank, second = costliest(steps)[:2]
+    found = rows(steps, rank, second)
+    wait, excess, share = shares(found)
     (wait_low, wait_high), (excess_low, excess_high), (share_low, share_high) = \
-        _interval(rows)
+        _interval(found)
     chance = (1 + 1 / size) / 2
-    if excess < FLOOR or share < chance or excess_high < FLOOR or share_high < chance:
+    limit = max(FLOOR, MIN_WAIT_S * len(steps) / sum(s.seconds for s in steps))
+    if excess < limit or share < chance or excess_high < limit or share_high < chance:
         return None  # not a straggler: clearly, or more likely than not (the docstring)
-    inconclusive = not (excess_low >= FLOOR and share_low >= chance)
+    inconclusive = not (excess_low >= limit and share_low >= chance)
     lasts = sum(1 for s in steps if s.cost[rank] > 0 and
                 s.cost[rank] == max(s.cost.values()))
     late = sorted(s.lateness(rank) * 1e3 for s in steps)
@@ -134,7 +121,7 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
     group = "the default group" if key[0] is None else \
         f"process group {key[0]} ({ranks_phrase(members)})"
     places, fix, where = _where_time_goes(record, rank, members, [s.number for s in steps])
-    verdict = (f"cannot yet say whether it costs over {FLOOR:.0%} of a step more than any "
+    verdict = (f"cannot yet say whether it costs over {limit:.0%} of a step more than any "
                f"other rank ({excess_low:.0%}-{excess_high:.0%}): measure more steps"
                if inconclusive else "")
     symptom = (

@@ -22,6 +22,7 @@ from distdoctor.models import (
     RunRecord,
     RunSpec,
 )
+from distdoctor.models.stragglers import waiting
 
 BASE = 0.010  # each rank's work per step, seconds
 SYNC = 0.001  # the collective itself, once everyone is in
@@ -153,6 +154,13 @@ def test_a_rank_a_few_per_cent_slower_is_not_worth_a_finding():
     assert straggler.check(timeline(4, 60, late(3, 0.0006))) == []
 
 
+def test_a_wait_under_five_milliseconds_a_step_is_the_schedulers_not_the_ranks():
+    # 4 ms late at every step of 8 ms: half the step, but a time slice's worth or so
+    record = timeline(4, 40, late(1, 0.004), noise=lambda r, n: -0.008)
+    assert straggler.check(record) == []
+    assert straggler.check(timeline(4, 40, late(1, 0.006), noise=lambda r, n: -0.008))
+
+
 def test_too_few_steps_are_not_judged():
     assert straggler.check(timeline(4, straggler.MIN_STEPS, late(1, 0.020))) == []
     assert straggler.check(timeline(4, straggler.MIN_STEPS + 1, late(1, 0.020)))
@@ -197,6 +205,6 @@ def test_the_same_record_gives_the_same_verdict():
 
 
 def test_the_wait_after_a_fix_is_said_in_numbers():
-    said = straggler.waiting(timeline(4, 40))
+    said = waiting(timeline(4, 40))
     assert said is not None and said.startswith("the costliest rank (")
     assert "holds the others up 0% of a 13.0 ms step" in said

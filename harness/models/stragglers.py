@@ -172,3 +172,48 @@ def _cost(collectives: tuple[Collective, ...] | list[Collective]) -> dict[int, f
         else:
             largest[last] = max(largest[last], c.margin)
     return {m: summed[m] + largest[m] for m in members}
+
+
+# one step as the statistics read it: (the rank's cost, the others' mean cost, the
+# next-worst member's cost, the step's seconds, everyone's cost)
+Row = tuple[float, float, float, float, float]
+
+
+def rows(steps: list[Step], rank: int, second: int | None = None) -> list[Row]:
+    """Each step as a Row for ``rank``, against ``second`` as the next-worst member."""
+    found = []
+    for s in steps:
+        others = [cost for member, cost in s.cost.items() if member != rank]
+        found.append((s.cost[rank], statistics.fmean(others) if others else 0.0,
+                      s.cost[second] if second is not None else 0.0, s.seconds,
+                      sum(s.cost.values())))
+    return found
+
+
+def shares(found: list[Row]) -> tuple[float, float, float]:
+    """Over some steps' rows: the share of the others' step spent waiting for the rank,
+    the same beyond what the next-worst member costs them, and the rank's share of all the
+    holding-up the group suffered."""
+    mine, others, second, seconds, everyone = (sum(r[i] for r in found) for i in range(5))
+    if seconds <= 0:
+        return 0.0, 0.0, 0.0
+    return (mine - others) / seconds, (mine - second) / seconds, \
+        mine / everyone if everyone > 0 else 0.0
+
+
+def costliest(steps: list[Step]) -> list[int]:
+    """The group's members, the one that held the others up longest in all first."""
+    totals = {m: sum(s.cost[m] for s in steps) for m in steps[0].cost}
+    return sorted(totals, key=lambda m: -totals[m])
+
+
+def waiting(record: RunRecord) -> str | None:
+    """The waiting a run's costliest rank put on the others, in words, judged or not: the
+    verification that a straggler's fix took the wait away. None without steps to judge."""
+    said = []
+    for steps in group_steps(record).values():
+        rank = costliest(steps)[0]
+        said.append(f"the costliest rank ({rank}) holds the others up "
+                    f"{shares(rows(steps, rank))[0]:.0%} of a "
+                    f"{statistics.median(s.seconds for s in steps) * 1e3:.1f} ms step")
+    return "; ".join(said) or None
