@@ -21,7 +21,7 @@ from distdoctor.faultloop.runspec import run, run_decided
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import Knobs, RunSpec
 from distdoctor.pipeline import PIPELINE_STRATEGIES
-from distdoctor.training.workload import MLP
+from distdoctor.training.workload import MLP, STRAGGLER_S
 
 CASES = [(fault.id, variant.name, strategy, world_size)
          for fault in faults.catalogue().values()
@@ -114,6 +114,19 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         ratios = time_ratios(record, measured["slowest_rank"])
         assert measured["steps_judged"] == len(ratios)
         assert measured["max_over_mean_time"] == pytest.approx(statistics.fmean(ratios))
+    elif fault_id == "straggler":
+        judged = spec.num_steps - 1  # the first step, start-up, is never judged
+        assert (measured["straggler_rank"], measured["steps_judged"]) == (1, judged)
+        # 20 ms late at every step of a few ms: last at (nearly) every one
+        assert measured["last_in_steps"] >= judged - 2
+        # the knob's delay is a sleep, or work until that much time has passed: at least
+        # that late, and the others wait that long of each step, all but their own compute
+        delay_ms = STRAGGLER_S * 1e3
+        assert measured["late_ms_quartiles"][1] >= 0.9 * delay_ms
+        assert measured["wait_share"] >= 0.8 * delay_ms / measured["step_ms"]
+        assert measured["wait_share_interval"][0] >= 0.10
+        assert ("waiting for its data loader's next batch" if variant == "slow-loader"
+                else "its own code") in finding.symptom.split("Where its time goes: ")[1]
     elif fault_id in TENSOR_NUMBERS:
         TENSOR_NUMBERS[fault_id](variant, spec, measured)
     else:
@@ -163,7 +176,8 @@ def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id
     assert verdict.after.ranks_finished
     assert verdict.after.param_spread is None or verdict.after.param_spread <= 1e-6
     assert verdict.after.reference.max_abs_diff <= 1e-5
-    if fault_id in ("allreduce-every-microbatch", "unbalanced-stages", "tp-across-nodes"):
+    if fault_id in ("allreduce-every-microbatch", "unbalanced-stages", "tp-across-nodes",
+                    "straggler"):
         assert verdict.before.reference.matches  # these cost time, not correctness
     elif fault_id == "sum-without-mean" and strategy in ADAM:
         # Adam divides by the gradient's own scale: N times the gradient barely moves it
@@ -213,7 +227,7 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
     assert record.finished
     for detector in checks.detectors():
         assert detector.check(record) == [], detector.__name__
-    assert len(checks.detectors()) == 18  # each one ran on these clean runs, and was quiet
+    assert len(checks.detectors()) == 19  # each one ran on these clean runs, and was quiet
 
 
 # The default and accumulation clean runs of every sharded strategy are the fixed runs of

@@ -52,6 +52,7 @@ CORPUS = [
     ("resume_clip_schedule.py", (), 2),
     ("hand_averaged_clip.py", (), 3),  # lr_from_local_batch.py's hand-written sync, right
     ("independent_models_own_lr.py", (), 4),  # no replicas: each rank its own settings
+    ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
 ]
 
 

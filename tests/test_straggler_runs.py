@@ -1,0 +1,101 @@
+"""The straggler examples through the real ``distdoctor run`` on 4 ranks (2 cores here): each
+names the rank the others wait for and where its time goes, with numbers an independent
+reference bounds (a sleep lasts at least what it asks); under a real torchrun, ``analyze``
+names it from the traces; the healthy loop is OK under a CPU hog on every core (and
+without one in test_healthy_corpus)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
+
+
+def line_of(example: str, text: str) -> str:
+    source = (EXAMPLES / example).read_text().splitlines()
+    return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
+
+
+def run(distdoctor, tmp_path, example: str):
+    report = tmp_path / "report.json"
+    done = distdoctor("run", "--nproc-per-node", "4", "--report", str(report), example)
+    return done, json.loads(report.read_text())
+
+
+def more_ms(summary: str) -> float:
+    """The first "N ms a step more than the others" in a straggler's summary."""
+    return float(re.search(r"([\d.]+) ms a step more than the others", summary)[1])
+
+
+# example, rank, the place its time goes, its line, what it sleeps a step (ms)
+@pytest.mark.parametrize("example, rank, place, marker, least_ms", [
+    # 16 samples a batch, each at least 1 ms to load on rank 1
+    ("straggler_slow_loader.py", 1, "waiting for its data loader's next batch",
+     "for x, y in loader:", 16.0),
+    ("straggler_extra_compute.py", 2, "in score_with_teacher", "x = torch.tanh(teacher(x))",
+     0.0),
+    # a 25 ms sleep a step on rank 0
+    ("straggler_rank0_logging.py", 0, "in log ", "time.sleep(0.025)", 25.0),
+])
+def test_each_straggler_is_named_with_where_its_time_goes(distdoctor, tmp_path, example, rank,
+                                                          place, marker, least_ms):
+    done, report = run(distdoctor, tmp_path, example)
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("straggler", [rank]), done.stdout
+    assert cause["where"] == line_of(example, marker)
+    assert place in cause["summary"]
+    if "loader" in place:  # its loader's time less the others': at least its sleep, nearly
+        assert more_ms(cause["summary"]) >= least_ms * 0.8
+    measured = cause["measured"]
+    assert measured["wait_share_interval"][0] >= 0.10  # over the floor, with its margin
+    assert measured["share_of_waiting_interval"][0] >= 0.625  # halfway from chance (1/4)
+    # how late it arrives: its sleep, give or take the others' compute, which its sleep
+    # overlaps (they share two cores while it sleeps; it has them to itself after)
+    assert measured["late_ms_quartiles"][1] >= least_ms / 2
+    assert f"FAILED: straggler (rank {rank})" in done.stdout
+
+
+@pytest.fixture
+def cpu_hog():
+    """One busy loop per core for the test, each ending by itself after two minutes
+    whatever happens, and killed and reaped when the test ends."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield len(hogs)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def test_a_healthy_loop_under_a_cpu_hog_on_every_core_is_ok(distdoctor, tmp_path, cpu_hog):
+    """Four ranks and a busy loop per core on two cores: everyone is slow and the waits are
+    long and irregular, but no rank stands out."""
+    done, report = run(distdoctor, tmp_path, "healthy/ddp_steps.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (report["findings"], report["undecided"]) == ([], [])
+
+
+def test_under_torchrun_analyze_names_the_straggler_from_the_traces(distdoctor, tmp_path):
+    """Two ranks under a real torchrun with the in-rank bootstrap, then ``analyze``: each
+    rank's trace holds its phases and, from its Flight Recorder, its arrivals."""
+    traces = tmp_path / "traces"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "distdoctor.userjob", "--trace-dir",
+                           str(traces), "straggler_slow_loader.py"], cwd=EXAMPLES,
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    analysed = distdoctor("analyze", str(traces))
+    assert analysed.returncode == 1, analysed.stdout
+    assert analysed.stdout.startswith("distdoctor analyze: FAILED: straggler (rank 1)")
+    assert "waiting for its data loader's next batch at straggler_slow_loader.py:" \
+        in analysed.stdout
