@@ -16,6 +16,12 @@
    runs of ``ddp_1m.py`` under ``distdoctor run`` against ``distdoctor run --light``
    (calls traced, no evidence), alternating, as rank 0's CPU time per step (whole runs
    drift by +-10% here, so this one only shows that nothing outside the step costs more).
+4. Where a step's time goes (trace/phases.py: loader waits, DDP forwards, backwards and
+   optimiser steps timed, the rank's own code sampled 50 times a second), on the same
+   DDP step fed by a DataLoader, in alternating in-rank blocks with it on and off
+   (``phases_blocks.py``), by the same three clocks; and what reading the Flight
+   Recorder's arrivals costs once as a job ends (trace/arrivals.py), against its 2,000
+   entries.
 """
 
 from __future__ import annotations
@@ -182,19 +188,64 @@ def evidence_in_rank(ranks: int, rounds: int, steps: int) -> None:
                       flush=True)
 
 
+def phases_in_rank(ranks: int, rounds: int, steps: int) -> None:
+    from bench.phases_blocks import phases_blocks
+    from distdoctor.launch.pool import RankPool
+
+    with RankPool(ranks) as pool:
+        for null in (True, False):
+            result = pool.run(phases_blocks, rounds, steps, null, deadline=1800)
+            what = "off/off (the measurement's bias)" if null else "on/off"
+            for clock, ratios in result.raise_for_status().values[0].items():
+                ratios = sorted(ratios)
+                quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 \
+                    else ratios * 3
+                print(f"phases on a 1.05M-parameter DDP step, {ranks} ranks, in-rank blocks "
+                      f"of {steps} steps, {clock}: {what} median {statistics.median(ratios):.3f}"
+                      f" (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}) over {rounds} "
+                      f"alternating pairs", flush=True)
+        read = pool.run(arrivals_read, 5 if SMOKE else 50, deadline=600)
+        seconds = read.raise_for_status().values[0]
+        print(f"arrivals read once as a job ends: {statistics.median(seconds) * 1e3:.1f} ms "
+              f"for a full Flight Recorder (median of {len(seconds)})", flush=True)
+
+
+def arrivals_read(ctx, times: int) -> list[float]:
+    """Seconds to read this rank's arrivals from a full Flight Recorder (2,000 entries)."""
+    import torch
+    import torch.distributed as dist
+
+    from distdoctor.trace.arrivals import arrivals_event
+
+    for _ in range(2000):
+        dist.all_reduce(torch.ones(4))
+    found = []
+    for _ in range(times):
+        start = time.perf_counter()
+        event = arrivals_event(0.0)
+        found.append(time.perf_counter() - start)
+        assert event is not None and len(event["calls"]) >= 2000, "the recorder is not full"
+    return found
+
+
 if __name__ == "__main__":
     if SMOKE:
         script_overhead(2, 3)
         tracer_overhead()
         evidence_in_rank(2, 2, STRIDE)
+        phases_in_rank(2, 2, 4)
         evidence_overhead(2, 6, repeats=1)
         sys.exit()
     if sys.argv[1:] == ["evidence"]:
         evidence_in_rank(2, 100, 2 * STRIDE)
         evidence_overhead(2, 200)
         sys.exit()
+    if sys.argv[1:] == ["phases"]:
+        phases_in_rank(2, 100, 2 * STRIDE)
+        sys.exit()
     script_overhead(2, 20)
     script_overhead(2, 2000)
     tracer_overhead()
     evidence_in_rank(2, 100, 2 * STRIDE)
+    phases_in_rank(2, 100, 2 * STRIDE)
     evidence_overhead(2, 200)

@@ -29,7 +29,7 @@ SMOKE = {
     "flight_recorder.py": r"^ +32 +\d+ MB +[\d.]+ s +[\d.]+ s +\d+ MB +collective-mismatch "
                           r"\(rank 21\) right .* [\d.]+x$",
 }
-HELPERS = {"ddp_1m.py", "evidence_blocks.py",  # run by run_overhead.py, not on their own
+HELPERS = {"ddp_1m.py", "evidence_blocks.py", "phases_blocks.py",  # run by run_overhead.py
            "frdumps.py"}  # the dumps flight_recorder.py reads (and the tests)
 
 

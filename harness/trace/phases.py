@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from distdoctor.models.events import Ev
 from distdoctor.models.record import Frame, is_user_frame
@@ -37,16 +37,37 @@ _DDP_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
 
 
 class _State:
-    """The main thread's open spans (the sampler counts only outside them) and the
-    samples of the step under way, keyed (line, function)."""
+    """The main thread's open spans (the sampler counts only outside them), the samples of
+    the step under way, keyed (line, function), and how to undo the recording."""
 
     def __init__(self) -> None:
         self.depth = 0
         self.counts: dict[tuple[str, str], int] = {}
         self.user: dict[str, bool] = {}  # file -> is it the user's (cached)
+        self.stopped = threading.Event()
+        self.undo: list[Callable[[], None]] = []
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, replacement)
+        self.undo.append(lambda: setattr(owner, name, original))
 
 
-def record_phases(tracer: Any) -> None:
+class Recording:
+    """The phase recorder installed: ``undo()`` puts torch back as it was and stops the
+    sampler (a rank records for its whole life; the overhead bench alternates)."""
+
+    def __init__(self, tracer: Any, state: _State) -> None:
+        self._tracer, self._state = tracer, state
+
+    def undo(self) -> None:
+        self._state.stopped.set()
+        for step in reversed(self._state.undo):
+            step()
+        self._tracer.phases = None
+
+
+def record_phases(tracer: Any) -> Recording:
     """Time loader waits, DDP forwards, backwards and optimiser steps on this rank, and
     sample its own code in between (see the module's docstring)."""
     tracer.count_optimizer_steps()
@@ -59,6 +80,7 @@ def record_phases(tracer: Any) -> None:
     main = threading.main_thread().ident
     threading.Thread(target=_sample, args=(state, main), name="distdoctor-sampler",
                      daemon=True).start()
+    return Recording(tracer, state)
 
 
 def _write(tracer: Any, kind: str, start: float, step: int, where: str) -> None:
@@ -91,22 +113,21 @@ def _time_loader(tracer: Any, state: _State) -> None:
     from torch.utils.data import dataloader
 
     iterator = dataloader._BaseDataLoaderIter
-    setattr(iterator, "__next__",  # noqa: B010 (a patch)
-            _span(tracer, state, "loader", iterator.__next__))
+    state.patch(iterator, "__next__", _span(tracer, state, "loader", iterator.__next__))
 
 
 def _time_ddp_forward(tracer: Any, state: _State) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    setattr(DistributedDataParallel, "forward",  # noqa: B010 (a patch)
-            _span(tracer, state, "forward", DistributedDataParallel.forward))
+    state.patch(DistributedDataParallel, "forward",
+                _span(tracer, state, "forward", DistributedDataParallel.forward))
 
 
 def _time_backward(tracer: Any, state: _State) -> None:
     import torch.autograd
 
-    setattr(torch.autograd, "backward",  # noqa: B010 (a patch)
-            _span(tracer, state, "backward", torch.autograd.backward))
+    state.patch(torch.autograd, "backward",
+                _span(tracer, state, "backward", torch.autograd.backward))
 
 
 def _time_optimizer(tracer: Any, state: _State) -> None:
@@ -134,8 +155,9 @@ def _time_optimizer(tracer: Any, state: _State) -> None:
         except Exception as exc:
             incomplete("where each rank's time goes", exc)
 
-    register_optimizer_step_pre_hook(before)
-    register_optimizer_step_post_hook(after)
+    handles = [register_optimizer_step_pre_hook(before),
+               register_optimizer_step_post_hook(after)]
+    state.undo += [handle.remove for handle in handles]
 
 
 def flush_samples(tracer: Any, step: int | None = None) -> None:
@@ -152,8 +174,7 @@ def flush_samples(tracer: Any, step: int | None = None) -> None:
 
 def _sample(state: _State, main: int | None) -> None:
     """The sampler's loop (see the module's docstring); never raises."""
-    while True:
-        time.sleep(SAMPLE_S)
+    while not state.stopped.wait(SAMPLE_S):
         if state.depth or main is None:
             continue
         try:
