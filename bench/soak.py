@@ -1,4 +1,5 @@
-"""Soak: run the demo, the test suite and one diagnose case many times, and count failures.
+"""Soak: run the demo, the test suite, one diagnose case and the straggler examples many
+times, and count failures.
 
 A verdict that fails one time in twenty looks green on a developer's single run and red
 in somebody's nightly CI. This runs each job as a separate command, K times, optionally
@@ -11,6 +12,9 @@ failing run is kept under --keep (default soak-failures/), named by job and run 
     python bench/soak.py --load --suite 0     # demo and diagnose under a CPU hog
     python bench/soak.py --demo 0 --suite 0 --diagnose 20 \\
         --case "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
+    python bench/soak.py --demo 0 --suite 0 --diagnose 0 --explore 0 --stragglers 20 --load
+                                              # each straggler example, and the healthy
+                                              # loop, 20 times on 4 ranks, under a CPU hog
 
 Exit 0 when every run passed, 1 when any failed.
 """
@@ -31,6 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CASE = "--strategy pipe-1f1b --fault send-before-receive --world-size 4"
 # the hypothesis tests, run with fresh random examples (the suite's are the same each run)
 PROPERTY_TESTS = ("tests/test_collective_properties.py", "tests/test_models.py")
+# each straggler example with the rank it must name, and the healthy loop it must call OK
+STRAGGLERS = {"straggler_slow_loader.py": 1, "straggler_extra_compute.py": 2,
+              "straggler_rank0_logging.py": 0, "healthy/ddp_steps.py": None}
 # one core's worth of busy loop that ends by itself, whatever happens to the soak
 HOG = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
        "while time.monotonic() < end: pass\n")
@@ -56,7 +63,33 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                                           "no:cacheprovider", "--hypothesis-profile=explore",
                                           *PROPERTY_TESTS), args.explore, 3600),
     ]
+    found += [Job(f"straggler {script}", (python, str(ROOT / "bench" / "soak.py"),
+                                          "--expect-straggler", script), args.stragglers, 300)
+              for script in STRAGGLERS]
     return [job for job in found if job.runs > 0]
+
+
+def expect_straggler(script: str) -> int:
+    """One run of a straggler example (or the healthy loop) under ``distdoctor run`` on 4
+    ranks: 0 when the report names the rank it must (or, for the healthy loop, says OK
+    and leaves nothing undecided), 1 otherwise, with what it said instead."""
+    import json
+    import tempfile
+
+    wanted = STRAGGLERS[script]
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        done = subprocess.run([sys.executable, "-m", "distdoctor", "run", "--nproc-per-node",
+                               "4", "--report", str(report), script], cwd=ROOT / "examples",
+                              capture_output=True, text=True)
+        said = json.loads(report.read_text()) if report.exists() else None
+    print(done.stdout[-3000:] + done.stderr[-2000:])
+    if said is None:
+        return 1
+    found = [(f["kind"], f["ranks"]) for f in said["findings"]]
+    if wanted is None:
+        return 0 if not found and not said.get("undecided") else 1
+    return 0 if found == [("straggler", [wanted])] else 1
 
 
 def start_load(seconds: float) -> list[subprocess.Popen]:
@@ -108,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                              "%(default)s)")
     parser.add_argument("--diagnose", type=int, default=50, metavar="K",
                         help="runs of the diagnose case (default: %(default)s)")
+    parser.add_argument("--stragglers", type=int, default=0, metavar="K",
+                        help="runs of each straggler example and of the healthy loop on 4 "
+                             "ranks, each judged by the rank named (default: %(default)s)")
+    parser.add_argument("--expect-straggler", metavar="SCRIPT", choices=sorted(STRAGGLERS),
+                        help=argparse.SUPPRESS)  # one such run: what each soak run starts
     parser.add_argument("--case", default=DEFAULT_CASE,
                         help="diagnose's arguments (default: %(default)s)")
     parser.add_argument("--load", action="store_true",
@@ -119,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="the suite's run: one quick diagnose case, nothing else")
     args = parser.parse_args(argv)
+    if args.expect_straggler:
+        return expect_straggler(args.expect_straggler)
     if args.smoke:
         args.demo = args.suite = args.explore = 0
         args.diagnose, args.case = 1, "--strategy ddp --fault sum-without-mean --world-size 2"
-    if min(args.demo, args.suite, args.diagnose, args.explore) < 0 or args.max_hours <= 0:
+    if min(args.demo, args.suite, args.diagnose, args.explore, args.stragglers) < 0 \
+            or args.max_hours <= 0:
         parser.error("counts must be zero or more and --max-hours positive")
     todo = jobs(args)
     keep = ROOT / args.keep
