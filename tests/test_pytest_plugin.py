@@ -36,6 +36,7 @@ EXPECTED = {
     "test_collectives_differ": "failed",
     "test_rank_exits": "failed",
     "test_rank_killed": "failed",
+    "test_one_rank_slow": "passed",
     "test_runs_after_failures": "passed",
     "test_skips_inside": "skipped",
     "test_skipif": "skipped",
@@ -84,6 +85,14 @@ def pytest_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
 
 
+def properties(xml: Path, test: str) -> dict[str, str]:
+    """The properties the plugin recorded for ``test`` in pytest's JUnit XML."""
+    for case in ET.parse(xml).iter("testcase"):
+        if case.get("name") == test:
+            return {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+    raise LookupError(test)
+
+
 def outcomes(xml: Path) -> dict[str, tuple[str, str, float]]:
     """test name -> (outcome, failure or skip text, seconds), from pytest's JUnit XML."""
     found = {}
@@ -109,7 +118,24 @@ def user_run(tmp_path_factory) -> dict[str, tuple[str, str, float]]:
                           timeout=RUN_TIMEOUT)
     assert done.returncode == 1, done.stdout + done.stderr  # some tests fail, on purpose
     assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+    USER_RUN["stdout"], USER_RUN["xml"] = done.stdout, root / "report.xml"
     return outcomes(root / "report.xml")
+
+
+USER_RUN: dict = {}  # the user file's run: its output and XML, for what outcomes leave out
+
+
+def test_a_test_that_passes_while_one_rank_holds_the_others_up_says_so(user_run):
+    """It passes (time is not correctness), with a warning in pytest's summary and a
+    property in the JUnit XML naming the rank and what its slowness cost the other."""
+    said = properties(USER_RUN["xml"], "test_one_rank_slow")["distdoctor straggler"]
+    assert said.startswith("cases_user.py::test_one_rank_slow: straggler (rank 1 of 2): rank 1 "
+                           "arrives last at the default group's collectives in ")
+    # 20 ms of sleep before each all-reduce on rank 1: rank 0 waits nearly all of it
+    late = float(said.split("a median ")[1].split(" ms after the others")[0])
+    assert late >= 18.0
+    assert "StragglerWarning: cases_user.py::test_one_rank_slow: straggler (rank 1 of 2)" \
+        in USER_RUN["stdout"]
 
 
 def test_every_test_of_the_user_file_ends_as_expected(user_run):

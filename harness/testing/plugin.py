@@ -17,6 +17,7 @@ the user reads. pytest-timeout's timeout for a test is learnt from its public ho
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -219,6 +220,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         outcome = replace(outcome, text=f"{outcome.text}\n(the deadline was cut to "
                           f"{deadline:.1f} s, so that this report comes before pytest-timeout "
                           f"ends the test at {timeout:g} s)")
+    if outcome.status == "passed":  # passed, but slowed by one rank: said, not failed
+        from distdoctor.testing.verdict import StragglerWarning, stragglers
+
+        for text in stragglers(result, deadline, pyfuncitem.nodeid):
+            pyfuncitem.user_properties.append(("distdoctor straggler", text))
+            warnings.warn(StragglerWarning(text), stacklevel=1)
     if outcome.status == "skipped":  # reported at the test's line, as a skip marker is
         raise pytest.skip.Exception(outcome.text, _use_item_location=True)
     if outcome.status == "xfailed":

@@ -121,6 +121,24 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
     return Outcome("failed", kind, named, relative_paths("\n".join(lines)))
 
 
+class StragglerWarning(UserWarning):
+    """A test that passed, but whose ranks waited for one of them at every step."""
+
+
+def stragglers(result: JobResult, deadline: float, what: str) -> list[str]:
+    """The ranks a job's others waited for (the straggler check), each in a line; none for
+    a job too short to have recorded when its ranks entered their collectives."""
+    from distdoctor.trace.arrivals import MIN_JOB_S
+
+    if result.wall_s < MIN_JOB_S:
+        return []
+    report = explain(script_record(result.ends, result.traces, result.wall_s,
+                                    result.started, deadline), what)
+    return [relative_paths(f"{what}: {c.kind} ({ranks_phrase(c.ranks)} of "
+                           f"{len(result.ends)}): {c.summary}")
+            for c in report.findings if c.kind == "straggler"]
+
+
 def relative_paths(text: str) -> str:
     """Paths as pytest shows them: relative to where it runs, where they lie below it."""
     return text.replace(os.getcwd().rstrip(os.sep) + os.sep, "")

@@ -6,6 +6,7 @@ found by the LINE markers below."""
 import contextlib
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -83,6 +84,15 @@ def test_rank_killed(rank):
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
+
+
+@pytest.mark.world_size(2)
+def test_one_rank_slow(rank):
+    """Passes: but rank 1 makes rank 0 wait 20 ms at every all-reduce."""
+    for _ in range(40):
+        if rank == 1:
+            time.sleep(0.02)  # LINE slow_rank
+        dist.all_reduce(torch.ones(4))
 
 
 @pytest.mark.world_size(2)
