@@ -113,8 +113,7 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
     if excess < limit or share < chance or excess_high < limit or share_high < chance:
         return None  # not a straggler: clearly, or more likely than not (the docstring)
     inconclusive = not (excess_low >= limit and share_low >= chance)
-    lasts = sum(1 for s in steps if s.cost[rank] > 0 and
-                s.cost[rank] == max(s.cost.values()))
+    lasts = sum(1 for s in steps if s.last == rank)
     late = sorted(s.lateness(rank) * 1e3 for s in steps)
     q1, median, q3 = statistics.quantiles(late, n=4)
     step_ms = statistics.median(s.seconds for s in steps) * 1e3

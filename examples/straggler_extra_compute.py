@@ -22,7 +22,7 @@ model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.
 teacher = nn.Linear(512, 512)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 generator = torch.Generator().manual_seed(rank)
-for step in range(64):
+for step in range(40):
     x, y = torch.randn(32, 64, generator=generator), torch.randn(32, 1, generator=generator)
     optimizer.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()

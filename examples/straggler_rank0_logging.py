@@ -26,7 +26,7 @@ model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 service = MetricsService()
 generator = torch.Generator().manual_seed(rank)
-for step in range(64):
+for step in range(40):
     x, y = torch.randn(32, 64, generator=generator), torch.randn(32, 1, generator=generator)
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -29,7 +29,7 @@ class Shard(Dataset):
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-data = Shard(4096, slow=dist.get_rank() == 1)
+data = Shard(2560, slow=dist.get_rank() == 1)
 loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
 model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

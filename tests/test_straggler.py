@@ -208,3 +208,16 @@ def test_the_wait_after_a_fix_is_said_in_numbers():
     said = waiting(timeline(4, 40))
     assert said is not None and said.startswith("the costliest rank (")
     assert "holds the others up 0% of a 13.0 ms step" in said
+
+
+def test_the_arrivals_picture_shades_each_wait_and_counts_who_came_last():
+    from distdoctor.pictures import arrivals
+
+    section = arrivals.picture(timeline(4, 20, late(1, 0.020)))
+    assert section is not None and section.anchor == "arrivals"
+    html = section.html
+    # the last six steps: in each, rank 1 came last, and ranks 0, 2, 3 waited 20.0 ms
+    assert html.count("waited 20.0 ms") == 6 * 3
+    assert html.count('stroke="#c44e52"') == 6  # rank 1's arrival, marked last, each step
+    assert "<td>1</td><td>19 of 19</td><td>20.0 ms</td>" in html
+    assert arrivals.picture(timeline(4, 1)) is None  # nothing to judge: no picture

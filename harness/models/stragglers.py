@@ -60,6 +60,12 @@ class Step:
     collectives: tuple[Collective, ...]
     cost: dict[int, float]
 
+    @property
+    def last(self) -> int | None:
+        """The member that held the others up longest in this step (None: nobody did)."""
+        rank = max(self.cost, key=lambda m: self.cost[m])
+        return rank if self.cost[rank] > 0 else None
+
     def lateness(self, rank: int) -> float:
         """How much later ``rank`` arrived than the others' median, at the collective of
         the step where it was latest."""

@@ -69,8 +69,7 @@ def _group(key: GroupKey, steps: list[Step]) -> str:
     html += f'<div class="figure">{svg(WIDTH, height, body, "arrivals")}</div>'
     rows = []
     for rank in members:
-        lasts = sum(1 for s in steps if s.cost[rank] > 0 and
-                    s.cost[rank] == max(s.cost.values()))
+        lasts = sum(1 for s in steps if s.last == rank)
         held = statistics.median(s.cost[rank] for s in steps) * 1e3
         rows.append([str(rank), f"{lasts} of {len(steps)}", f"{held:.1f} ms",
                      f"{sum(s.cost[rank] for s in steps) / sum(s.seconds for s in steps):.0%}"])

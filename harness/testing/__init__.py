@@ -10,7 +10,8 @@ from importlib import import_module
 
 # name -> its module; imported on first use, so that loading the plugin (at every pytest
 # start in an environment that has distdoctor) does not import torch
-_PUBLIC = {"RankFailure": "verdict", "assert_same_on_all_ranks": "same",
+_PUBLIC = {"RankFailure": "verdict", "StragglerWarning": "verdict",
+           "assert_same_on_all_ranks": "same",
            "assert_trains_like_one_process": "oneprocess"}
 __all__ = list(_PUBLIC)
 
