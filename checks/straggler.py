@@ -174,9 +174,12 @@ def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],
         if kind == "own":
             sampled = _own_line(by_rank, rank, members, numbers)
             if sampled is not None:
-                where.append(sampled[0])
-                said.append(f"its own code, {amount}, mostly at {relative_line(sampled[0])} "
-                            f"in {sampled[1]} ({sampled[2]})")
+                line, function, via, how_long = sampled
+                where += [via, line] if via else [line]  # the loop's line: where to act
+                reached = f", reached from the training loop at {relative_line(via)}" \
+                    if via else ""
+                said.append(f"its own code, {amount}, mostly at {relative_line(line)} in "
+                            f"{function}{reached} ({how_long})")
             else:
                 said.append(f"its own code outside the loader, forward, backward and "
                             f"optimiser step, {amount}")
@@ -219,16 +222,17 @@ def _phase_line(evidence: Evidence, kind: str, numbers: list[int]) -> str:
 
 
 def _own_line(by_rank: dict[int, RankRecord], rank: int, members: tuple[int, ...],
-              numbers: list[int]) -> tuple[str, str, str] | None:
-    """The user's line where ``rank``'s own code spent the most more than the others',
-    by the samples taken in its long gaps: (file:line, function, how much a step)."""
+              numbers: list[int]) -> tuple[str, str, str, str] | None:
+    """Where ``rank``'s own code spent the most more than the others', by the samples
+    taken in its long gaps: (file:line, function, the training loop's line that led there
+    or "", how much a step)."""
     wanted = {n - 1 for n in numbers}
 
-    def counts(m: int) -> dict[tuple[str, str], float]:
-        found: dict[tuple[str, str], float] = {}
+    def counts(m: int) -> dict[tuple[str, str, str], float]:
+        found: dict[tuple[str, str, str], float] = {}
         for sample in by_rank[m].evidence.gap_samples:
             if sample.step in wanted:
-                line = (sample.where, sample.function)
+                line = (sample.where, sample.function, sample.via)
                 found[line] = found.get(line, 0.0) + sample.seconds
         return found
 
@@ -242,7 +246,7 @@ def _own_line(by_rank: dict[int, RankRecord], rank: int, members: tuple[int, ...
     if extra[best] <= 0:
         return None
     per_step = extra[best] / len(numbers) * 1e3
-    return best[0], best[1], f"sampled there for about {per_step:.1f} ms a step"
+    return best[0], best[1], best[2], f"sampled there for about {per_step:.1f} ms a step"
 
 
 def _fix(kind: str, rank: int, where: list[str]) -> str:

@@ -36,8 +36,9 @@ def timeline(world: int, steps: int, delay=lambda rank, step: 0.0, noise=lambda 
     Recorder) or, ``traced``, blocking all-reduces through the tracer; then steps its
     optimiser. ``delay`` is extra time a rank spends in its loader (``where="loader"``)
     or in its own code before it (``where="own"``, sampled at train.py:40 in
-    log_metrics). ``clock``: each rank's monotonic clock minus the shared one (ranks on
-    machines apart); their wall-clock offsets say so."""
+    log_metrics, called from the loop at train.py:36). ``clock``: each rank's monotonic
+    clock minus the shared one (ranks on machines apart); their wall-clock offsets say
+    so."""
     phases: dict[int, list[Phase]] = {r: [] for r in range(world)}
     samples: dict[int, list[GapSample]] = {r: [] for r in range(world)}
     arrivals: dict[int, list[Arrival]] = {r: [] for r in range(world)}
@@ -49,7 +50,8 @@ def timeline(world: int, steps: int, delay=lambda rank, step: 0.0, noise=lambda 
         for r in range(world):
             t = start
             if where == "own" and delay(r, n):
-                samples[r].append(GapSample(n, "train.py:40", "log_metrics", delay(r, n)))
+                samples[r].append(GapSample(n, "train.py:40", "log_metrics", delay(r, n),
+                                            "train.py:36"))
                 t += delay(r, n)
             loader = 0.001 + (delay(r, n) if where == "loader" else 0.0)
             phases[r].append(Phase("loader", t, t + loader, n, "train.py:30"))
@@ -117,8 +119,9 @@ def test_extra_work_in_the_ranks_own_code_is_named_at_the_sampled_line():
     f = found[0]
     assert f.measured["wait_share"] == pytest.approx(0.015 / step_seconds(0.015), rel=1e-6)
     assert "its own code, 15.0 ms a step more than the others, mostly at train.py:40 in " \
-        "log_metrics (sampled there for about 15.0 ms a step)" in f.symptom
-    assert f.where == ("train.py:40",) and "move the work at train.py:40" in f.fix
+        "log_metrics, reached from the training loop at train.py:36 (sampled there for " \
+        "about 15.0 ms a step)" in f.symptom
+    assert f.where == ("train.py:36", "train.py:40") and "move the work at train.py:36" in f.fix
 
 
 def test_a_rank_that_stalls_every_tenth_step_is_a_straggler_too():

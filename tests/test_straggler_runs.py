@@ -35,24 +35,28 @@ def more_ms(summary: str) -> float:
     return float(re.search(r"([\d.]+) ms a step more than the others", summary)[1])
 
 
-# example, rank, the place its time goes, its line, what it sleeps a step (ms)
-@pytest.mark.parametrize("example, rank, place, marker, least_ms", [
+# example, rank, the place its time goes, the line to act on, the innermost line sampled
+# (own code), what it sleeps a step (ms)
+@pytest.mark.parametrize("example, rank, place, marker, inner, least_ms", [
     # 16 samples a batch, each at least 1 ms to load on rank 1
     ("straggler_slow_loader.py", 1, "waiting for its data loader's next batch",
-     "for x, y in loader:", 16.0),
-    ("straggler_extra_compute.py", 2, "in score_with_teacher", "x = torch.tanh(teacher(x))",
-     0.0),
-    # a 25 ms sleep a step on rank 0
-    ("straggler_rank0_logging.py", 0, "in log ", "time.sleep(0.025)", 25.0),
+     "for x, y in loader:", None, 16.0),
+    ("straggler_extra_compute.py", 2, "in score_with_teacher, reached from the training loop",
+     "# BUG", "x = torch.tanh(teacher(x))", 0.0),
+    # a 25 ms sleep a step on rank 0, in the logger the loop calls
+    ("straggler_rank0_logging.py", 0, "in log, reached from the training loop", "# BUG",
+     "time.sleep(0.025)", 25.0),
 ])
 def test_each_straggler_is_named_with_where_its_time_goes(distdoctor, tmp_path, example, rank,
-                                                          place, marker, least_ms):
+                                                          place, marker, inner, least_ms):
     done, report = run(distdoctor, tmp_path, example)
     assert done.returncode == 1, done.stdout + done.stderr
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("straggler", [rank]), done.stdout
     assert cause["where"] == line_of(example, marker)
     assert place in cause["summary"]
+    if inner is not None:
+        assert f"mostly at {line_of(example, inner)} in " in cause["summary"]
     if "loader" in place:  # its loader's time less the others': at least its sleep, nearly
         assert more_ms(cause["summary"]) >= least_ms * 0.8
     measured = cause["measured"]

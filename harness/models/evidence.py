@@ -259,13 +259,16 @@ class Phase:
 @dataclass(frozen=True)
 class GapSample:
     """Where a rank's main thread was, sampled while it ran its own code (in no phase and
-    no collective): the user's innermost line and function, and the time the samples of
-    step ``step + 1`` (as Phase counts) found it there (their number times the period)."""
+    no collective): the user's innermost line and function, the training loop's line that
+    called into it (the loop: the function that steps the optimiser), and the time the
+    samples of step ``step + 1`` (as Phase counts) found it there (their number times the
+    period)."""
 
     step: int
     where: str
     function: str
     seconds: float
+    via: str = ""  # the training loop's line that led there, when it is not that line
 
 
 @dataclass(frozen=True)

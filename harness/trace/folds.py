@@ -135,9 +135,9 @@ def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
                  for e in events if e.get("ev") == Ev.PHASE)
 
 def fold_gap_samples(events: Iterable[dict]) -> tuple[GapSample, ...]:
-    return tuple(GapSample(e["s"], str(where), str(function), int(count) * e["period"])
-                 for e in events if e.get("ev") == Ev.GAP_SAMPLES
-                 for where, function, count in e["lines"])
+    return tuple(GapSample(e["s"], str(line[0]), str(line[1]), int(line[2]) * e["period"],
+                           str(line[3]) if len(line) > 3 else "")
+                 for e in events if e.get("ev") == Ev.GAP_SAMPLES for line in e["lines"])
 
 def fold_arrivals(events: Iterable[dict]) -> tuple[tuple[Arrival, ...], float | None]:
     """The collectives a rank entered, by its Flight Recorder (the last such event: a

@@ -42,7 +42,8 @@ class _State:
 
     def __init__(self) -> None:
         self.depth = 0
-        self.counts: dict[tuple[str, str], int] = {}
+        self.counts: dict[tuple[str, str, str], int] = {}  # (line, function, via) -> samples
+        self.loop: Any = None  # the code object of the function that steps the optimiser
         self.user: dict[str, bool] = {}  # file -> is it the user's (cached)
         self.stopped = threading.Event()
         self.undo: list[Callable[[], None]] = []
@@ -142,6 +143,9 @@ def _time_optimizer(tracer: Any, state: _State) -> None:
         if threading.current_thread() is threading.main_thread():
             began.append(time.monotonic())
             state.depth += 1
+            if state.loop is None:  # the training loop: the user's code that steps
+                found = _user_frame(state, sys._getframe(1), through=True)[0]
+                state.loop = found.f_code if found is not None else ()  # (): none
 
     def after(*_: Any) -> None:
         # the step counter's own post hook was registered first, and has counted this step
@@ -167,7 +171,7 @@ def flush_samples(tracer: Any, step: int | None = None) -> None:
     if state is None or not state.counts:
         return
     counts, state.counts = state.counts, {}
-    lines = [[where, function, n] for (where, function), n in counts.items()]
+    lines = [[where, function, n, via] for (where, function, via), n in counts.items()]
     tracer.write(ev=Ev.GAP_SAMPLES, s=tracer.optimizer_steps if step is None else step,
                  period=SAMPLE_S, lines=lines)
 
@@ -186,17 +190,35 @@ def _sample(state: _State, main: int | None) -> None:
             state.counts[found] = state.counts.get(found, 0) + 1
 
 
-def _user_line(state: _State, frame: Any) -> tuple[str, str] | None:
-    """(file:line, function) of the innermost user frame, or None when the thread is in a
-    collective or in no code of the user's."""
+def _user_line(state: _State, frame: Any) -> tuple[str, str, str] | None:
+    """(file:line, function) of the innermost user frame, and the training loop's line that
+    led there ("" when it is not inside the loop's function, or the loop is not known
+    yet), or None when the thread is in a collective or in no code of the user's."""
+    found, inside = _user_frame(state, frame)
+    if found is None or inside:
+        return None
+    via = ""
+    outer = found
+    while outer is not None and state.loop:
+        if outer.f_code is state.loop:
+            via = f"{outer.f_code.co_filename}:{outer.f_lineno}" if outer is not found else ""
+            break
+        outer = outer.f_back
+    return f"{found.f_code.co_filename}:{found.f_lineno}", found.f_code.co_name, via
+
+
+def _user_frame(state: _State, frame: Any, through: bool = False) -> tuple[Any, bool]:
+    """The innermost user frame from ``frame`` out, and whether a frame of
+    torch.distributed was met first (the thread waits for its peers there; ``through``:
+    go on past it)."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if _DISTRIBUTED in filename or filename.endswith(_DDP_FILE):
-            return None  # inside a collective the user's line led to
+        if not through and (_DISTRIBUTED in filename or filename.endswith(_DDP_FILE)):
+            return None, True  # inside a collective the user's line led to
         mine = state.user.get(filename)
         if mine is None:
             mine = state.user[filename] = is_user_frame(Frame(filename, 0, ""))
         if mine:
-            return f"{filename}:{frame.f_lineno}", frame.f_code.co_name
+            return frame, False
         frame = frame.f_back
-    return None
+    return None, False
