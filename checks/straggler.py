@@ -187,7 +187,7 @@ def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],
             line = _phase_line(by_rank[rank].evidence, kind, numbers)
             where += [line] if line else []
             at = f" at {relative_line(line)}" if line else ""
-            said.append(f"{PHASE_TEXT[kind]}{at}, {amount}")
+            said.append(f"{PHASE_TEXT.get(kind, 'its ' + kind)}{at}, {amount}")
     return "; ".join(said), _fix(shown[0], rank, where), tuple(where)
 
 

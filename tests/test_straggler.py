@@ -224,3 +224,15 @@ def test_the_arrivals_picture_shades_each_wait_and_counts_who_came_last():
     assert html.count('stroke="#c44e52"') == 6  # rank 1's arrival, marked last, each step
     assert "<td>1</td><td>19 of 19</td><td>20.0 ms</td>" in html
     assert arrivals.picture(timeline(4, 1)) is None  # nothing to judge: no picture
+
+
+def test_an_undecided_straggler_is_said_as_such_and_the_run_stays_ok():
+    from distdoctor.userjob.report import render, report
+
+    record = timeline(4, 15, lambda r, n: 0.2 if r == 1 and n in (3, 9) else 0.0)
+    said = report(record, tuple(straggler.check(record)), "train.py")
+    assert (said.status, said.cause, said.findings) == ("ok", None, [])
+    assert said.undecided[0].startswith("straggler (rank 1): rank 1 arrives last at ")
+    text = render(said)
+    assert text.startswith("distdoctor run: OK: all 4 ranks of train.py finished")
+    assert "\n  not decided: straggler (rank 1): " in text

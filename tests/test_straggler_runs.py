@@ -103,3 +103,18 @@ def test_under_torchrun_analyze_names_the_straggler_from_the_traces(distdoctor, 
     assert analysed.stdout.startswith("distdoctor analyze: FAILED: straggler (rank 1)")
     assert "waiting for its data loader's next batch at straggler_slow_loader.py:" \
         in analysed.stdout
+    # the same traces with their new evidence damaged: each odd line is unreadable, said,
+    # never a traceback (traces come from elsewhere)
+    rank1 = traces / "rank-1.jsonl"
+    lines = rank1.read_text().splitlines()
+    odd = {"phase": lambda e: {**e, "t0": "soon"}, "gap_samples": lambda e: {**e, "lines": 7},
+           "arrivals": lambda e: {**e, "calls": [["0", 1, "all_reduce", float("nan")]]}}
+    damaged = [json.dumps(odd[e["ev"]](e)) if e.get("ev") in odd else line
+               for line, e in ((line, json.loads(line)) for line in lines)]
+    damaged.insert(3, json.dumps({"ev": "phase", "k": "teleport", "t0": 1.0, "t1": 2.0,
+                                  "s": 1, "where": "x.py:1"}))
+    rank1.write_text("\n".join(damaged) + "\n")
+    analysed = distdoctor("analyze", str(traces))
+    assert analysed.returncode in (0, 1) and "Traceback" not in analysed.stderr
+    said = analysed.stdout.splitlines()[0]
+    assert said.startswith("distdoctor analyze: partial evidence: ") and "rank-1.jsonl" in said

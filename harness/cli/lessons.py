@@ -62,12 +62,12 @@ def lesson(fault: Fault, report: RunReport) -> str:
         after = verdict.after
         found = ("no findings" if not after.findings
                  else "still " + "; ".join(f.headline for f in after.findings))
-        memory = memory_line(report.fixed_record) if report.fixed_record and any(
+        extra = memory_line(report.fixed_record) if report.fixed_record and any(
             m.budget for r in report.fixed_record.ranks for m in r.evidence.memory) else None
         if report.fixed_record and any(f.kind == "straggler" for f in before.findings):
-            memory = waiting(report.fixed_record)  # the wait, gone or not
+            extra = waiting(report.fixed_record)  # the wait, gone or not
         paragraphs.append(wrap(f"After the fix: {found}; {numbers_line(after)}"
-                               + (f"; {memory}" if memory else "")
+                               + (f"; {extra}" if extra else "")
                                + f". {OUTCOME_TEXT[verdict.outcome]}."))
     return "\n".join(paragraphs)
 

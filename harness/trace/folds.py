@@ -131,11 +131,21 @@ def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
                  for e in events if e.get("ev") == Ev.DDP_FORWARD)
 
 def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
-    return tuple(Phase(e["k"], e["t0"], e["t1"], e["s"], e.get("where", ""))
+    return tuple(Phase(str(e["k"]), _time(e["t0"]), _time(e["t1"]), int(e["s"]),
+                       str(e.get("where", "")))
                  for e in events if e.get("ev") == Ev.PHASE)
 
+def _time(value: object) -> float:
+    """A time from a trace: a finite number (ValueError, so the line reads as unreadable,
+    for anything else: traces come from elsewhere)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError(f"not a time: {value!r}")
+    return float(value)
+
 def fold_gap_samples(events: Iterable[dict]) -> tuple[GapSample, ...]:
-    return tuple(GapSample(e["s"], str(line[0]), str(line[1]), int(line[2]) * e["period"],
+    return tuple(GapSample(int(e["s"]), str(line[0]), str(line[1]),
+                           int(line[2]) * _time(e["period"]),
                            str(line[3]) if len(line) > 3 else "")
                  for e in events if e.get("ev") == Ev.GAP_SAMPLES for line in e["lines"])
 
@@ -148,11 +158,12 @@ def fold_arrivals(events: Iterable[dict]) -> tuple[tuple[Arrival, ...], float | 
             last = e
     if last is None:
         return (), None
-    groups = {name: tuple(ranks) for name, ranks in last["groups"].items()}
+    groups = {str(name): tuple(int(r) for r in ranks) for name, ranks in last["groups"].items()}
     default = last.get("default")
     return tuple(Arrival(None if name == default else name, groups[name], int(seq), str(op),
-                         float(at))
-                 for name, seq, op, at in last["calls"] if name in groups), last["offset"]
+                         _time(at))
+                 for name, seq, op, at in last["calls"] if name in groups), \
+        _time(last["offset"])
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:
     """Turn a rank's JSON events into one Call per call, in the order they were entered."""
