@@ -1,5 +1,5 @@
 """One rank of four reads its samples slowly: its shard sits on a slower disk (here each
-sample of rank 1's costs a millisecond more to load). Every other rank finishes its
+sample of rank 1's costs two milliseconds more to load). Every other rank finishes its
 backward and waits in DDP's gradient all-reduce for rank 1, step after step."""
 
 import time
@@ -23,7 +23,7 @@ class Shard(Dataset):
 
     def __getitem__(self, i: int):
         if self.slow:
-            time.sleep(0.001)  # BUG: this rank's storage is slow, and nothing prefetches
+            time.sleep(0.002)  # BUG: this rank's storage is slow, and nothing prefetches
         return self.x[i], self.y[i]
 
 
