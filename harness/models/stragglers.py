@@ -28,6 +28,9 @@ from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import RunRecord
 
 GroupKey = tuple[str | None, tuple[int, ...]]  # (name, None for the default; its ranks)
+# a job shorter than this leaves no arrivals (trace/arrivals.py reads none): whatever a
+# straggler costs it is little, and reading them costs a job 30 ms
+MIN_JOB_S = 0.5
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ class StragglerWarning(UserWarning):
 def stragglers(result: JobResult, deadline: float, what: str) -> list[str]:
     """The ranks a job's others waited for (the straggler check), each in a line; none for
     a job too short to have recorded when its ranks entered their collectives."""
-    from distdoctor.trace.arrivals import MIN_JOB_S
+    from distdoctor.models.stragglers import MIN_JOB_S
 
     if result.wall_s < MIN_JOB_S:
         return []
