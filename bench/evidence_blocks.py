@@ -27,6 +27,23 @@ CLOCKS = {"wall": time.perf_counter, "process CPU": time.process_time,
           "main thread CPU": time.thread_time}
 
 
+def train_block(model, optimizer, batches, count: int) -> tuple[float, ...]:
+    """``count`` training steps on batches drawn from ``batches``, every rank starting
+    together: seconds per step by each of CLOCKS."""
+    import torch.distributed as dist
+    from torch import nn
+
+    dist.barrier()
+    start = [clock() for clock in CLOCKS.values()]
+    for _ in range(count):
+        x, y = next(batches)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return tuple((clock() - began) / count for clock, began in zip(CLOCKS.values(), start))
+
+
 def evidence_blocks(ctx, rounds: int, steps: int,
                     null: bool = False) -> dict[str, list[float]]:
     """On every rank: per round and clock, seconds per step with the evidence on over
@@ -94,17 +111,7 @@ def evidence_blocks(ctx, rounds: int, steps: int,
             hooks._hook = lambda params: None
 
     def block(batches, count: int) -> tuple[float, ...]:
-        """Seconds per step by each of CLOCKS."""
-        dist.barrier()
-        start = [clock() for clock in CLOCKS.values()]
-        for _ in range(count):
-            x, y = next(batches)
-            loss = nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        return tuple((clock() - began) / count
-                     for clock, began in zip(CLOCKS.values(), start))
+        return train_block(model, optimizer, batches, count)
 
     try:
         evidence(True)

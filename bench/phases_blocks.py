@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from bench.evidence_blocks import CLOCKS
+from bench.evidence_blocks import CLOCKS, train_block
 
 
 def phases_blocks(ctx, rounds: int, steps: int, null: bool = False) -> dict[str, list[float]]:
@@ -35,15 +35,7 @@ def phases_blocks(ctx, rounds: int, steps: int, null: bool = False) -> dict[str,
     batches = iter(DataLoader(data, batch_size=32, sampler=DistributedSampler(data)))
 
     def block(count: int) -> tuple[float, ...]:
-        dist.barrier()
-        start = [clock() for clock in CLOCKS.values()]
-        for _ in range(count):
-            x, y = next(batches)
-            loss = nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        return tuple((clock() - began) / count for clock, began in zip(CLOCKS.values(), start))
+        return train_block(model, optimizer, batches, count)
 
     block(steps)  # warm
     ratios: dict[str, list[float]] = {name: [] for name in CLOCKS}

@@ -175,17 +175,24 @@ def evidence_in_rank(ranks: int, rounds: int, steps: int) -> None:
 
     assert steps % STRIDE == 0, f"blocks of {steps} steps: not a multiple of {STRIDE}"
     with RankPool(ranks) as pool:
-        for null in (True, False):
-            result = pool.run(evidence_blocks, rounds, steps, null, deadline=1800)
-            what = "off/off (the measurement's bias)" if null else "on/off"
-            for clock, ratios in result.raise_for_status().values[0].items():
-                ratios = sorted(ratios)
-                quartiles = statistics.quantiles(ratios, n=4)
-                print(f"evidence on a 1.05M-parameter DDP step, {ranks} ranks, in-rank blocks "
-                      f"of {steps} steps, {clock}: {what} median {statistics.median(ratios):.3f} "
-                      f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, mean "
-                      f"{statistics.fmean(ratios):.3f}) over {rounds} alternating pairs",
-                      flush=True)
+        paired_blocks(pool, evidence_blocks, "evidence", rounds, steps)
+
+
+def paired_blocks(pool, blocks, what: str, rounds: int, steps: int) -> None:
+    """Run ``blocks`` (evidence_blocks, phases_blocks) on ``pool`` with the recorder off in
+    both blocks of each pair (the measurement's own bias), then on in one, and print each
+    clock's ratios."""
+    for null in (True, False):
+        result = pool.run(blocks, rounds, steps, null, deadline=1800)
+        pair = "off/off (the measurement's bias)" if null else "on/off"
+        for clock, ratios in result.raise_for_status().values[0].items():
+            ratios = sorted(ratios)
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            print(f"{what} on a 1.05M-parameter DDP step, {pool.world_size} ranks, in-rank "
+                  f"blocks of {steps} steps, {clock}: {pair} median "
+                  f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-"
+                  f"{quartiles[2]:.3f}, mean {statistics.fmean(ratios):.3f}) over {rounds} "
+                  f"alternating pairs", flush=True)
 
 
 def phases_in_rank(ranks: int, rounds: int, steps: int) -> None:
@@ -193,17 +200,7 @@ def phases_in_rank(ranks: int, rounds: int, steps: int) -> None:
     from distdoctor.launch.pool import RankPool
 
     with RankPool(ranks) as pool:
-        for null in (True, False):
-            result = pool.run(phases_blocks, rounds, steps, null, deadline=1800)
-            what = "off/off (the measurement's bias)" if null else "on/off"
-            for clock, ratios in result.raise_for_status().values[0].items():
-                ratios = sorted(ratios)
-                quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 \
-                    else ratios * 3
-                print(f"phases on a 1.05M-parameter DDP step, {ranks} ranks, in-rank blocks "
-                      f"of {steps} steps, {clock}: {what} median {statistics.median(ratios):.3f}"
-                      f" (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}) over {rounds} "
-                      f"alternating pairs", flush=True)
+        paired_blocks(pool, phases_blocks, "phases", rounds, steps)
         read = pool.run(arrivals_read, 5 if SMOKE else 50, deadline=600)
         seconds = read.raise_for_status().values[0]
         print(f"arrivals read once as a job ends: {statistics.median(seconds) * 1e3:.1f} ms "
