@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from types import FrameType
 from typing import Any, Callable
 
@@ -59,6 +60,7 @@ class Tracer:
     def install(self) -> Tracer:
         global _active
         _active = self
+        _patch_work_wait()
         for name in TRACED_OPS:
             original = getattr(c10d, name, None)
             if original is None or name in self._originals:
@@ -215,8 +217,9 @@ class Tracer:
             finally:
                 self._local.inside = False
             if call["async_op"]:
-                return _wrap_works(result, self, call["id"])
-            self.mark(Ev.DONE, call["id"])
+                _note_works(result, self, call["id"])
+            else:
+                self.mark(Ev.DONE, call["id"])
             return result
 
         setattr(traced, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
@@ -321,26 +324,45 @@ def active() -> Tracer | None:
     return _active
 
 
-class _TracedWork:
-    """A Work handle that reports when its owner waits on it and when the wait returns."""
+# Each asynchronous call's Work handles, weakly: the user and torch keep torch's own object
+# (DDP hands its Work to C++, which refuses any stand-in), and a wait on it is seen by the
+# one patch of Work.wait below, which looks the handle up here.
+_WORKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, work: Any, tracer: Tracer, call_id: int):
-        self._work, self._tracer, self._id = work, tracer, call_id
 
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._tracer.mark(Ev.WAIT, self._id, user_line())
-        result = self._work.wait(*args, **kwargs)
-        self._tracer.mark(Ev.DONE, self._id)
+def _note_works(result: Any, tracer: Tracer, call_id: int) -> None:
+    """Remember which call each Work of ``result`` belongs to; a handle that cannot be
+    held weakly (another backend's own type) is left untraced: its waits go unrecorded."""
+    for work in result if isinstance(result, list) else (result,):
+        if work is None:
+            continue
+        try:
+            _WORKS[work] = (tracer, call_id)
+        except TypeError:
+            incomplete("waits on asynchronous calls", TypeError(type(work).__name__))
+
+
+def _patch_work_wait() -> None:
+    """Record a wait on a traced call's Work where the user makes it, and its return. The
+    class's own method is called through: the object, its type and its result are torch's."""
+    work_type = getattr(c10d, "Work", None)
+    original = getattr(work_type, "wait", None)
+    if original is None or getattr(original, "_distdoctor", False):
+        return
+
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        owner = _WORKS.get(work)
+        if owner is None:
+            return original(work, *args, **kwargs)
+        tracer, call_id = owner
+        tracer.mark(Ev.WAIT, call_id, user_line())
+        result = original(work, *args, **kwargs)
+        tracer.mark(Ev.DONE, call_id)
         return result
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-
-def _wrap_works(result: Any, tracer: Tracer, call_id: int) -> Any:
-    if isinstance(result, list):
-        return [_TracedWork(w, tracer, call_id) for w in result]
-    return None if result is None else _TracedWork(result, tracer, call_id)
+    setattr(wait, "_distdoctor", True)  # noqa: B010 (patched once per process)
+    setattr(wait, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
+    setattr(work_type, "wait", wait)
 
 
 def _tensors(bound: dict) -> list[torch.Tensor]:
