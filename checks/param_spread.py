@@ -14,6 +14,7 @@ from distdoctor.checks import finding, gradient_steps_on_every_rank, one_ddp, sy
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.distance import param_history, spreads
+from distdoctor.models.replicas import replicas_of
 
 TOLERANCE = 1e-6
 NAME = "param_spread"
@@ -56,39 +57,42 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _user_replicas(record: RunRecord) -> list[Finding]:
-    """A user's script: ranks that replicate one model (one DistributedDataParallel over
-    all of them, or, unwrapped, ranks whose gradients went through one synchronisation:
-    a hand-written all-reduce over the group, seen as each rank applying a multiple of the
-    mean of the ranks' own gradients) must hold the same sampled parameters, taken just
-    before each step. Replicas are defined by how the model is wrapped and synchronised,
-    not by what each rank applied: DDP ranks that applied different gradients
-    (micro-batches left unsynchronised) and ranks that clipped the synchronised gradient
-    apart are still replicas, and parting is exactly what is wrong with them. Ranks whose
-    gradients never met (pipeline stages, tensor-parallel shards, independent models) are
-    not replicas and are never compared; from the first synchronised step on, they are."""
+    """A user's script: ranks that replicate one model must hold the same sampled
+    parameters, taken just before each step. Who replicates whom is read from how the
+    ranks communicate (models/replicas.py: the group each rank's gradients are reduced
+    over, DDP's group, the groups parameters are averaged over), never from whether the
+    sync worked: ranks whose sync failed are still replicas, and parting is exactly what
+    is wrong with them. Groups that average their parameters now and then are judged
+    where they meet, right after an averaging. Where no rank shows any structure (a sync
+    through a flat copy of the gradients, say), ranks whose every applied gradient is a
+    multiple of their mean are taken as one group, from that step on. Ranks whose
+    gradients never met (pipeline stages, tensor-parallel shards, independent models)
+    are never compared."""
     trail, first, differ, where = [], None, [], ""
     every = gradient_steps_on_every_rank(record)
-    sampled = [steps for steps in every if all(s.applied is not None for s in steps)]
-    wrapped = one_ddp(record)
-    replicas = wrapped or (synchronised(sampled[0]) if sampled else False)
+    position = {r.rank: i for i, r in enumerate(record.ranks)}
+    comparisons, though = _comparisons(record, every, position)
+    base = record.ranks[0].rank
     for steps in every:
-        if all(s.applied is not None for s in steps):
-            replicas = replicas or synchronised(steps)
-        elif any(s.applied is not None for s in steps):
+        if len({s.applied is None for s in steps}) > 1:
             continue  # ranks that sampled different steps: not one SPMD loop
-        if not replicas or any(s.params is None for s in steps):
-            continue
-        if len({len(s.params.values) for s in steps}) != 1:
-            continue
-        if not all(math.isfinite(v) for s in steps for v in s.params.values):
-            continue  # NaN or Inf: ``non_finite`` reports it, a spread means nothing
-        spread = max(max(column) - min(column) for column in zip(*(s.params.values
-                                                                   for s in steps)))
-        trail.append(spread)
-        if first is None and spread > TOLERANCE:
-            first, where = steps[0].step, steps[0].where
-            differ = [r.rank for r, s in zip(record.ranks, steps)
-                      if s.params.values != steps[0].params.values]
+        for members, judged in comparisons:
+            if judged is not None and steps[0].step not in judged:
+                continue
+            mine = [steps[position[m]] for m in members]
+            if any(s.params is None for s in mine) or \
+                    len({len(s.params.values) for s in mine}) != 1:
+                continue
+            if not all(math.isfinite(v) for s in mine for v in s.params.values):
+                continue  # NaN or Inf: ``non_finite`` reports it, a spread means nothing
+            spread = max(max(column) - min(column)
+                         for column in zip(*(s.params.values for s in mine)))
+            trail.append(spread)
+            if first is None and spread > TOLERANCE:
+                first, where = steps[0].step, steps[0].where
+                differ = [m for m, s in zip(members, mine)
+                          if s.params.values != mine[0].params.values]
+                base = members[0]
     if first is None:
         return []
     measured = {"first_divergent_step": first, "spread": max(trail),
@@ -100,20 +104,18 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
             f"the replicas' parameters differ before their first optimiser step (at "
             f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though they replicate "
             f"one model; {ranks_phrase(differ)} "
-            f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
+            f"{'differs' if len(differ) == 1 else 'differ'} from rank {base}",
             {"knobs.broadcast_params_at_start": True}, differ, measured,
             fix="broadcast rank 0's parameters once the model is built (for p in "
                 "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
                 "in DistributedDataParallel, which does; or seed every rank alike",
             kind="divergent-parameters", first_step=first, where=where)]
-    though = "they replicate one DDP model" if wrapped else "their gradients are " \
-        "synchronised"
     return [Finding(
         check=NAME, fault="divergent-updates",
         symptom=f"the replicas started identical but differ from optimiser step {first} (at "
                 f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though {though}; "
                 f"{ranks_phrase(differ)} "
-                f"{'differs' if len(differ) == 1 else 'differ'} from rank 0",
+                f"{'differs' if len(differ) == 1 else 'differ'} from rank {base}",
         cause=f"the ranks updated the same parameters differently before step {first}",
         fix="make every rank apply the same update: the same optimiser and learning rate "
             "on every rank, and no rank skipping or adding a step",
@@ -121,3 +123,35 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
         headline=f"spread {max(trail):.3g} from step {first}",
         kind="divergent-parameters", first_step=first, where=(where,) if where else ())]
 
+
+
+Comparison = tuple[tuple[int, ...], "frozenset[int] | None"]  # members, steps judged (None: all)
+
+
+def _comparisons(record: RunRecord, every: list[list],
+                 position: dict[int, int]) -> tuple[list[Comparison], str]:
+    """Which ranks to compare at which steps, and why they must agree, in words."""
+    structure = [replicas_of(r.evidence) for r in record.ranks]
+    groups = {tuple(m for m in s.group if m in position) for s in structure}
+    groups = {g for g in groups if len(g) > 1}
+    if groups:
+        found: list[Comparison] = [(g, None) for g in sorted(groups)]
+        meets: dict[tuple[int, ...], set[int]] = {}
+        for s in structure:
+            for step, group in s.averaged:
+                members = tuple(m for m in group if m in position)
+                if len(members) > 1 and members not in groups:
+                    meets.setdefault(members, set()).add(step + 1)
+        found += [(g, frozenset(steps)) for g, steps in sorted(meets.items())]
+        named = next(s for s in structure if s.group)
+        where = f" at {named.where}" if named.where else ""
+        return found, (f"they replicate one model ({named.how} "
+                       f"{ranks_phrase(list(named.group))}{where})")
+    ranks = tuple(sorted(position))
+    if one_ddp(record):
+        return [(ranks, None)], "they replicate one DDP model"
+    first = next((steps[0].step for steps in every if synchronised(steps)), None)
+    if first is None:
+        return [], ""
+    return [(ranks, frozenset(steps[0].step for steps in every
+                              if steps[0].step >= first))], "their gradients are synchronised"

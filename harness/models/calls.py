@@ -19,6 +19,10 @@ RECEIVES = frozenset({"recv", "irecv"})
 BATCH = "batch_isend_irecv"  # several sends and receives, each to its own peer
 POINT_TO_POINT = SENDS | RECEIVES | {BATCH}
 ASYNC_POINT_TO_POINT = frozenset({"isend", "irecv", BATCH})  # return a work to wait on
+# collectives that combine the members' tensors: how gradients and averaged parameters are
+# synchronised, so the tracer notes which storage each one reduced (replica groups)
+REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                      "reduce_scatter_single"})
 
 Direction = Literal["send", "recv"]
 

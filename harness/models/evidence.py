@@ -73,6 +73,11 @@ class GradientEvidence:
     applied: Fingerprint | None
     params: Fingerprint | None = None  # the same positions of the parameters, before the step
     where: str = ""  # the script's line that called optimizer.step()
+    t: float | None = None  # when it was sampled, just before the step (monotonic clock)
+    # the storages of the gradients sampled (sampled steps) and of the parameters: what a
+    # reduction of them reduced, whatever view of it the script passed
+    grad_storages: tuple[int, ...] = ()
+    param_storages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,7 @@ class DDPForward:
     sync: bool
     gradient_bytes: int  # bytes of the gradients one sync moves
     where: str
+    t: float | None = None  # when it began (monotonic clock)
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,10 @@ class Call:
     error: str | None = None
     pg: str | None = None  # the group's name, unless the default group: same ranks, apart
     tag: int = 0  # a send's or receive's tag: a channel of its own, as gloo matches them
+    # a reduction's: the storages of its tensors (which gradient or parameter it reduced:
+    # replica groups by how the ranks communicate), and the optimiser steps done before it
+    storages: tuple[int, ...] = ()
+    step: int | None = None
 
     @property
     def user_line(self) -> str:

@@ -82,7 +82,7 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
         if e.get("ev") == Ev.PARAMS:
             found.append(GradientEvidence(e["step"], None, None,
                                           print_of(_rows(e["rows"], 1)[0], e["numel"]),
-                                          e.get("where", line)))
+                                          e.get("where", line), e.get("t")))
             continue
         if e.get("ev") != Ev.GRADS:
             continue
@@ -94,7 +94,8 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
             local, applied, params = e["local"], e["applied"], e.get("params")
         found.append(GradientEvidence(
             e["step"], print_of(local, e["numel"]), print_of(applied, e["numel"]),
-            None if params is None else print_of(params, e["numel"]), e.get("where", "")))
+            None if params is None else print_of(params, e["numel"]), e.get("where", ""),
+            e.get("t"), tuple(e.get("gst", ())), tuple(e.get("pst", ()))))
     return tuple(found)
 
 def _rows(text: str, count: int = 3) -> list[list[float]]:
@@ -127,7 +128,7 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
         trains=trains[e["loader"], e["epoch"]]) for e in drawn)
 
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
-    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""))
+    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""), e.get("t"))
                  for e in events if e.get("ev") == Ev.DDP_FORWARD)
 
 def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
@@ -188,5 +189,6 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
         shapes=tuple(tuple(s) for s in c["shapes"]), dtype=c["dtype"],
         reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
         entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
-        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"), tag=c.get("tag", 0))
+        completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"), tag=c.get("tag", 0),
+        storages=tuple(c.get("st", ())), step=c.get("s"))
         for c in calls.values())

@@ -26,6 +26,7 @@ main-thread time at every 16th, 4.1% at every 32nd).
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 
 from distdoctor.models.events import Ev
 from distdoctor.trace.steps import step_hooks
-from distdoctor.trace.tracer import user_line
+from distdoctor.trace.tracer import storages, user_line
 
 DENSE = 8  # the first optimiser steps, whose gradients are all sampled
 STRIDE = 32  # after them, every STRIDE-th step's (see the docstring for why)
@@ -146,9 +147,10 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
             if held:  # formatted by hand, and the step's line left to the last sampled one's
                 rows = np.concatenate([positions(p).of_param(p) for p in held]).astype("<f8")
                 tracer.put(f'{{"ev":"{Ev.PARAMS}","step":{steps},"rows":"{rows.tobytes().hex()}",'
-                           f'"numel":{sum(p.numel() for p in held)}}}')
+                           f'"numel":{sum(p.numel() for p in held)},"t":{time.monotonic()!r}}}')
             return
         mine, now, values, numel = [], [], [], 0
+        grads, kept = [], []
         for p in params:
             entry = local.pop(id(p), None)  # a parameter backward leaves alone next step
             grad = p.grad  # keeps no stale sample
@@ -159,12 +161,15 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
             now.append(applied(p, at, grad, entry[1], entry[2]))
             values.append(at.of_param(p))
             numel += p.numel()
+            grads.append(grad)
+            kept.append(p)
         if not mine:
             return  # the first step, before the hooks existed, or no gradients
         # as float64 bytes in hex: exact, and 30x cheaper to write than JSON's float reprs
         rows = np.concatenate(mine + now + values).astype("<f8")
         tracer.write(ev=Ev.GRADS, step=steps, rows=rows.tobytes().hex(), numel=numel,
-                     where=user_line())
+                     where=user_line(), t=time.monotonic(), gst=storages(grads),
+                     pst=storages(kept))
 
     hooks = step_hooks(tracer)
     hooks.sampled = sampled

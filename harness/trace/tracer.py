@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distdoctor.models.calls import ASYNC_POINT_TO_POINT, TRACED_OPS
+from distdoctor.models.calls import ASYNC_POINT_TO_POINT, REDUCING, TRACED_OPS
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
 
@@ -130,7 +130,7 @@ class Tracer:
                         if p.requires_grad)
                 tracer.write(ev=Ev.DDP_FORWARD, steps=tracer.optimizer_steps,
                              sync=bool(ddp.require_backward_grad_sync), bytes=size,
-                             where=user_line())
+                             where=user_line(), t=time.monotonic())
             except Exception as exc:  # evidence is best effort: never break the forward
                 incomplete("DDP's forwards", exc)
             tracer.forwarding = ddp  # the module's own hooks run inside: after DDP's sync
@@ -268,6 +268,9 @@ class Tracer:
             "where": user_line(), "rank": self.rank,
             "async_op": bool(bound.get("async_op")) or name in ASYNC_POINT_TO_POINT,
         }
+        if name in REDUCING:  # which storage it reduced, after how many optimiser steps
+            call["st"] = storages(tensors)
+            call["s"] = self.optimizer_steps
         if pg is not None:
             call["pg"] = pg  # another group of the same ranks counts its calls apart
         if tag:
@@ -374,6 +377,19 @@ def _tensors(bound: dict) -> list[torch.Tensor]:
             found.extend(v for v in value if isinstance(v, torch.Tensor))
             found.extend(t for v in value if isinstance(v, (list, tuple))
                          for t in v if isinstance(t, torch.Tensor))
+    return found
+
+
+def storages(tensors: list[torch.Tensor]) -> list[int]:
+    """Where each tensor's storage starts: a view of a gradient, or a bucket it is a view
+    of, shows the storage it shares. A tensor without one (a subclass, a meta tensor) is
+    left out."""
+    found = []
+    for t in tensors:
+        try:
+            found.append(t.untyped_storage().data_ptr())
+        except Exception:  # noqa: S112 (no storage to name: nothing is lost but a match)
+            continue
     return found
 
 
