@@ -21,6 +21,7 @@ class Ev:
     WAIT = "wait"
     DONE = "done"
     ERROR = "error"
+    FUTURE = "future"  # an asynchronous call's Work turned into a future: its holder waits
     # DDP: its parameters' names at construction, each forward's sync and bytes
     DDP = "ddp"
     DDP_FORWARD = "ddp_forward"

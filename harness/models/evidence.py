@@ -229,6 +229,7 @@ class Call:
     # replica groups by how the ranks communicate), and the optimiser steps done before it
     storages: tuple[int, ...] = ()
     step: int | None = None
+    future: bool = False  # its Work was turned into a future (a DDP comm hook's): waited there
 
     @property
     def user_line(self) -> str:

@@ -22,7 +22,7 @@ Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-r
 CauseKind = Literal["p2p-cycle", "collective-mismatch", "rank-exited-early", "rank-crashed",
                     "unused-parameters", "busy-rank", "hang-unknown", "tp-partial-sums",
                     "tp-replica-drift", "unsynced-microbatches", "rank-dependent-update",
-                    "divergent-parameters",
+                    "failed-sync", "divergent-parameters",
                     "divergent-buffers",
                     "gradient-not-averaged", "sync-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler"]

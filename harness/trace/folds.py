@@ -183,6 +183,8 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
                 call["completed"] = event["t"]
             elif kind == Ev.ERROR:
                 call["error"] = event.get("error")
+            elif kind == Ev.FUTURE:
+                call["future"] = True
     return tuple(Call(
         id=c["id"], rank=c.get("rank", -1), op=c["op"], seq=c["seq"], group=tuple(c["group"]),
         peer=c.get("peer"), peers=tuple((e[0], e[1]) for e in c.get("peers", [])),
@@ -190,5 +192,5 @@ def fold(events: Iterable[dict]) -> tuple[Call, ...]:
         reduce_op=c.get("reduce_op"), where=c.get("where", ""), async_op=c["async_op"],
         entered=c["entered"], waited=c.get("waited"), wait_where=c.get("wait_where", ""),
         completed=c.get("completed"), error=c.get("error"), pg=c.get("pg"), tag=c.get("tag", 0),
-        storages=tuple(c.get("st", ())), step=c.get("s"))
+        storages=tuple(c.get("st", ())), step=c.get("s"), future=c.get("future", False))
         for c in calls.values())

@@ -346,10 +346,13 @@ def _note_works(result: Any, tracer: Tracer, call_id: int) -> None:
 
 
 def _patch_work_wait() -> None:
-    """Record a wait on a traced call's Work where the user makes it, and its return. The
-    class's own method is called through: the object, its type and its result are torch's."""
+    """Record a wait on a traced call's Work where the user makes it, and its return, and a
+    Work turned into a future (whoever holds the future waits: DDP, for its comm hooks).
+    The class's own methods are called through: the object, its type and its results are
+    torch's."""
     work_type = getattr(c10d, "Work", None)
     original = getattr(work_type, "wait", None)
+    to_future = getattr(work_type, "get_future", None)
     if original is None or getattr(original, "_distdoctor", False):
         return
 
@@ -363,9 +366,19 @@ def _patch_work_wait() -> None:
         tracer.mark(Ev.DONE, call_id)
         return result
 
-    setattr(wait, "_distdoctor", True)  # noqa: B010 (patched once per process)
-    setattr(wait, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
-    setattr(work_type, "wait", wait)
+    def get_future(work: Any, *args: Any, **kwargs: Any) -> Any:
+        owner = _WORKS.get(work)
+        if owner is not None:
+            owner[0].mark(Ev.FUTURE, owner[1])
+        return to_future(work, *args, **kwargs)
+
+    for name, patched, theirs in (("wait", wait, original), ("get_future", get_future,
+                                                            to_future)):
+        if theirs is None:
+            continue
+        setattr(patched, "_distdoctor", True)  # noqa: B010 (patched once per process)
+        setattr(patched, "__wrapped__", theirs)  # noqa: B010 (as functools.wraps sets it)
+        setattr(work_type, name, patched)
 
 
 def _tensors(bound: dict) -> list[torch.Tensor]:

@@ -133,7 +133,7 @@ def incomplete(record: RunRecord) -> list[str]:
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
     "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
-    "rank-dependent-update", "divergent-parameters", "divergent-buffers",
+    "rank-dependent-update", "failed-sync", "divergent-parameters", "divergent-buffers",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
     "sync-every-microbatch", "straggler")
 
