@@ -21,7 +21,7 @@ for _ in range(4):
     layers["decoder"](torch.tanh(layers["encoder"](x))).pow(2).mean().backward()
     for name in order:  # each rank its own order
         for p in layers[name].parameters():
-            dist.all_reduce(p.grad)
+            dist.all_reduce(p.grad)  # BUG: in the order above
             p.grad /= dist.get_world_size()
     optimizer.step()
 print(f"rank {rank}: done")

@@ -20,7 +20,7 @@ for _ in range(6):
     works = []
     for p in model.parameters():
         p.grad /= dist.get_world_size()
-        works.append(dist.all_reduce(p.grad, async_op=True))  # never waited
+        works.append(dist.all_reduce(p.grad, async_op=True))  # BUG: never waited
     optimizer.step()
 total = sum(p.sum().item() for p in model.parameters())
 print(f"rank {rank}: parameter sum {total:.6f}")

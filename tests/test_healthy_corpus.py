@@ -53,6 +53,9 @@ CORPUS = [
     ("hand_averaged_clip.py", (), 3),  # lr_from_local_batch.py's hand-written sync, right
     ("independent_models_own_lr.py", (), 4),  # no replicas: each rank its own settings
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
+    # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
+    ("dp_tp_subgroups.py", (), 4),
+    ("replicate_groups.py", (), 4),
 ]
 
 

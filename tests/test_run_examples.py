@@ -227,6 +227,31 @@ def test_replicas_that_update_apart_are_given_the_update_and_its_line(
     assert f"look at: {line_of(example, marker)}" in done.stdout
 
 
+# replicas known from how they communicate: a sync that fails leaves them replicas, its
+# parting is reported, and the cause is named from the reductions themselves
+@pytest.mark.parametrize("example, culprits, measured, lines", [
+    # 4 parameters' gradients a step, 6 steps, none waited for on either rank
+    ("unwaited_async_allreduce.py", [0, 1],
+     {"unwaited": {"0": 24, "1": 24}, "first_step": 1}, ["# BUG", "    optimizer.step()"]),
+    # rank 0 reduces encoder.weight (parameter 0) first, rank 1 decoder.weight (2)
+    ("grads_paired_per_rank_order.py", [1],
+     {"step": 1, "seq": 0, "parameters": {"0": [0], "1": [2]}}, ["# BUG"]),
+])
+def test_a_failed_sync_is_named_from_the_reductions_with_its_line_and_remedy(
+        distdoctor, tmp_path, example, culprits, measured, lines):
+    done, report = run_example(distdoctor, tmp_path, example, 2)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert [c["kind"] for c in report["findings"]] == ["failed-sync", "divergent-parameters"]
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("failed-sync", culprits)
+    for key, value in measured.items():
+        assert cause["measured"][key] == value, key
+    assert cause["where"] == line_of(example, lines[0])
+    for marker in lines:
+        assert line_of(example, marker) in done.stdout
+    assert ("work.wait()" if "unwaited" in example else "one fixed order") in cause["fix"]
+
+
 def test_a_gradient_clipped_on_one_rank_is_measured_as_the_factor_it_applied(distdoctor,
                                                                             tmp_path):
     """clip_on_rank0.py: rank 0 applies the averaged gradient times max_norm / its norm,
