@@ -12,7 +12,7 @@ that hung are left to the hang check, which names the same parting first.
 from __future__ import annotations
 
 from distdoctor.models import Call, Finding, RunRecord
-from distdoctor.models.calls import RECEIVES, SENDS, ranks_phrase, relative_line
+from distdoctor.models.calls import NEW_GROUP, RECEIVES, SENDS, ranks_phrase, relative_line
 from distdoctor.models.sequences import Parting, first_parting, lines_run, recorded_parting
 from distdoctor.models.waitfor import STOPPED
 
@@ -46,6 +46,9 @@ def parted(parting: Parting, world: int, check: str) -> Finding:
     culprits = ranks_phrase(parting.culprits)
     line = parting.lines[0] if parting.lines else "the line it names"
     op = parting.sides[0].made.key[0]
+    creation = any(s.made.key[0] == NEW_GROUP for s in parting.sides)
+    if creation:  # a group's members are what its "shape" says
+        differs = ["members" if name == "shape" else name for name in differs]
     if parting.blame == "even":
         cause = ("the ranks made different collectives (or different shapes, dtypes or "
                  "reduce ops) at the same point of their sequence, and no side stands out")
@@ -61,6 +64,14 @@ def parted(parting: Parting, world: int, check: str) -> Finding:
                f"make {culprits} make the call the others make at {parting.lines[-1]} "
                f"(the same shapes, dtypes and reduce op), or every rank make the one at "
                f"{line}")
+    if creation:
+        cause = (f"{culprits} made a process group the rest of the default group did not "
+                 f"make there: torch's new_group (new_subgroups, init_device_mesh) is a "
+                 f"collective of every rank of the default group, members or not, in one "
+                 f"order; a later group's creation, or its first collective, waits forever")
+        fix = (f"call new_group at {line} on every rank, members or not, in the same order "
+               f"(create every group up front, then branch on membership), or pass "
+               f"use_local_synchronization=True there so that only its members make it")
     if parting.began is not None:
         number, theirs, _ = parting.began
         cause = (f"{culprits} made a collective the others did not make there ({theirs}); "

@@ -88,6 +88,10 @@ def check(record: RunRecord) -> list[Finding]:
             "first, odd ranks receive first), or use isend/irecv and wait on both",
             cycle, {**measured, "cycle": cycle})]
 
+    if cycle and all(c is not None for c in in_cycle) and \
+            len({(c.group, c.pg) for c in in_cycle if c is not None}) > 1:
+        return [_group_cycle(cycle, [c for c in in_cycle if c is not None], listing,
+                             measured)]
     missing = _missing(blocked, record)
     if missing:
         return [missing]
@@ -240,6 +244,27 @@ def _from_stack(rank: RankRecord) -> str:
     if rank.end.error and not rank.end.stacks:  # what its own evidence says (a dump's)
         return rank.end.error
     return "in no traced call, and no stack of the user's code"
+
+
+def _group_cycle(cycle: list[int], calls: list[Call], listing: str,
+                 measured: dict) -> Finding:
+    """Ranks that each wait for the next in a call on another group (or channel): every
+    group has its own connections, so each call waits for a rank that is itself waiting
+    elsewhere. Every rank and every call of the cycle is at fault: their order."""
+    ring = " -> ".join(map(str, cycle + [cycle[0]]))
+    said = "; ".join(f"rank {r} in {c.describe(relative=True)} (a group of "
+                     f"{ranks_phrase(c.group)}), waiting for rank {cycle[(i + 1) % len(cycle)]}"
+                     for i, (r, c) in enumerate(zip(cycle, calls)))
+    lines = tuple(dict.fromkeys(relative_line(c.where) for c in calls))
+    return _uncatalogued(
+        "group-cycle", "group-cycle", f"wait cycle {ring} across groups",
+        f"ranks {ring} each wait for the next in a call on another process group: {said}. "
+        f"Every blocked rank: {listing}",
+        "the ranks use their process groups in different orders: each group has its own "
+        "connections, so each rank waits in one group for a rank that waits in another",
+        f"make every rank use the groups in one order ({' and '.join(lines)}): the same "
+        f"calls on the same groups in the same sequence, whatever the rank",
+        sorted(cycle), {**measured, "cycle": cycle}, where=lines)
 
 
 def _uncatalogued(fault: str, kind: CauseKind, headline: str, symptom: str, cause: str, fix: str,

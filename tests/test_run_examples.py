@@ -69,6 +69,7 @@ def test_a_rank_the_backend_aborted_is_explained_after_the_report(distdoctor, tm
 # Every hang among these is proven from the calls (or ends in an error): the deadline is
 # only a bound, never what ends them.
 LINE_FIRST = {"eval_on_rank0_through_ddp.py": "# BUG", "fsdp_checkpoint_on_rank0.py": "# BUG",
+              "group_on_subset.py": "# BUG", "groups_in_opposite_orders.py": "the loss first",
               "fsdp_gather_on_rank0_aborts.py": "# BUG",
               "rank_zero_metric.py": "# BUG"}
 DEADLINE = 60.0
@@ -106,6 +107,14 @@ DEADLINE = 60.0
     # the history of the group's calls names rank 0 (its next call is the others' #2)
     ("rank_zero_metric.py", 2, "collective-mismatch", [0], {0: "# LOOP", 1: "# LOOP"}),
     ("rank_zero_metric.py", 4, "collective-mismatch", [0], {r: "# LOOP" for r in range(4)}),
+    # group creation is in the default group's sequence: ranks 0, 1's extra new_group is
+    # proven at its line (they then block in the next creation; ranks 2, 3 in it or past
+    # it, as the store's timing has it)
+    ("group_on_subset.py", 4, "collective-mismatch", [0, 1],
+     {0: "everyone = ", 1: "everyone = "}),
+    # a cycle of waits over two groups of the same ranks: both ranks, both calls
+    ("groups_in_opposite_orders.py", 2, "group-cycle", [0, 1],
+     {0: "the loss first", 1: "the metrics first"}),
 ])
 def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path, example, ranks,
                                                           kind, culprits, where):

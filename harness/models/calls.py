@@ -41,7 +41,11 @@ TRACED_OPS: dict[str, tuple[str | None, str | None]] = {
     "all_to_all": (None, None), "all_to_all_single": (None, None),
     "gather": ("dst", None), "scatter": ("src", None), "barrier": (None, None),
     "monitored_barrier": (None, None),
+    # making a group: every rank of the default group makes it, members or not, in one order
+    # (unless use_local_synchronization=True), so it is in the default group's sequence
+    "new_group": (None, None),
 }
+NEW_GROUP = "new_group"
 
 
 

@@ -31,13 +31,13 @@ from distdoctor.userjob.report import (
 
 Status = Literal["passed", "failed", "skipped", "xfailed"]
 # the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
-_EXPLAINING = ("p2p-cycle", "collective-mismatch", "unused-parameters")
+_EXPLAINING = ("p2p-cycle", "group-cycle", "collective-mismatch", "unused-parameters")
 
 
 class RankFailure(AssertionError):
     """A job did not succeed on every rank. ``kind``: "failed" (a rank's code raised),
     "died" (a rank's process ended without a result), or the hang analysis's cause
-    ("p2p-cycle", "collective-mismatch", "rank-exited-early", "unused-parameters",
+    ("p2p-cycle", "group-cycle", "collective-mismatch", "rank-exited-early", "unused-parameters",
     "busy-rank", "hang-unknown"); ``ranks``: the ranks it names; ``text``: the whole report."""
 
     def __init__(self, kind: str, ranks: tuple[int, ...], text: str):

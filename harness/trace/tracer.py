@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distdoctor.models.calls import ASYNC_POINT_TO_POINT, REDUCING, TRACED_OPS
+from distdoctor.models.calls import ASYNC_POINT_TO_POINT, NEW_GROUP, REDUCING, TRACED_OPS
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
 
@@ -69,6 +69,10 @@ class Tracer:
             wrapped = self._wrap(name, original)
             setattr(c10d, name, wrapped)
             setattr(dist, name, wrapped)
+        # DeviceMesh took new_group by name when it was imported: its groups are made there
+        mesh = sys.modules.get("torch.distributed.device_mesh")
+        if mesh is not None and getattr(mesh, NEW_GROUP, None) is self._originals.get(NEW_GROUP):
+            setattr(mesh, NEW_GROUP, getattr(c10d, NEW_GROUP))
         return self
 
     def reset(self) -> None:
@@ -203,6 +207,8 @@ class Tracer:
             try:
                 bound = dict(zip(positional, args))
                 bound.update(kwargs)
+                if name == NEW_GROUP and bound.get("use_local_synchronization"):
+                    return original(*args, **kwargs)  # its members alone: no one's sequence
                 call = self._describe(name, bound, peer_arg, direction)
                 self._put(_enter_line(call))
             except Exception as exc:  # arguments we cannot read: torch judges them, not us
@@ -268,6 +274,10 @@ class Tracer:
             "where": user_line(), "rank": self.rank,
             "async_op": bool(bound.get("async_op")) or name in ASYNC_POINT_TO_POINT,
         }
+        if name == NEW_GROUP:  # the members it makes a group of, in the default group's order
+            members = bound.get("ranks")
+            call["shapes"] = [sorted(int(r) for r in members) if members is not None
+                              else list(group)]
         if name in REDUCING:  # which storage it reduced, after how many optimiser steps
             call["st"] = storages(tensors)
             call["s"] = self.optimizer_steps

@@ -148,7 +148,7 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
-    "unused-parameters", "collective-mismatch", "p2p-cycle", "rank-exited-early",
+    "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "rank-exited-early",
     "busy-rank")
 
 
