@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
+from distdoctor.models.forwards import forwards_without_backward
 
 NAME = "sync_frequency"
 
@@ -46,7 +47,15 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
     excess, where = [], ""
     for rank in record.ranks:
         per_step: dict[tuple[int, str], list] = {}
+        skipped = forwards_without_backward(rank.evidence) or []
+        # steps the rank completed: accumulation is forwards before an optimiser step (a
+        # loop that never steps one, or a step cut short by an error, accumulates nothing)
+        stepped = {f.steps_before - 1 for f in rank.evidence.ddp_forwards} | \
+            {p.step for p in rank.evidence.phases if p.kind == "optimizer"} | \
+            {g.step - 1 for g in rank.evidence.gradients}
         for forward in rank.evidence.ddp_forwards:
+            if forward in skipped or forward.steps_before not in stepped:
+                continue  # a skipped step's forward (partial_step), or no step followed
             per_step.setdefault((forward.steps_before, forward.where), []).append(forward)
         for (step, _), forwards in per_step.items():
             syncs = sum(f.sync for f in forwards)

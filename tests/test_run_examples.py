@@ -70,6 +70,8 @@ def test_a_rank_the_backend_aborted_is_explained_after_the_report(distdoctor, tm
 # only a bound, never what ends them.
 LINE_FIRST = {"eval_on_rank0_through_ddp.py": "# BUG", "fsdp_checkpoint_on_rank0.py": "# BUG",
               "group_on_subset.py": "# BUG", "groups_in_opposite_orders.py": "the loss first",
+              "skip_step_on_nonfinite_loss.py": "# BUG",
+              "model_width_differs.py": "DistributedDataParallel(torch",
               "fsdp_gather_on_rank0_aborts.py": "# BUG",
               "rank_zero_metric.py": "# BUG"}
 DEADLINE = 60.0
@@ -115,6 +117,11 @@ DEADLINE = 60.0
     # a cycle of waits over two groups of the same ranks: both ranks, both calls
     ("groups_in_opposite_orders.py", 2, "group-cycle", [0, 1],
      {0: "the loss first", 1: "the metrics first"}),
+
+    # rank 1 alone skips a step's backward on a NaN loss: the guard's line first
+    ("skip_step_on_nonfinite_loss.py", 2, "partial-step", [1], {}),
+    # DDP refuses a model whose shapes differ by rank: the DDP(...) line
+    ("model_width_differs.py", 2, "rank-crashed", [1], {}),
 ])
 def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path, example, ranks,
                                                           kind, culprits, where):
@@ -134,6 +141,8 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
             done.stdout + done.stderr[-4000:]
     # the report follows whatever the script printed itself
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
+    # a forward whose backward was skipped is no micro-batch of an accumulation
+    assert "sync-every-microbatch" not in done.stdout
 
 
 @pytest.mark.parametrize("example, ranks, kind, culprits, marker, measured", [
@@ -685,3 +694,22 @@ def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
     cause = json.loads((tmp_path / "r.json").read_text())["cause"]
     assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == (kind, culprits), \
         done.stdout
+
+
+# Every example's report says the same lines in both forms: the text's "look at" is the
+# JSON cause's where and also_at, crashes included (once, a crash's JSON had "where": null
+# while its text named the line). Placed last: most examples' runs are cached by then.
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py")
+                 if p.name != "test_with_distdoctor.py" and not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("example", SCRIPTS)
+def test_the_json_report_carries_every_line_the_text_names(distdoctor, tmp_path, example):
+    cached = [key for key in _RUNS if key[0] == example]
+    done, report = run_example(distdoctor, tmp_path, *(cached[0] if cached else
+                                                       (example, 2, DEADLINE)))
+    said = next((line.split("look at: ", 1)[1].split(", ") for line in
+                 done.stdout.splitlines() if line.startswith("  look at: ")), [])
+    cause = report["cause"]
+    carried = [cause["where"], *cause["also_at"]] if cause and cause["where"] else []
+    assert carried == said, done.stdout

@@ -25,7 +25,7 @@ had ``cause`` alone, without ``where``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -110,13 +110,20 @@ def report(record: RunRecord, findings: tuple[Finding, ...], script: str,
            all_frames: bool = False) -> ScriptReport:
     """``all_frames``: each stopped rank's every frame and thread, not only the user's."""
     ended = classify(record, findings)
-    causes = ([ended] if ended else []) + silent_causes(findings)
+    causes = ([ended] if ended else []) + [c for c in silent_causes(findings)
+                                           if ended is None or c.kind != ended.kind]
     ranks = [_rank(r, ended is not None, all_frames) for r in record.ranks]
     undecided = [f"{f.kind} ({ranks_phrase(f.ranks)}): {f.symptom}" for f in findings
                  if f.inconclusive and f.kind]
-    return ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
-                        ranks, script, record.wall_s, causes, incomplete=incomplete(record),
-                        undecided=undecided)
+    built = ScriptReport("ok" if not causes else "failed", causes[0] if causes else None,
+                         ranks, script, record.wall_s, causes, incomplete=incomplete(record),
+                         undecided=undecided)
+    if built.cause is None:
+        return built
+    # every line the text's "look at" names, carried by the cause itself: the JSON too
+    places = look_at(built)
+    cause = replace(built.cause, where=places[0] if places else None, also_at=places[1:])
+    return replace(built, cause=cause, findings=[cause, *causes[1:]])
 
 
 def incomplete(record: RunRecord) -> list[str]:
@@ -132,7 +139,7 @@ def incomplete(record: RunRecord) -> list[str]:
 
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
-    "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
+    "partial-step", "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
     "rank-dependent-update", "failed-sync", "divergent-parameters", "divergent-buffers",
     "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
     "sync-every-microbatch", "straggler")
@@ -148,7 +155,8 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
-    "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "rank-exited-early",
+    "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "partial-step",
+    "rank-exited-early",
     "busy-rank")
 
 
@@ -203,10 +211,20 @@ def _cause(kind: CauseKind, found: Finding) -> Cause:
                  found.where[0] if found.where else None, also_at=list(found.where[1:]))
 
 
+def _calls_made(rank: RankRecord) -> str:
+    """How many calls a rank made, as far as the trace can count them: its own calls, and
+    DDP's (from C++, untraced) as the forwards that make them."""
+    said = f"{len(rank.evidence.calls)} traced calls"
+    forwards = len(rank.evidence.ddp_forwards)
+    if forwards:
+        said += f" and {forwards} DDP training forwards (DDP's own collectives, not traced)"
+    return said
+
+
 def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     """Peers failed only because ranks left: name who left, after how many calls, and
     where the others were waiting for them."""
-    left = "; ".join(grouped({r.rank: f"ended after {len(r.evidence.calls)} calls" + (
+    left = "; ".join(grouped({r.rank: f"ended after {_calls_made(r)}" + (
         f" (last: {r.evidence.calls[-1].describe(relative=True)})" if r.evidence.calls else "")
         for r in early}, " "))
     waiting = "; ".join(grouped({r.rank: r.evidence.calls[-1].describe(relative=True)
