@@ -26,12 +26,12 @@ def check(record: RunRecord) -> list[Finding]:
     if any(found is None for found in skipped.values()):
         return []  # a rank's backwards are not known: nothing to compare
     at = {rank: {f.steps_before for f in found or ()} for rank, found in skipped.items()}
-    culprits = sorted(r for r in at if at[r] - set.intersection(*at.values()))
+    common: set[int] = set.intersection(*at.values()) if at else set()
+    culprits = sorted(r for r in at if at[r] - common)
     if not culprits:
         return []  # no rank skipped, or every rank skipped alike
     rank = culprits[0]
-    forward = next(f for f in skipped[rank] or () if f.steps_before not in
-                   set.intersection(*at.values()))
+    forward = next(f for f in skipped[rank] or () if f.steps_before not in common)
     backward = next((p.where for r in ddp for p in r.evidence.phases
                      if p.kind == "backward" and p.where), "")
     branch = _branch(forward.where, backward)

@@ -21,7 +21,8 @@ def forwards_without_backward(evidence: Evidence) -> list[DDPForward] | None:
     recorded no backward spans (traced light, or before phases were kept), so nothing can
     be said. A rank's last forward is not judged: what follows it is not recorded."""
     backwards = sorted(p.start for p in evidence.phases if p.kind == "backward")
-    timed = sorted((f for f in evidence.ddp_forwards if f.t is not None), key=lambda f: f.t)
+    timed = sorted((f for f in evidence.ddp_forwards if f.t is not None),
+                   key=lambda f: f.t or 0.0)
     if not backwards or not timed:
         return None
     alone, followed = [], set()

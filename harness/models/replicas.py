@@ -48,7 +48,8 @@ def replicas_of(evidence: Evidence) -> Replicas:
     per_parameter: list[frozenset[int]] = []
     how, where = "", ""
     for sample in sampled:
-        made = [c for c in reductions if c.step == sample.step - 1 and c.entered <= sample.t]
+        at = sample.t if sample.t is not None else float("inf")
+        made = [c for c in reductions if c.step == sample.step - 1 and c.entered <= at]
         by_storage: dict[int, set[int]] = {}
         for call in made:
             for storage in set(call.storages) & set(sample.grad_storages):
