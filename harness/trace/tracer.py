@@ -380,7 +380,8 @@ def _patch_work_wait() -> None:
         owner = _WORKS.get(work)
         if owner is not None:
             owner[0].mark(Ev.FUTURE, owner[1])
-        return to_future(work, *args, **kwargs)  # type: ignore[misc] (None: never patched)
+        assert to_future is not None  # patched only where the class has it
+        return to_future(work, *args, **kwargs)
 
     for name, patched, theirs in (("wait", wait, original), ("get_future", get_future,
                                                             to_future)):
