@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 import math
 import pkgutil
+from dataclasses import replace
 from types import ModuleType
 from typing import Literal
 
 from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
 from distdoctor.models.distance import spread
+from distdoctor.models.replicas import replicas_of
 
 
 def detectors() -> list[ModuleType]:
@@ -57,6 +59,21 @@ def one_ddp(record: RunRecord) -> bool:
     replicas, by how the model is wrapped, whatever they did since."""
     groups = {tuple(r.evidence.ddp_group) for r in record.ranks}
     return len(groups) == 1 and set(next(iter(groups))) == {r.rank for r in record.ranks}
+
+
+def replica_parts(record: RunRecord) -> list[RunRecord]:
+    """The record split by replica group (models/replicas.py: the ranks each rank's
+    gradients are reduced with) where the ranks' communication names groups smaller than
+    the job, each part holding one group's ranks alone, so that a check of replicas
+    compares them within their group and never across shards; else the record whole."""
+    present = {r.rank for r in record.ranks}
+    groups = {tuple(m for m in replicas_of(r.evidence).group if m in present)
+              for r in record.ranks}
+    groups = {g for g in groups if len(g) > 1}
+    if not groups or groups == {tuple(sorted(present))}:
+        return [record]
+    return [replace(record, ranks=tuple(r for r in record.ranks if r.rank in group))
+            for group in sorted(groups)]
 
 
 def lines(where: str | None | tuple[str, ...]) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ buffers, which ranks, and the spread.
 
 from __future__ import annotations
 
-from distdoctor.checks import one_ddp
+from distdoctor.checks import one_ddp, replica_parts
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 
@@ -20,6 +20,11 @@ TOLERANCE = 1e-6  # relative to the values' size
 
 
 def check(record: RunRecord) -> list[Finding]:
+    """Within each replica group (a DDP per replicate group: HSDP's shape)."""
+    return [f for part in replica_parts(record) for f in _check(part)][:1]
+
+
+def _check(record: RunRecord) -> list[Finding]:
     if len(record.ranks) < 2 or not one_ddp(record):
         return []
     by_step = [{b.step: b for b in r.evidence.buffers} for r in record.ranks]

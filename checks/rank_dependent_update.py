@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from distdoctor.checks import factor, gradient_steps_on_every_rank, one_ddp, synchronised
+from distdoctor.checks import (
+    factor,
+    gradient_steps_on_every_rank,
+    one_ddp,
+    replica_parts,
+    synchronised,
+)
 from distdoctor.models import Finding, OptimizerEvidence, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 
@@ -29,6 +35,12 @@ NAMES = {"lr": "learning rate", "weight_decay": "weight decay", "momentum": "mom
 
 
 def check(record: RunRecord) -> list[Finding]:
+    """Within each replica group: ranks of different groups may update apart."""
+    found = [f for part in replica_parts(record) for f in _check(part)]
+    return [min(found, key=lambda f: f.first_step or 0)] if found else []
+
+
+def _check(record: RunRecord) -> list[Finding]:
     if len(record.ranks) < 2:
         return []
     every = gradient_steps_on_every_rank(record)

@@ -11,6 +11,7 @@ alarm found."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -164,6 +165,23 @@ def test_a_non_zero_exit_is_a_crash_with_what_it_said(distdoctor, monkeypatch, t
     assert done.returncode == 1
     assert "distdoctor run: FAILED: rank-crashed (rank 1)" in done.stdout
     assert said in done.stdout
+
+
+def test_a_clip_on_one_rank_of_a_replicate_group_is_named_within_its_group(
+        distdoctor, monkeypatch, tmp_path):
+    """replicate_groups.py with rank 2 alone clipping: the replicas {0, 2} of one DDP are
+    judged together (the other group holds another model, and is never compared)."""
+    script = (HEALTHY / "replicate_groups.py").read_text().replace(
+        "    optimizer.step()\n", "    if rank == 2:\n        torch.nn.utils.clip_grad_norm_("
+        "model.parameters(), max_norm=0.01)  # BUG\n    optimizer.step()\n")
+    _write(tmp_path, "clip_in_group.py", script)
+    monkeypatch.chdir(tmp_path)
+    done = distdoctor("run", "--nproc-per-node", "4", "--report", "r.json", "clip_in_group.py")
+    assert done.returncode == 1, done.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [(c["kind"], c["ranks"]) for c in report["findings"]] == [
+        ("rank-dependent-update", [2]), ("divergent-parameters", [2])]
+    assert "DistributedDataParallel over ranks 0, 2" in done.stdout
 
 
 def _write(folder: Path, name: str, text: str) -> None:
