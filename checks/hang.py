@@ -170,7 +170,7 @@ def _busy(absent: list[int], blocked: dict[int, Call | None], record: RunRecord
         frame = user_frame(end.stacks)
         if end.status not in STOPPED or end.collective or blocked.get(rank) or frame is None:
             return {}
-        found[rank] = f"{frame.function} at {relative_line(frame.file)}:{frame.line}"
+        found[rank] = f"{frame.function} at {relative_line(frame.place)}"
     return found
 
 
@@ -235,7 +235,7 @@ def _from_stack(rank: RankRecord) -> str:
     """Where a rank in no traced call was: the innermost frame of the user's own code, and
     the collective it was in if torch made it itself (DDP's, from C++)."""
     frame = user_frame(rank.end.stacks)
-    place = f"{frame.function} at {relative_line(frame.file)}:{frame.line}" if frame else ""
+    place = f"{frame.function} at {relative_line(frame.place)}" if frame else ""
     if rank.end.collective:
         return rank.end.collective + (
             f", {started_by(replace(frame, file=relative_line(frame.file)))}" if frame else "")

@@ -97,6 +97,27 @@ def tree_broadcast_spins_off_root0(t, x, src):  # SPIN-START
     return x  # SPIN-END
 
 
+def tree_broadcast_bigint_spin(t, x, src):  # BIGINT-START
+    """Seed lesson 76's shape: ranks learn the value as a tree spreads it from rank 0, and
+    the loop waits until every rank is known to hold it; from another source nobody ever
+    sends, and each rank spins on a growing big-int shift (a bitmask of who holds it)."""
+    n, r = t.world_size, t.rank
+    has_value = {0}
+    seen = 1
+    while len(has_value) < n:
+        seen = seen << 1  # grows without end: each shift longer than the last
+        if src == 0:
+            for holder in sorted(has_value):
+                peer = holder + len(has_value)
+                if peer < n:
+                    if r == holder:
+                        t.send(x, peer)
+                    elif r == peer:
+                        x = t.recv(holder)
+            has_value |= {h + len(has_value) for h in has_value if h + len(has_value) < n}
+    return x  # BIGINT-END
+
+
 def allgather(t, x):
     n, r = t.world_size, t.rank
     blocks = [None] * n

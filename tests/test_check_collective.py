@@ -110,6 +110,23 @@ def test_a_rank_that_spins_is_stopped_at_the_deadline_and_located(capsys):
     assert len(stopped) == 2 and all(1.0 <= s <= 1.0 + 1.0 for s in stopped), stopped
 
 
+@pytest.mark.timeout(120)
+def test_a_pure_python_spin_is_located_on_every_rank_at_a_line_of_its_loop(capsys):
+    """A broadcast that spins on a growing big-int shift when the source is not 0, at 4
+    ranks: every rank is located at a real line of its loop (never line 0, where an
+    instruction without a line once put them)."""
+    code, printed = check(capsys, "tree_broadcast_bigint_spin", "broadcast",
+                          "--deadline", "1", "--world-sizes", "4")
+    assert code == 1 and ": hang" in printed, printed
+    first, last = _line("BIGINT-START"), _line("BIGINT-END")
+    places = re.findall(r"never entered one: running tree_broadcast_bigint_spin at "
+                        r"(\S+):(\d+)", printed)
+    assert len(places) == 4, printed  # every rank of the shrunk example
+    assert all(path == collective_impls.__file__ and first < int(line) < last
+               for path, line in places), places
+    assert ":0 " not in printed and ":0\n" not in printed and "line ???" not in printed
+
+
 def test_a_send_first_ring_passes_a_buffered_wire_and_deadlocks_a_rendezvous(capsys):
     """Every rank sends before it receives: a queue that buffers lets it through; a wire
     where a send waits for its receive (gloo, NCCL with large messages, MPI_Ssend) shows

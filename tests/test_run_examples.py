@@ -8,6 +8,7 @@ are the slow end of the suite (a few seconds each).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -713,3 +714,5 @@ def test_the_json_report_carries_every_line_the_text_names(distdoctor, tmp_path,
     cause = report["cause"]
     carried = [cause["where"], *cause["also_at"]] if cause and cause["where"] else []
     assert carried == said, done.stdout
+    # and no line is ever 0 or faulthandler's unknown (issue: a spinning rank at "line 0")
+    assert not re.search(r"\.py:0\b", done.stdout) and "line ???" not in done.stdout

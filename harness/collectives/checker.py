@@ -188,7 +188,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
             _, what, peer = reported[-1]
             frame = user_frame(end.stacks)
             waits[end.rank] = ("in send to" if what == "send" else "in recv from", peer,
-                               f"{frame.file}:{frame.line}" if frame else "?")
+                               frame.place if frame else "?")
     return waits
 
 
@@ -222,7 +222,7 @@ def rank_text(end, events) -> str:
     if (end.error or "").startswith(PROVEN):  # the watch's proof names every call in it
         return f"rank {end.rank}: stopped {end.at or 0:.2f} s after the start, {end.error}"
     frame = user_frame(end.stacks)
-    place = f"{frame.function} at {frame.file}:{frame.line}" if frame else "no stack"
+    place = f"{frame.function} at {frame.place}" if frame else "no stack"
     in_transport = any(f.file.endswith(TRANSPORT_FILES) for s in end.stacks if s.main
                        for f in s.frames)
     called = any(isinstance(e, tuple) and e[:1] == (Emit.TRANSPORT_CALL,) for e in events)

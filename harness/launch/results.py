@@ -62,7 +62,7 @@ class JobResult:
             where = ""
             if end.stacks and end.stacks[0].frames:
                 frame = end.stacks[0].frames[-1]
-                where = f" in {frame.function} at {frame.file}:{frame.line}"
+                where = f" in {frame.function} at {frame.place}"
             lines.append(f"rank {end.rank} {end.status}{where}"
                          + (f": {end.headline}" if end.error else ""))
         return "\n".join(lines)

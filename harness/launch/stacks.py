@@ -10,6 +10,7 @@ without the GIL, into a pipe the parent reads.
 from __future__ import annotations
 
 import faulthandler
+import linecache
 import os
 import re
 import runpy
@@ -20,9 +21,11 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
+from types import FrameType
 from typing import Any, cast
 
 from distdoctor.models import Frame, ThreadStack
+from distdoctor.trace.lines import frame_line
 
 _RESPONDER_NAME = "distdoctor-stacks"
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +36,9 @@ CARRIERS = frozenset({os.path.join(_HARNESS, "launch", "rank.py"),
                       runpy.__file__, "<frozen runpy>"})
 # the wrapper between user code and torch
 TRACER_FILE = os.path.join(_HARNESS, "trace", "tracer.py")
-_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+# faulthandler writes "line ???" where the frame's instruction carries no line
+_FAULTHANDLER_FRAME = re.compile(
+    r'File "(?P<file>[^"]*)", line (?P<line>\d+|\?\?\?) in (?P<func>\S+)')
 
 
 def capture_stacks() -> tuple[ThreadStack, ...]:
@@ -45,13 +50,19 @@ def capture_stacks() -> tuple[ThreadStack, ...]:
     for ident, top in sys._current_frames().items():
         if ident == me:
             continue
-        frames = _below_rank_loop(tuple(
-            Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
-            for f in traceback.extract_stack(top)
-        ))
+        frames = _below_rank_loop(tuple(_frame(f) for f, _ in reversed(list(
+            traceback.walk_stack(top)))))
         stacks.append(ThreadStack(names.get(ident, f"0x{ident:x}"), ident == main_ident, frames))
     stacks.sort(key=lambda s: not s.main)
     return tuple(stacks)
+
+
+def _frame(frame: FrameType) -> Frame:
+    """A live frame as a Frame, its line resolved from its code object where Python has
+    none (0 only where the code object has none either: said as "line unknown")."""
+    line = frame_line(frame)
+    code = linecache.getline(frame.f_code.co_filename, line).strip() if line else ""
+    return Frame(frame.f_code.co_filename, line or 0, frame.f_code.co_name, code)
 
 
 def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
@@ -174,7 +185,7 @@ def parse_faulthandler(text: str, names: dict[str, str] | None = None
         if not lines or "0x" not in lines[0]:
             continue
         frames = tuple(reversed([
-            Frame(m["file"], int(m["line"]), m["func"])
+            Frame(m["file"], int(m["line"]) if m["line"].isdigit() else 0, m["func"])
             for m in map(_FAULTHANDLER_FRAME.search, lines[1:])
             if m
         ]))

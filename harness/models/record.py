@@ -23,8 +23,14 @@ class Frame:
     code: str = ""
 
     def __str__(self) -> str:
-        text = f'  File "{self.file}", line {self.line}, in {self.function}'
+        text = f'  File "{self.file}", line {self.line or "unknown"}, in {self.function}'
         return f"{text}\n    {self.code}" if self.code else text
+
+    @property
+    def place(self) -> str:
+        """'file:line', or 'file (line unknown)' where no line could be resolved (a line 0
+        is never written: launch/stacks.py and trace/lines.py resolve what they can)."""
+        return f"{self.file}:{self.line}" if self.line else f"{self.file} (line unknown)"
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ def started_by(frame: Frame) -> str:
     train.py:31", or "from train at train.py:31" when the line's text is not known."""
     code = frame.code.split("  #")[0].split(" # ")[0].strip()  # not its comment
     if code:
-        return f"started by {code} at {frame.file}:{frame.line}"
-    return f"from {frame.function} at {frame.file}:{frame.line}"
+        return f"started by {code} at {frame.place}"
+    return f"from {frame.function} at {frame.place}"
 
 
 def _made_by(stacks: tuple[ThreadStack, ...], op: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from distdoctor.models.events import Ev
 from distdoctor.models.record import Frame, is_user_frame
+from distdoctor.trace.lines import frame_line, where
 from distdoctor.trace.tracer import incomplete, user_line
 
 SAMPLE_S = 0.02  # the sampler's period: 50 looks a second, each a few microseconds
@@ -212,10 +213,12 @@ def _user_line(state: _State, frame: Any) -> tuple[str, str, str] | None:
     outer = found
     while outer is not None and state.loop:
         if outer.f_code is state.loop:
-            via = f"{outer.f_code.co_filename}:{outer.f_lineno}" if outer is not found else ""
+            via = where(outer.f_code.co_filename, frame_line(outer), outer.f_code.co_name) \
+                if outer is not found else ""
             break
         outer = outer.f_back
-    return f"{found.f_code.co_filename}:{found.f_lineno}", found.f_code.co_name, via
+    return (where(found.f_code.co_filename, frame_line(found), found.f_code.co_name),
+            found.f_code.co_name, via)
 
 
 def _user_frame(state: _State, frame: Any, through: bool = False) -> tuple[Any, bool]:

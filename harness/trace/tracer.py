@@ -29,6 +29,7 @@ import torch.distributed.distributed_c10d as c10d
 from distdoctor.models.calls import ASYNC_POINT_TO_POINT, NEW_GROUP, REDUCING, TRACED_OPS
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
+from distdoctor.trace.lines import frame_line, where
 
 # frames that are never the user's line: torch, this package's hooks, the standard library
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
@@ -483,7 +484,7 @@ def user_line(skip: tuple[str, ...] = ()) -> str:
         filename = frame.f_code.co_filename
         if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<") \
                 and not filename.endswith(skip):
-            return f"{filename}:{frame.f_lineno}"
+            return where(filename, frame_line(frame), frame.f_code.co_name)
         frame = frame.f_back
     return ""
 

@@ -382,7 +382,7 @@ def _waiting_in(snapshot: pyspy.Snapshot) -> tuple[str, int | None, str, bool] |
     index = snapshot.threads.index(main)
     frame_locals = snapshot.locals[index] if index < len(snapshot.locals) else ()
     own = [f for f in main.frames if is_user_frame(f)]
-    where = f"{own[-1].file}:{own[-1].line}" if own else ""
+    where = own[-1].place if own else ""
     for position, frame in enumerate(main.frames):  # outermost first: the user's call
         if frame.file.endswith(_C10D) and frame.function in TRACED_OPS:
             names = frame_locals[position] if position < len(frame_locals) else {}

@@ -254,7 +254,7 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
         # made itself (DDP's), which the Flight Recorder saw
         state: RankState = "blocked" if end.collective else "running"
         frame = user_frame(end.stacks)
-        running = f"{frame.function} at {frame.file}:{frame.line}" if frame else None
+        running = f"{frame.function} at {frame.place}" if frame else None
         started = started_by(frame) if frame and end.collective else None
     elif end.status in ("hung", "stopped"):
         state = "blocked"

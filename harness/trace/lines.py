@@ -1,0 +1,43 @@
+"""The line a live frame is at, even when Python reports none.
+
+``frame.f_lineno`` (and ``traceback``'s ``lineno``) is None where the instruction the
+frame is at carries no line (exception handling's own instructions, and some a loop
+leaves without one): a spinning rank sampled there would be placed at line 0. The code
+object still says where it is: a backward jump is at its loop's header (the line the jump
+lands on); anything else is at the nearest line that starts before the instruction. Only
+a code object with no line at all leaves it unknown (None), which a report says in words.
+"""
+
+from __future__ import annotations
+
+import dis
+from types import CodeType, FrameType
+
+
+def frame_line(frame: FrameType) -> int | None:
+    """``frame``'s line, resolved from its code object when Python has none."""
+    if frame.f_lineno is not None:
+        return frame.f_lineno
+    return code_line(frame.f_code, frame.f_lasti)
+
+
+def code_line(code: CodeType, offset: int) -> int | None:
+    """The line of the instruction at ``offset`` of ``code``: its own, the target's of a
+    backward jump (the loop's header), or the nearest one starting before it."""
+    lines = [(start, end, line) for start, end, line in code.co_lines()]
+    own = next((line for start, end, line in lines if start <= offset < end), None)
+    if own is not None:
+        return own
+    for instruction in dis.get_instructions(code):
+        if instruction.offset == offset and "JUMP_BACKWARD" in instruction.opname \
+                and isinstance(instruction.argval, int):
+            target = code_line(code, instruction.argval)
+            if target is not None:
+                return target
+    before = [line for start, _, line in lines if start <= offset and line is not None]
+    return before[-1] if before else None
+
+
+def where(filename: str, line: int | None, function: str) -> str:
+    """'file:line', or, when no line is known, 'file (line unknown, in function)'."""
+    return f"{filename}:{line}" if line else f"{filename} (line unknown, in {function})"
