@@ -8,8 +8,8 @@ are the slow end of the suite (a few seconds each).
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
