@@ -18,9 +18,9 @@ the values: the parting this causes is ``param_spread``'s, the cause is named he
 from __future__ import annotations
 
 from distdoctor.models import Finding, RunRecord
-from distdoctor.models.calls import REDUCING, ranks_phrase
-from distdoctor.models.evidence import Call, Evidence, GradientEvidence
-from distdoctor.models.replicas import replicas_of
+from distdoctor.models.calls import ranks_phrase
+from distdoctor.models.evidence import Call, GradientEvidence
+from distdoctor.models.replicas import gradient_reductions, replicas_of
 
 NAME = "failed_sync"
 
@@ -31,29 +31,10 @@ def check(record: RunRecord) -> list[Finding]:
     return _unwaited(record) or _paired_apart(record)
 
 
-def _samples(evidence: Evidence) -> dict[int, GradientEvidence]:
-    return {g.step: g for g in evidence.gradients
-            if g.grad_storages and g.t is not None and g.local is not None}
-
-
-def _gradient_reductions(evidence: Evidence) -> list[tuple[Call, GradientEvidence]]:
-    """Each reduction of a sampled gradient, with the sample of the step it feeds."""
-    samples = _samples(evidence)
-    found = []
-    for call in evidence.calls:
-        if call.op not in REDUCING or call.step is None:
-            continue
-        sample = samples.get(call.step + 1)
-        if sample is not None and set(call.storages) & set(sample.grad_storages) \
-                and sample.t is not None and call.entered <= sample.t:
-            found.append((call, sample))
-    return found
-
-
 def _unwaited(record: RunRecord) -> list[Finding]:
     late: dict[int, list[tuple[Call, GradientEvidence]]] = {}
     for rank in record.ranks:
-        for call, sample in _gradient_reductions(rank.evidence):
+        for call, sample in gradient_reductions(rank.evidence):
             assert sample.t is not None
             if call.async_op and not call.future and \
                     (call.waited is None or call.waited > sample.t):
@@ -90,7 +71,7 @@ def _paired_apart(record: RunRecord) -> list[Finding]:
     reduced: dict[tuple, dict[int, tuple[frozenset[int], Call]]] = {}
     groups = {r.rank: replicas_of(r.evidence).group for r in record.ranks}
     for rank in record.ranks:
-        for call, sample in _gradient_reductions(rank.evidence):
+        for call, sample in gradient_reductions(rank.evidence):
             if call.group != groups[rank.rank]:
                 continue
             which = frozenset(i for i, s in enumerate(sample.grad_storages)

@@ -89,7 +89,10 @@ def check(record: RunRecord) -> list[Finding]:
             cycle, {**measured, "cycle": cycle})]
 
     if cycle and all(c is not None for c in in_cycle) and \
-            len({(c.group, c.pg) for c in in_cycle if c is not None}) > 1:
+            len({(c.group, c.pg) for c in in_cycle if c is not None}) > 1 and \
+            len({c.where for c in in_cycle if c is not None}) > 1 and \
+            _each_waits_for_a_call_never_made(cycle, blocked, record):
+        # (one line whose group differs by rank is that line's fault: _missing names it)
         return [_group_cycle(cycle, [c for c in in_cycle if c is not None], listing,
                              measured)]
     missing = _missing(blocked, record)
@@ -244,6 +247,24 @@ def _from_stack(rank: RankRecord) -> str:
     if rank.end.error and not rank.end.stacks:  # what its own evidence says (a dump's)
         return rank.end.error
     return "in no traced call, and no stack of the user's code"
+
+
+def _each_waits_for_a_call_never_made(cycle: list[int], blocked: dict[int, Call | None],
+                                      record: RunRecord) -> bool:
+    """An order cycle, not an extra call: every rank of the cycle waits in a call (its op,
+    group and line) that the rank it waits for has never made, by its calls or its
+    recorder's history. An extra call on one rank also makes a cycle of waits, but only
+    its own call is one the others never made; they wait at lines it has run before, and
+    the extra call is the cause (_missing names it)."""
+    def never_made(call: Call, rank: int) -> bool:
+        found = record.ranks[rank]
+        return not any(c.op == call.op and c.where == call.where and
+                       (c.group, c.pg) == (call.group, call.pg) for c in found.evidence.calls) \
+            and not any(r.op == call.op and r.where == call.where for r in found.end.recorded)
+
+    calls = [blocked.get(r) for r in cycle]
+    return all(call is not None and never_made(call, cycle[(i + 1) % len(cycle)])
+               for i, call in enumerate(calls))
 
 
 def _group_cycle(cycle: list[int], calls: list[Call], listing: str,

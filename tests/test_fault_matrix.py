@@ -228,7 +228,7 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
     assert record.finished
     for detector in checks.detectors():
         assert detector.check(record) == [], detector.__name__
-    assert len(checks.detectors()) == 19  # each one ran on these clean runs, and was quiet
+    assert len(checks.detectors()) == 21  # each one ran on these clean runs, and was quiet
 
 
 # The default and accumulation clean runs of every sharded strategy are the fixed runs of

@@ -40,6 +40,31 @@ class Replicas:
     # averaged over the group after that optimiser step, so they meet before the next
 
 
+def gradient_reductions(evidence: Evidence) -> list[tuple[Call, GradientEvidence]]:
+    """Each reduction of a sampled gradient, with the sample of the step it feeds: made
+    after that step's backward began (a gradient exists only from then: a tensor reduced
+    before it, freed, can leave its address to a gradient, as DDP's count of joined ranks
+    under Join did) and before the step, of a storage the gradient shares."""
+    samples = {g.step: g for g in evidence.gradients
+               if g.grad_storages and g.t is not None and g.local is not None}
+    began: dict[int, float] = {}
+    for phase in evidence.phases:
+        if phase.kind == "backward":
+            began[phase.step] = min(began.get(phase.step, phase.start), phase.start)
+    found = []
+    for call in evidence.calls:
+        if call.step is None or not call.storages:
+            continue
+        sample = samples.get(call.step + 1)
+        if sample is None or sample.t is None or not call.entered <= sample.t:
+            continue
+        if call.entered < began.get(call.step, float("-inf")):
+            continue  # before any gradient of this step existed
+        if set(call.storages) & set(sample.grad_storages):
+            found.append((call, sample))
+    return found
+
+
 def replicas_of(evidence: Evidence) -> Replicas:
     """The replica structure one rank's trace shows (see the module's docstring)."""
     reductions = [c for c in evidence.calls if c.step is not None and c.storages]
@@ -47,11 +72,14 @@ def replicas_of(evidence: Evidence) -> Replicas:
                if g.local is not None and g.t is not None and g.grad_storages]
     per_parameter: list[frozenset[int]] = []
     how, where = "", ""
+    of_grads: dict[int, list[Call]] = {}
+    for call, sample in gradient_reductions(evidence):
+        of_grads.setdefault(sample.step, []).append(call)
     for sample in sampled:
         at = sample.t if sample.t is not None else float("inf")
         made = [c for c in reductions if c.step == sample.step - 1 and c.entered <= at]
         by_storage: dict[int, set[int]] = {}
-        for call in made:
+        for call in of_grads.get(sample.step, []):
             for storage in set(call.storages) & set(sample.grad_storages):
                 by_storage.setdefault(storage, set()).update(call.group)
                 if not where:
