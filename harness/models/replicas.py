@@ -47,10 +47,7 @@ def gradient_reductions(evidence: Evidence) -> list[tuple[Call, GradientEvidence
     under Join did) and before the step, of a storage the gradient shares."""
     samples = {g.step: g for g in evidence.gradients
                if g.grad_storages and g.t is not None and g.local is not None}
-    began: dict[int, float] = {}
-    for phase in evidence.phases:
-        if phase.kind == "backward":
-            began[phase.step] = min(began.get(phase.step, phase.start), phase.start)
+    began = _first_backward(evidence)
     found = []
     for call in evidence.calls:
         if call.step is None or not call.storages:
@@ -130,13 +127,10 @@ def _averagings(evidence: Evidence, reductions: list[Call],
     # the next sample's storages: memory is reused, so an older step's say nothing
     params = {g.step - 1: set(g.param_storages) for g in sampled}
     grads = {g.step - 1: set(g.grad_storages) for g in sampled}
-    began: dict[int, float] = {}  # each step's first DDP forward or backward
+    began = _first_backward(evidence)  # each step's first backward or DDP forward
     for f in evidence.ddp_forwards:
         if f.t is not None:
             began[f.steps_before] = min(began.get(f.steps_before, f.t), f.t)
-    for phase in evidence.phases:
-        if phase.kind == "backward":
-            began[phase.step] = min(began.get(phase.step, phase.start), phase.start)
     found = []
     for call in reductions:
         if call.step is None or call.step < 1 or set(call.storages) & grads.get(call.step, set()):
@@ -146,6 +140,15 @@ def _averagings(evidence: Evidence, reductions: list[Call],
         if own or flat:  # a flat copy only before the next step's work began
             found.append((call.step, call.group))
     return tuple(dict.fromkeys(found))
+
+
+def _first_backward(evidence: Evidence) -> dict[int, float]:
+    """When each step's first backward began (steps counted as Phase counts them)."""
+    began: dict[int, float] = {}
+    for phase in evidence.phases:
+        if phase.kind == "backward":
+            began[phase.step] = min(began.get(phase.step, phase.start), phase.start)
+    return began
 
 
 def _elements(call: Call) -> int:
