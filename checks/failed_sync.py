@@ -78,7 +78,8 @@ def _paired_apart(record: RunRecord) -> list[Finding]:
                               if s in call.storages)
             reduced.setdefault((sample.step, call.group, call.pg, call.seq), {})[
                 rank.rank] = (which, call)
-    for (step, group, _, seq), by_rank in sorted(reduced.items(), key=lambda kv: kv[0][::3]):
+    in_order = sorted(reduced.items(), key=lambda item: (item[0][0], item[0][3]))  # step, seq
+    for (step, group, _, seq), by_rank in in_order:
         if len(by_rank) < 2 or len({which for which, _ in by_rank.values()}) == 1:
             continue
         first = min(by_rank)

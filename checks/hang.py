@@ -218,12 +218,16 @@ def _only_some_call(call: Call, absent: list[int], record: RunRecord,
             end.collective or own is not None and is_collective(own.op)
             and not same_collective(own, call))
 
-    def made_here(rank: int) -> bool:
-        found = record.ranks[rank]
-        return any(c.op == call.op and c.where == call.where for c in found.evidence.calls) \
-            or any(r.op == call.op and r.where == call.where for r in found.end.recorded)
+    return all(elsewhere(r) and not _made_at(call, record.ranks[r]) for r in absent)
 
-    return all(elsewhere(r) and not made_here(r) for r in absent)
+
+def _made_at(call: Call, rank: RankRecord, same_group: bool = False) -> bool:
+    """Has ``rank`` made ``call``'s op at its line (on its group, with ``same_group``), by
+    its traced calls or its recorder's history?"""
+    return any(c.op == call.op and c.where == call.where and
+               (not same_group or (c.group, c.pg) == (call.group, call.pg))
+               for c in rank.evidence.calls) \
+        or any(r.op == call.op and r.where == call.where for r in rank.end.recorded)
 
 
 def _whereabouts(rank: RankRecord, call: Call | None) -> str:
@@ -256,14 +260,9 @@ def _each_waits_for_a_call_never_made(cycle: list[int], blocked: dict[int, Call 
     recorder's history. An extra call on one rank also makes a cycle of waits, but only
     its own call is one the others never made; they wait at lines it has run before, and
     the extra call is the cause (_missing names it)."""
-    def never_made(call: Call, rank: int) -> bool:
-        found = record.ranks[rank]
-        return not any(c.op == call.op and c.where == call.where and
-                       (c.group, c.pg) == (call.group, call.pg) for c in found.evidence.calls) \
-            and not any(r.op == call.op and r.where == call.where for r in found.end.recorded)
-
     calls = [blocked.get(r) for r in cycle]
-    return all(call is not None and never_made(call, cycle[(i + 1) % len(cycle)])
+    return all(call is not None and
+               not _made_at(call, record.ranks[cycle[(i + 1) % len(cycle)]], same_group=True)
                for i, call in enumerate(calls))
 
 
