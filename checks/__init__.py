@@ -15,7 +15,7 @@ from typing import Literal
 
 from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
 from distdoctor.models.distance import spread
-from distdoctor.models.replicas import replicas_of
+from distdoctor.models.replicas import Replicas, replicas_of
 
 
 def detectors() -> list[ModuleType]:
@@ -61,15 +61,20 @@ def one_ddp(record: RunRecord) -> bool:
     return len(groups) == 1 and set(next(iter(groups))) == {r.rank for r in record.ranks}
 
 
+def replica_groups(structure: list[Replicas], present: set[int]) -> set[tuple[int, ...]]:
+    """The replica groups the ranks' structure names, of their members in this record,
+    two ranks or more each."""
+    groups = {tuple(m for m in s.group if m in present) for s in structure}
+    return {g for g in groups if len(g) > 1}
+
+
 def replica_parts(record: RunRecord) -> list[RunRecord]:
     """The record split by replica group (models/replicas.py: the ranks each rank's
     gradients are reduced with) where the ranks' communication names groups smaller than
     the job, each part holding one group's ranks alone, so that a check of replicas
     compares them within their group and never across shards; else the record whole."""
     present = {r.rank for r in record.ranks}
-    groups = {tuple(m for m in replicas_of(r.evidence).group if m in present)
-              for r in record.ranks}
-    groups = {g for g in groups if len(g) > 1}
+    groups = replica_groups([replicas_of(r.evidence) for r in record.ranks], present)
     if not groups or groups == {tuple(sorted(present))}:
         return [record]
     return [replace(record, ranks=tuple(r for r in record.ranks if r.rank in group))

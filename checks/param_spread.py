@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, gradient_steps_on_every_rank, one_ddp, synchronised
+from distdoctor.checks import (
+    finding,
+    gradient_steps_on_every_rank,
+    one_ddp,
+    replica_groups,
+    synchronised,
+)
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.distance import param_history, spreads
@@ -132,8 +138,7 @@ def _comparisons(record: RunRecord, every: list[list],
                  position: dict[int, int]) -> tuple[list[Comparison], str]:
     """Which ranks to compare at which steps, and why they must agree, in words."""
     structure = [replicas_of(r.evidence) for r in record.ranks]
-    groups = {tuple(m for m in s.group if m in position) for s in structure}
-    groups = {g for g in groups if len(g) > 1}
+    groups = replica_groups(structure, set(position))
     if groups:
         found: list[Comparison] = [(g, None) for g in sorted(groups)]
         meets: dict[tuple[int, ...], set[int]] = {}
