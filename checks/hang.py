@@ -98,6 +98,9 @@ def check(record: RunRecord) -> list[Finding]:
     missing = _missing(blocked, record)
     if missing:
         return [missing]
+    busy = _busy([r.rank for r in stopped], blocked, record)
+    if busy and len(stopped) == len(record.ranks):
+        return [_all_busy(busy, record)]
     return [_uncatalogued(
         "hang-unknown", "hang-unknown", f"{len(stopped)} ranks stopped",
         f"no rank made progress and no cycle or missing rank explains it. "
@@ -170,7 +173,7 @@ def _busy(absent: list[int], blocked: dict[int, Call | None], record: RunRecord
     found = {}
     for rank in absent:
         end = record.ranks[rank].end
-        frame = user_frame(end.stacks)
+        frame = end.running_at
         if end.status not in STOPPED or end.collective or blocked.get(rank) or frame is None:
             return {}
         found[rank] = f"{frame.function} at {relative_line(frame.place)}"
@@ -196,6 +199,25 @@ def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
         f"meant to take this long", sorted(busy),
         {"seq": call.seq, "busy": {str(r): w for r, w in busy.items()}, "waiting": waiting},
         where=(*lines, relative_line(call.where)))
+
+
+def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
+    """Every rank stopped in its own code, none in a call: nobody waits for anybody, so no
+    peer is to blame; the loop or the work at their lines is what never ends."""
+    running = {r: f"{where} for {_busy_for(record.ranks[r], record):.1f} s"
+               for r, where in busy.items()}
+    lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
+    return _uncatalogued(
+        "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in their own code",
+        f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, and no "
+        f"rank waits in a call: the work at {', '.join(lines)} itself does not end",
+        "a loop whose exit condition never comes true on these ranks (a value no rank "
+        "ever sends, a count that never reaches its target), or work longer than the "
+        "deadline",
+        f"look at the loop at {', '.join(lines)}: what should make it end, and whether "
+        f"any rank makes that happen; or raise the deadline if it is meant to take this "
+        f"long", sorted(busy), {"busy": {str(r): w for r, w in busy.items()}},
+        where=lines)
 
 
 def _busy_for(rank: RankRecord, record: RunRecord) -> float:
@@ -241,7 +263,7 @@ def _whereabouts(rank: RankRecord, call: Call | None) -> str:
 def _from_stack(rank: RankRecord) -> str:
     """Where a rank in no traced call was: the innermost frame of the user's own code, and
     the collective it was in if torch made it itself (DDP's, from C++)."""
-    frame = user_frame(rank.end.stacks)
+    frame = user_frame(rank.end.stacks) if rank.end.collective else rank.end.running_at
     place = f"{frame.function} at {relative_line(frame.place)}" if frame else ""
     if rank.end.collective:
         return rank.end.collective + (

@@ -4,10 +4,13 @@ read as a frame whose line is unknown, never as line 0."""
 from __future__ import annotations
 
 import dis
+import threading
+import time
 
 from distdoctor.launch.stacks import parse_faulthandler
-from distdoctor.models import Frame
-from distdoctor.trace.lines import code_line, where
+from distdoctor.models import Frame, seen_most_first
+from distdoctor.models.record import seen_at_text
+from distdoctor.trace.lines import code_line, main_thread_at, main_thread_seen, where
 
 SOURCE = """
 def guarded(items):
@@ -62,3 +65,79 @@ def test_faulthandler_line_unknown_is_a_frame_not_dropped():
     assert [(f.file, f.line, f.function) for f in frames] == [
         ("l76.py", 40, "<module>"), ("l76.py", 0, "broadcast")]
     assert frames[-1].place == "l76.py (line unknown)"
+
+
+def test_lines_seen_are_counted_most_frequent_first_and_unknown_only_when_alone():
+    """A spinning rank sampled several times: each line once, with its count, the most
+    frequent first (ties in file and line order); a sample outside the user's code counts
+    only in the total, and a line that could not be resolved only where none could."""
+    a, b, c = Frame("t.py", 9, "loop"), Frame("t.py", 8, "loop"), Frame("t.py", 0, "loop")
+    seen = seen_most_first([a, b, a, None, c, a, b, Frame("s.py", 3, "f")])
+    assert [(s.where, s.times, s.of) for s in seen] == [
+        ("t.py:9", 3, 8), ("t.py:8", 2, 8), ("s.py:3", 1, 8)]
+    assert seen_at_text(seen) == " (seen at t.py:9 (3 of 8), t.py:8 (2 of 8), s.py:3 (1 of 8))"
+    assert seen_at_text(seen[:1]) == ""  # one line: already where it is said to be
+    alone = seen_most_first([c, None])
+    assert [(s.where, s.times, s.of) for s in alone] == [("t.py (line unknown)", 1, 2)]
+
+
+def _marked(marker: str) -> int:
+    """The line of this file that ends with ``# marker``."""
+    with open(__file__) as source:
+        return next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(
+            "# " + marker))
+
+
+def _main_thread_reaches(line: int) -> None:
+    """Wait (on the helper thread) until the main thread is at ``line`` of this file."""
+    deadline = time.monotonic() + 30
+    while (at := main_thread_at()) is None or at.line != line:
+        assert time.monotonic() < deadline, at
+        time.sleep(0.001)
+
+
+def test_the_main_thread_is_sampled_where_it_is_at_each_moment():
+    """main_thread_at, called from another thread while the main thread waits at one line
+    and then at another, finds it at each; several such samples make the list, the line
+    seen most first."""
+    first, second = _marked("FIRST WAIT"), _marked("SECOND WAIT")
+    moved, sampled, found = threading.Event(), threading.Event(), []
+
+    def sampler() -> None:
+        _main_thread_reaches(first)
+        found.append(main_thread_at())
+        sampled.set()
+        moved.wait(30)
+        _main_thread_reaches(second)
+        found.append(main_thread_at())
+        found.append(main_thread_at())
+        sampled.set()
+
+    helper = threading.Thread(target=sampler)
+    helper.start()
+    assert sampled.wait(30)  # FIRST WAIT
+    sampled.clear()
+    moved.set()
+    assert sampled.wait(30)  # SECOND WAIT
+    helper.join(30)
+    seen = seen_most_first(found)
+    assert [(s.where, s.times, s.of) for s in seen] == [
+        (f"{__file__}:{second}", 2, 3), (f"{__file__}:{first}", 1, 3)]
+    assert {s.frame.function for s in seen} == {
+        "test_the_main_thread_is_sampled_where_it_is_at_each_moment"}
+
+
+def test_a_main_thread_that_waits_is_seen_at_its_line_in_every_sample():
+    line = _marked("ONLY WAIT")
+    done, seen = threading.Event(), []
+
+    def sampler() -> None:
+        _main_thread_reaches(line)
+        seen.extend(main_thread_seen(6, 0.001))
+        done.set()
+
+    helper = threading.Thread(target=sampler)
+    helper.start()
+    assert done.wait(30)  # ONLY WAIT
+    helper.join(30)
+    assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", 6, 6)]

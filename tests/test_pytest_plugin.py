@@ -6,6 +6,7 @@ computing the same values here, not from the plugin."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import signal
@@ -65,6 +66,15 @@ def line_of(case_file: str, marker: str) -> str:
         if text.rstrip().endswith(f"# LINE {marker}"):
             return f"{case_file}:{number}"
     raise LookupError(marker)
+
+
+def _ranks(phrase: str) -> list[int]:
+    """The ranks a report's phrase names: "2", "0-3", "0, 2"."""
+    ranks = []
+    for part in phrase.split(", "):
+        low, _, high = part.partition("-")
+        ranks.extend(range(int(low), int(high or low) + 1))
+    return ranks
 
 
 def project(tmp_path: Path, *case_files: str) -> Path:
@@ -250,8 +260,9 @@ def test_the_same_file_under_xdist_ends_the_same(tmp_path):
 def test_a_hang_nobody_can_prove_fails_within_the_deadline_and_three_seconds(tmp_path):
     root = project(tmp_path, "cases_stop.py")
     # the pool is formed by the test before, so the time below is the stopped test's own
-    subprocess.run(pytest_command("cases_stop.py", "-k", "warm or past_deadline", "--junitxml",
-                                  "report.xml", "-o", "junit_logging=system-out"),
+    subprocess.run(pytest_command("cases_stop.py", "-k", "warm or past_deadline or bigint",
+                                  "--junitxml", "report.xml", "-o",
+                                  "junit_logging=system-out"),
                    cwd=root, env=environment("spin"), capture_output=True, timeout=RUN_TIMEOUT)
     outcome, text, seconds = outcomes(root / "report.xml")["test_spin_past_deadline"]
     assert outcome == "failed" and seconds < 2 + 3
@@ -263,6 +274,16 @@ def test_a_hang_nobody_can_prove_fails_within_the_deadline_and_three_seconds(tmp
     assert f"rank 0 of 3: running test_spin_past_deadline at " \
            f"{line_of('cases_stop.py', 'spin')}, in no collective" in text
     assert f"waiting in barrier (#0) at {line_of('cases_stop.py', 'barrier')}" in text
+    # every rank of four spinning on a growing big-int shift: each at a line of its loop
+    outcome, text, _ = outcomes(root / "report.xml")["test_bigint_spin_on_every_rank"]
+    first, last = (int(line_of("cases_stop.py", m).rsplit(":", 1)[1])
+                   for m in ("loop-start", "loop-end"))
+    places = re.findall(r"ranks? ([\d, -]+) of 4: running test_bigint_spin_on_every_rank "
+                        r"at cases_stop\.py:(\d+)", text)
+    located = sorted(rank for ranks, _ in places for rank in _ranks(ranks))
+    assert outcome == "failed" and located == [0, 1, 2, 3], text
+    assert all(first < int(line) < last for _, line in places), text
+    assert not re.search(r"\.py:0\b", text) and "line ???" not in text
 
 
 def _run_until_reached(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, set[int]]:

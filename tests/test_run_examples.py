@@ -547,6 +547,31 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
     assert 2.0 <= declared <= 2.0 + 1.0
 
 
+def test_every_rank_spinning_in_pure_python_is_located_at_a_line_of_its_loop(distdoctor,
+                                                                             tmp_path):
+    """The seed lesson's tree broadcast from another source: every rank of four spins on a
+    growing big-int shift, in no call. Each is sampled as it is stopped and located at a
+    line of its loop (Python gives many of the loop's instructions no line: never 0), and
+    the verdict is the loop itself, as no rank waits for another."""
+    done, report = run_example(distdoctor, tmp_path, "tree_broadcast_spins.py", 4,
+                               deadline=2.0)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("busy-rank", [0, 1, 2, 3])
+    source = (EXAMPLES / "tree_broadcast_spins.py").read_text().splitlines()
+    first = next(n for n, text in enumerate(source, 1) if "while len(has_value)" in text)
+    last = next(n for n, text in enumerate(source, 1) if "return x" in text)
+    for rank in report["ranks"]:
+        assert rank["state"] == "running", rank
+        function, _, where = rank["running"].partition(" at ")
+        assert function == "tree_broadcast" and where.startswith("tree_broadcast_spins.py:")
+        assert first <= int(where.rsplit(":", 1)[1]) < last, where
+        assert rank["seen"] and rank["seen"][0]["where"] == where  # the most seen first
+        assert all(first <= int(s["where"].rsplit(":", 1)[1]) < last for s in rank["seen"])
+        assert sum(s["times"] for s in rank["seen"]) <= rank["seen"][0]["of"]
+    assert report["cause"]["where"].startswith("tree_broadcast_spins.py:")
+    assert not re.search(r"\.py:0\b", done.stdout) and "line ???" not in done.stdout
+
+
 def test_a_rank_busy_holding_the_gil_is_its_own_verdict_at_its_own_line(distdoctor,
                                                                           tmp_path):
     """A regular expression backtracking on rank 1 holds the GIL, so only faulthandler can

@@ -213,7 +213,7 @@ def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
 def rank_text(end, events) -> str:
     """What one rank that did not finish was doing: its error at the user's line, or, for a
     rank the pool stopped, where its stack was and whether it ever sent or received."""
-    from distdoctor.models.record import user_frame
+    from distdoctor.models.record import seen_at_text
     from distdoctor.userjob.report import raising_line
 
     if end.status not in ("hung", "stopped"):
@@ -221,8 +221,9 @@ def rank_text(end, events) -> str:
         return f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else "")
     if (end.error or "").startswith(PROVEN):  # the watch's proof names every call in it
         return f"rank {end.rank}: stopped {end.at or 0:.2f} s after the start, {end.error}"
-    frame = user_frame(end.stacks)
+    frame = end.running_at
     place = f"{frame.function} at {frame.place}" if frame else "no stack"
+    place += seen_at_text(end.seen)
     in_transport = any(f.file.endswith(TRANSPORT_FILES) for s in end.stacks if s.main
                        for f in s.frames)
     called = any(isinstance(e, tuple) and e[:1] == (Emit.TRANSPORT_CALL,) for e in events)

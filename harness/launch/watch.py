@@ -32,6 +32,7 @@ FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
+SEEN_TIMEOUT = 1.0  # a dozen samples 5 ms apart, each waiting its turn at the GIL
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
@@ -292,6 +293,7 @@ class JobWatch:
             if any(untraced.values()) else {}
         answers = stacks.request_stacks(
             [(h.ctrl, h.process.pid or 0, h.faulthandler_fd) for h in running])
+        seen = stacks.ask([h.ctrl for h in running], "seen", SEEN_TIMEOUT)
         for index, (handle, (threads, raw)) in enumerate(zip(running, answers)):
             # it may have ended while we asked (a receive's own deadline can expire at the
             # same moment): what it said of itself, or its exit, beats "hung"
@@ -301,7 +303,8 @@ class JobWatch:
                                                  error=why,
                                                  stacks=threads, raw_stack=raw,
                                                  in_flight=untraced[handle.rank],
-                                                 recorded=recorded(histories.get(index)))
+                                                 recorded=recorded(histories.get(index)),
+                                                 seen=seen.get(index, ()))
         procs.signal_kill([handle.process for handle in running])  # the owner reaps them
         stopped = {handle.rank for handle in running}
         for fd in [fd for fd, (rank, _) in self.streams.items() if rank in stopped]:

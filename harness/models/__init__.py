@@ -45,7 +45,9 @@ from distdoctor.models.record import (
                                      RankStatus,
                                      Recorded,
                                      RunRecord,
+                                     Seen,
                                      ThreadStack,
+                                     seen_most_first,
 )
 from distdoctor.models.spec import (
                                      AuxSkip,
@@ -81,7 +83,7 @@ __all__ = [
     "NonFiniteEvidence", "OptimizerName", "Outcome", "P2POrder",
     "InFlight", "PipeShape", "PipeStepEvidence", "REPORT_SCHEMA", "RankEnd", "RankRecord",
     "Recorded", "RankStatus",
-    "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION",
+    "ReferenceComparison", "RunRecord", "RunReport", "RunSpec", "SCHEMA_VERSION", "Seen",
     "SamplerKind", "StageCost", "StageEvent", "StageSplit", "StepEvidence", "ThreadStack",
-    "Verdict", "apply_changes", "dump_report", "load_report",
+    "Verdict", "apply_changes", "dump_report", "load_report", "seen_most_first",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.spec import RunSpec
@@ -31,6 +32,55 @@ class Frame:
         """'file:line', or 'file (line unknown)' where no line could be resolved (a line 0
         is never written: launch/stacks.py and trace/lines.py resolve what they can)."""
         return f"{self.file}:{self.line}" if self.line else f"{self.file} (line unknown)"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A line a running rank's main thread was seen at, and in how many of the samples
+    taken as it was stopped: a spinning rank moves, so one sample can land anywhere in
+    its loop, and the line it is seen at most is the one to look at."""
+
+    frame: Frame
+    times: int
+    of: int  # samples taken in all
+
+    @property
+    def where(self) -> str:
+        return self.frame.place
+
+
+class Sighting(Protocol):
+    """A line and how often it was seen: a Seen, or the report's ReportSeen."""
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def times(self) -> int: ...
+    @property
+    def of(self) -> int: ...
+
+
+def seen_at_text(seen: Sequence[Sighting]) -> str:
+    """" (seen at a.py:9 (8 of 12), a.py:8 (4 of 12))", to follow where a running rank is
+    said to be, where it was seen at more than one line; "" otherwise (the one line is
+    already where it is said to be)."""
+    if len(seen) < 2:
+        return ""
+    return " (seen at " + ", ".join(f"{s.where} ({s.times} of {s.of})" for s in seen) + ")"
+
+
+def seen_most_first(frames: list[Frame | None]) -> tuple[Seen, ...]:
+    """The user's lines sampled ``frames`` were at, most frequent first (then in file and
+    line order); a sample with no user frame counts in ``of`` only, and a line that could
+    not be resolved (0) only where no sample resolved one."""
+    counts: dict[Frame, int] = {}
+    for frame in frames:
+        if frame is not None:
+            key = Frame(frame.file, frame.line, frame.function, frame.code)
+            counts[key] = counts.get(key, 0) + 1
+    known = {f: n for f, n in counts.items() if f.line} or counts
+    ordered = sorted(known.items(), key=lambda item: (-item[1], item[0].file, item[0].line))
+    return tuple(Seen(frame, times, len(frames)) for frame, times in ordered)
 
 
 @dataclass(frozen=True)
@@ -137,10 +187,20 @@ class RankEnd:
     # every collective its Flight Recorder still held when it was stopped (the newest 2000
     # by default), torch's own included: the sequences the hang check compares
     recorded: tuple[Recorded, ...] = ()
+    # the lines its main thread was seen at, sampled several times as it was stopped (a
+    # rank spinning in its own code moves): most frequent first
+    seen: tuple[Seen, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def running_at(self) -> Frame | None:
+        """Where a rank stopped in its own code was: the line it was seen at most, else
+        the innermost user frame of its one stack."""
+        return self.seen[0].frame if self.seen else user_frame(self.stacks)
+
 
     @property
     def collective(self) -> str | None:

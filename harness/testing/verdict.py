@@ -15,7 +15,7 @@ from typing import Literal
 
 from distdoctor.launch.results import JobResult
 from distdoctor.models import RankEnd
-from distdoctor.models.record import is_peer_echo
+from distdoctor.models.record import is_peer_echo, seen_at_text
 from distdoctor.models.waitfor import PROVEN
 from distdoctor.testing.onrank import EVENT
 from distdoctor.userjob.record import explain, script_record
@@ -186,6 +186,7 @@ def _rank_state(rank: ReportRank, end: RankEnd, account: dict | None,
         return f"waiting in {call_text(rank.call)}"
     if rank.state == "running":
         where = f"running {rank.running}" if rank.running else "running (no stack)"
+        where += seen_at_text(rank.seen)
         last = call_text(rank.call) if rank.call else "none"
         return f"{where}, in no collective (last call: {last})"
     if end.status == "died":

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import dis
 from types import CodeType, FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distdoctor.models.record import Frame, Seen
 
 
 def frame_line(frame: FrameType) -> int | None:
@@ -41,3 +45,44 @@ def code_line(code: CodeType, offset: int) -> int | None:
 def where(filename: str, line: int | None, function: str) -> str:
     """'file:line', or, when no line is known, 'file (line unknown, in function)'."""
     return f"{filename}:{line}" if line else f"{filename} (line unknown, in {function})"
+
+
+# a running rank is sampled this often as it is stopped, this far apart: 12 samples over
+# about 60 ms see a loop's lines in proportion to the time spent on each
+SAMPLES = 12
+SAMPLE_GAP_S = 0.005
+
+
+def main_thread_seen(samples: int = SAMPLES, gap: float = SAMPLE_GAP_S) -> tuple[Seen, ...]:
+    """Where this process's main thread is in the user's own code, sampled ``samples``
+    times ``gap`` apart (the caller is another thread; each sleep lets the main thread
+    run on): ``Seen`` lines, most frequent first. () where no sample found user code."""
+    import time
+
+    from distdoctor.models.record import seen_most_first
+
+    found = []
+    for index in range(samples):
+        if index:
+            time.sleep(gap)
+        found.append(main_thread_at())
+    return seen_most_first(found) if any(found) else ()
+
+
+def main_thread_at() -> Frame | None:
+    """The innermost frame of the user's own code the main thread is at now (its line
+    resolved as ``frame_line`` does), or None when it is in none."""
+    import sys
+    import threading
+
+    from distdoctor.models.record import Frame, is_user_frame
+
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main) if main is not None else None
+    while frame is not None:
+        line = frame_line(frame)
+        here = Frame(frame.f_code.co_filename, line or 0, frame.f_code.co_name)
+        if is_user_frame(here):
+            return here
+        frame = frame.f_back
+    return None

@@ -36,7 +36,7 @@ from distdoctor.launch import tree
 from distdoctor.models import RankEnd
 from distdoctor.models.calls import TRACED_OPS
 from distdoctor.models.events import Ev
-from distdoctor.models.record import InFlight, is_user_frame
+from distdoctor.models.record import InFlight, is_user_frame, seen_most_first, user_frame
 from distdoctor.userjob import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
@@ -362,7 +362,9 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
                             error="its stacks did not move across the reads" if still else
                             "its stacks or its main thread's CPU time moved between reads: it "
                             "is running",
-                            stacks=last.threads, in_flight=in_flight, recorded=history))
+                            stacks=last.threads, in_flight=in_flight, recorded=history,
+                            seen=() if still else seen_most_first(
+                                [user_frame(r.snapshot.threads) for r in reads])))
         events.append(call_events)
     notes = []
     if moving:

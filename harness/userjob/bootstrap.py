@@ -260,6 +260,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     when told. Setting the event returned ends the watch (the rank's
     process group was destroyed)."""
     from distdoctor.models.waitfor import PROOF_SWITCH
+    from distdoctor.trace.lines import main_thread_seen
     from distdoctor.userjob import dirwatch
 
     if world is None:
@@ -285,7 +286,10 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                     continue
             elif proven is None and now - tracer.last_event < deadline:
                 continue
+            seen = main_thread_seen()  # where it is, sampled: a spinning rank moves
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
+                         seen=[[s.frame.file, s.frame.line, s.frame.function, s.times, s.of]
+                               for s in seen],
                          **({"proof": proven} if proven is not None else {}))
             _write_history(directory, rank)  # first: stacks on disk mean the history is too
             faulthandler.dump_traceback(stack_file, all_threads=True)

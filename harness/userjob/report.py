@@ -39,6 +39,7 @@ from distdoctor.models.record import (
     is_peer_echo,
     is_size_mismatch,
     is_user_frame,
+    seen_at_text,
     started_by,
     user_frame,
 )
@@ -61,6 +62,16 @@ class ReportCall:
 
 
 @dataclass(frozen=True)
+class ReportSeen:
+    """A line a running rank was seen at, in ``times`` of the ``of`` samples taken (the
+    report's form of models.record.Seen: the place as one string)."""
+
+    where: str
+    times: int
+    of: int
+
+
+@dataclass(frozen=True)
 class ReportRank:
     rank: int
     state: RankState
@@ -70,6 +81,7 @@ class ReportRank:
     running: str | None = None  # "function at file:line", for a rank stopped in no call
     collective: str | None = None  # the untraced collective it waits in, if torch knew one
     started_by: str | None = None  # "started by loss.backward() at train.py:31", with it
+    seen: list[ReportSeen] = field(default_factory=list)  # a running rank's lines, sampled
 
 
 @dataclass(frozen=True)
@@ -253,7 +265,7 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
         # its last traced call completed: it is in its own code, or in a collective torch
         # made itself (DDP's), which the Flight Recorder saw
         state: RankState = "blocked" if end.collective else "running"
-        frame = user_frame(end.stacks)
+        frame = user_frame(end.stacks) if end.collective else end.running_at
         running = f"{frame.function} at {frame.place}" if frame else None
         started = started_by(frame) if frame and end.collective else None
     elif end.status in ("hung", "stopped"):
@@ -264,8 +276,10 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
         state = "exited" if failed else "finished"
     stack = stack_text(end.stacks, end.raw_stack, all_frames)
     error = end.error if end.status in ("raised", "died") else None
+    seen = [ReportSeen(s.frame.place, s.times, s.of) for s in end.seen] \
+        if state == "running" and not end.collective else []
     return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running,
-                      end.collective if running else None, started)
+                      end.collective if running else None, started, seen)
 
 
 def _call(call: Call) -> ReportCall:
@@ -300,8 +314,8 @@ def _section(r: ReportRank, cause: Cause | None) -> str:
         lines = [f"blocked; {r.collective}{', ' + r.started_by if r.started_by else ''}"
                  f"{'; last traced call: ' + call_text(r.call) if r.call else ''}"]
     elif r.state == "running":
-        lines = [f"running, in no collective or send/receive: {r.running or 'no stack'}; "
-                 f"last call: {call_text(r.call)}"]
+        lines = [f"running, in no collective or send/receive: {r.running or 'no stack'}"
+                 f"{seen_at_text(r.seen)}; last call: {call_text(r.call)}"]
     else:
         lines = [f"{r.state}; {'blocked in' if r.state == 'blocked' else 'last call'}: "
                  f"{call_text(r.call)}"]

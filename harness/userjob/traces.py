@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distdoctor.dumps.files import DUMP_PREFIX
-from distdoctor.models import RankEnd
+from distdoctor.models import Frame, RankEnd, Seen
 from distdoctor.models.events import Ev
 from distdoctor.models.record import is_peer_echo
 from distdoctor.models.waitfor import PROVEN
@@ -164,7 +164,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
                                 raw_stack=raw or None,
                                 recorded=_flight(trace.path.with_name(
-                                    f"{DUMP_PREFIX}{rank}"))))
+                                    f"{DUMP_PREFIX}{rank}")),
+                                seen=_seen(trace.events)))
         elif exit_event.get("status") == "raised":
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
@@ -222,6 +223,21 @@ def _still_waiting(end: RankEnd, events: tuple[dict, ...]) -> tuple[RankEnd, tup
     return RankEnd(end.rank, "stopped", at=end.at,
                    error=f"its call failed only once a stalled peer was gone: {end.headline}"
                    ), kept
+
+
+def _seen(events: tuple[dict, ...]) -> tuple[Seen, ...]:
+    """The lines a stalled rank's main thread was seen at (its last stall's samples), as
+    written by bootstrap.py: [file, line, function, times, of] each; an entry of any other
+    shape is left out (a trace is read, never trusted)."""
+    stalls = [e for e in events if e.get("ev") == Ev.STALLED]
+    entries = stalls[-1].get("seen") if stalls else None
+    seen = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, list) and len(entry) == 5 \
+                and [type(v) for v in entry] == [str, int, str, int, int]:
+            file, line, function, times, of = entry
+            seen.append(Seen(Frame(file, line, function), times, of))
+    return tuple(seen)
 
 
 def _thread_names(events: tuple[dict, ...]) -> dict[str, str]:

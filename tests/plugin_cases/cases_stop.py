@@ -28,6 +28,17 @@ def test_spin_past_deadline(rank):
     dist.barrier()  # LINE barrier
 
 
+@pytest.mark.world_size(4, deadline=2)
+def test_bigint_spin_on_every_rank(rank):
+    has_value = {0}  # LINE loop-start
+    seen = 1
+    while len(has_value) < 4:  # a tree broadcast from rank 3 that only rank 0 could start
+        seen = seen << 1
+        if rank == 3 and seen < 0:
+            has_value |= {1, 2, 3}
+    dist.barrier()  # LINE loop-end
+
+
 @pytest.mark.world_size(2)
 def test_spin_until_interrupted(rank):
     if rank == 0:
