@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.distdoctor-installed
 
-.PHONY: demo test lint typecheck bench soak clean
+.PHONY: demo test check lint typecheck bench soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 
 test: lint $(STAMP)
 	$(BIN)/python -m pytest
+
+# the quick loop before each commit: lint, types, and the tests that start no rank and
+# no fresh interpreter (--tier unit; conftest.py says what each tier is)
+check: lint $(STAMP)
+	$(BIN)/python -m pytest --tier unit
 
 # ruff (lint and import order) and mypy, on the whole tree. mypy reads the package as it is
 # installed, under its one name: harness/, checks/ and faults/ are copied into

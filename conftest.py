@@ -98,3 +98,43 @@ def cpu_hog():
         for hog in hogs:
             os.killpg(hog.pid, signal.SIGKILL)
             hog.wait()
+
+
+# Tiers: every test module says which one it is in (``pytestmark = pytest.mark.tier(...)``;
+# a test may say otherwise for itself, the closest mark wins). ``--tier unit`` is the quick
+# loop ``make check`` runs before each commit.
+TIERS = {
+    "unit": "in this process only: no rank, no fresh interpreter",
+    "warm": "on the session's warm rank pools (started once, shared by every test)",
+    "e2e": "starts fresh interpreters of its own: distdoctor run, torchrun, pytest, benches",
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", action="append", choices=sorted(TIERS), default=[],
+                     help="run only the tests of this tier (repeatable): "
+                          + "; ".join(f"{name}: {what}" for name, what in TIERS.items()))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tier(name): the test's tier, one of "
+                            + ", ".join(TIERS) + " (conftest.py says what each means)")
+
+
+def tier_of(item) -> str | None:
+    mark = item.get_closest_marker("tier")
+    return mark.args[0] if mark is not None and mark.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    untiered = sorted({item.nodeid.split("::")[0] for item in items
+                       if tier_of(item) not in TIERS})
+    if untiered:
+        raise pytest.UsageError("every test module says its tier (pytestmark = "
+                                "pytest.mark.tier('unit' | 'warm' | 'e2e')): "
+                                + ", ".join(untiered) + " do not")
+    wanted = set(config.getoption("--tier"))
+    if wanted:
+        kept = [item for item in items if tier_of(item) in wanted]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept

@@ -76,14 +76,6 @@ def announce_then_hang(ctx) -> None:
     dist.recv(buffer, src=(ctx.rank + 1) % ctx.world_size)
 
 
-def line_of(marker: str) -> int:
-    """The line in this file that carries ``# marker``."""
-    with open(__file__) as source:
-        for number, text in enumerate(source, 1):
-            if text.rstrip().endswith(f"# {marker}"):
-                return number
-    raise LookupError(marker)
-
 
 def many_calls(ctx) -> None:
     """One of every kind of call the tracer must see, each on a marked line."""

@@ -18,15 +18,12 @@ from pathlib import Path
 
 import proctable
 import pytest
+from sources import line_number, line_of
+
+pytestmark = pytest.mark.tier("e2e")
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 LAUNCHED = Path(__file__).parent / "launched"
-
-
-def line_of(path: Path, text: str) -> str:
-    source = path.read_text().splitlines()
-    number = next(n for n, line in enumerate(source, 1) if text in line)
-    return f"{os.path.relpath(path, EXAMPLES)}:{number}"
 
 
 def run_command(distdoctor, tmp_path, *command: str, deadline: float = 60.0):
@@ -48,7 +45,7 @@ def test_the_tutorials_shape_with_a_collective_on_rank_0_is_named_with_its_real_
     assert done.returncode == 1, done.stdout + done.stderr
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
-    assert cause["where"] == line_of(script, "# BUG")
+    assert cause["where"] == line_of(script, "# BUG", EXAMPLES)
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert "ProcessExitedException" not in done.stdout
     assert "stopped by distdoctor (process group 1 hung)" in done.stdout
@@ -76,7 +73,7 @@ def test_a_multiprocessing_process_job_with_a_file_rendezvous_names_the_raising_
     assert (cause["kind"], cause["ranks"]) == ("rank-crashed", [1]), done.stdout
     assert "FileNotFoundError: shard-1.pt" in cause["summary"]
     rank1 = report["ranks"][1]
-    assert f'line {line_of(script, "# BUG").rsplit(":", 1)[1]}, in load_shard' in rank1["error"]
+    assert f'line {line_number(script, "# BUG")}, in load_shard' in rank1["error"]
     assert "exited with code 1" in done.stdout
 
 
@@ -88,11 +85,11 @@ def test_a_silent_bug_in_each_of_two_process_groups_is_named_in_each(distdoctor,
                                "selflaunch/spawn_summed_gradients.py")
     assert done.returncode == 1
     assert "== process group 1 of 2 (2 ranks, init_process_group at " \
-           f"{line_of(script, 'dist.init_process_group(')})" in done.stdout
+           f"{line_of(script, 'dist.init_process_group(', EXAMPLES)})" in done.stdout
     assert "== process group 2 of 2" in done.stdout
     assert done.stdout.count("FAILED: gradient-not-averaged (ranks 0, 1)") == 2
     assert report["cause"]["measured"]["ratio"] == pytest.approx(2.0, abs=0.01)
-    assert report["cause"]["where"] == line_of(script, "# BUG")
+    assert report["cause"]["where"] == line_of(script, "# BUG", EXAMPLES)
     assert "exited with code 0" in done.stdout  # the command itself succeeded
 
 
@@ -107,8 +104,8 @@ def test_run_torchrun_as_a_command_traces_a_group_formed_by_init_device_mesh(
     cause = report["cause"]
     assert cause["kind"] == "collective-mismatch", done.stdout
     script = EXAMPLES / "mesh_metric_on_rank0.py"
-    assert {cause["where"], *cause["also_at"]} == {line_of(script, "# BUG"),
-                                                  line_of(script, "dist.barrier()")}
+    assert {cause["where"], *cause["also_at"]} == {line_of(script, "# BUG", EXAMPLES),
+                                                  line_of(script, "dist.barrier()", EXAMPLES)}
     assert [(r["rank"], r["call"]["op"]) for r in report["ranks"]] == [
         (0, "all_reduce"), (1, "barrier")]
 
@@ -190,8 +187,8 @@ def test_attach_names_a_hung_plain_torchrun_job_and_leaves_it_running(distdoctor
         cause = report["cause"]
         assert cause["kind"] == "collective-mismatch", done.stdout
         script = EXAMPLES / "conditional_collective.py"
-        assert {cause["where"], *cause["also_at"]} >= {line_of(script, "# BUG"),
-                                                     line_of(script, "dist.barrier()")}
+        assert {cause["where"], *cause["also_at"]} >= {line_of(script, "# BUG", EXAMPLES),
+                                                     line_of(script, "dist.barrier()", EXAMPLES)}
         assert [(r["rank"], r["call"]["op"]) for r in report["ranks"]] == [
             (0, "all_reduce"), (1, "barrier")]
         running = job.processes()
@@ -215,7 +212,7 @@ def test_attach_names_a_hung_mp_spawn_job_from_the_ranks_stacks(distdoctor, tmp_
         assert "ranks 0, 1 of 2" in done.stdout and "mp.spawn's index" in done.stdout
         cause = report["cause"]
         assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
-        assert cause["where"] == line_of(script, "# BUG")
+        assert cause["where"] == line_of(script, "# BUG", EXAMPLES)
         assert "DDP's own broadcast in its forward" in cause["summary"]
         ranks = [int(p) for p in done.stdout.split("(process ")[1].split(";")[0].split(", ")]
         assert job.process.poll() is None and all(proctable.alive(p) for p in ranks)
@@ -237,7 +234,7 @@ def test_attach_asks_for_flight_recorder_dumps_through_the_dump_pipe(distdoctor,
         cause = report["cause"]
         assert (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0]), done.stdout
         assert "collective #3 of the default group" in cause["summary"]  # FR counts from 1
-        assert cause["where"].endswith(f":{line_of(script, '# BUG').rsplit(':', 1)[1]}")
+        assert cause["where"].endswith(f":{line_number(script, '# BUG')}")
         assert {p.name for p in tmp_path.glob("dump_*")} == {"dump_0", "dump_1"}
         assert job.process.poll() is None
     finally:

@@ -12,6 +12,8 @@ import pytest
 from distdoctor.faultloop.runspec import judge, run
 from distdoctor.models import Knobs, RunSpec
 
+pytestmark = pytest.mark.tier("warm")
+
 STRATEGIES = ["ddp", "torch-ddp"]
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("e2e")
+
 ROOT = Path(__file__).resolve().parent.parent
 # script -> the last line its smoke run prints: its result, with numbers where measured
 SMOKE = {

@@ -6,10 +6,18 @@ import re
 
 import collective_impls
 import pytest
+from sources import line_number
 
 from distdoctor.cli.main import main
 
+pytestmark = pytest.mark.tier("e2e")
+
 IMPLS = collective_impls.__name__
+
+
+def impl_line(marker: str) -> int:
+    """The line of collective_impls.py marked ``# marker``."""
+    return line_number(collective_impls.__file__, f"# {marker}")
 
 
 def check(capsys, function: str, kind: str, *extra: str) -> tuple[int, str]:
@@ -37,7 +45,7 @@ def test_a_ring_that_sends_the_chunk_one_ahead_fails_in_its_own_reshape(capsys):
     code, printed = check(capsys, "ring_wrong_chunk_index", "allreduce")
     assert code == 1 and "smallest failing example (shrunk by hypothesis)" in printed
     assert "world size 2, 1 float32 element per rank" in printed
-    line = f"collective_impls.py:{_line('RESHAPE-LINE')}"
+    line = f"collective_impls.py:{impl_line('RESHAPE-LINE')}"
     assert all(f"rank {r}: RuntimeError: shape '[1]' is invalid for input of size 0 at "
                in printed for r in (0, 1))
     assert printed.count(line) >= 2
@@ -77,7 +85,7 @@ def test_a_hang_is_proven_whatever_the_deadline_and_says_who_waited_where(capsys
     code, printed = check(capsys, "allgather_rank0_never_sends", "allgather",
                           "--deadline", "300", "--world-sizes", "2-3")
     assert code == 1 and ": hang" in printed
-    hang_line = f"collective_impls.py:{_line('HANG-LINE')}"
+    hang_line = f"collective_impls.py:{impl_line('HANG-LINE')}"
     assert "deadlock proven: rank 0 finished while rank 1 waits in recv from 0" in printed
     assert hang_line in printed
 
@@ -85,11 +93,6 @@ def test_a_hang_is_proven_whatever_the_deadline_and_says_who_waited_where(capsys
 def test_an_unloadable_target_is_a_usage_error(capsys):
     assert main(["check-collective", "nope_module:f", "--kind", "allreduce"]) == 2
     assert main(["check-collective", f"{IMPLS}", "--kind", "allreduce"]) == 2
-
-
-def _line(marker: str) -> int:
-    with open(collective_impls.__file__) as source:
-        return next(n for n, line in enumerate(source, 1) if f"# {marker}" in line)
 
 
 def test_a_rank_that_spins_is_stopped_at_the_deadline_and_located(capsys):
@@ -100,7 +103,7 @@ def test_a_rank_that_spins_is_stopped_at_the_deadline_and_located(capsys):
     code, printed = check(capsys, "tree_broadcast_spins_off_root0", "broadcast",
                           "--deadline", "1", "--world-sizes", "2-3")
     assert code == 1 and ": hang" in printed and "source rank 1" in printed, printed
-    first, last = _line("SPIN-START"), _line("SPIN-END")
+    first, last = impl_line("SPIN-START"), impl_line("SPIN-END")
     places = re.findall(r"never entered one: running tree_broadcast_spins_off_root0 at "
                         r"(\S+):(\d+)", printed)
     assert len(places) == 2, printed  # both ranks of the shrunk example
@@ -118,7 +121,7 @@ def test_a_pure_python_spin_is_located_on_every_rank_at_a_line_of_its_loop(capsy
     code, printed = check(capsys, "tree_broadcast_bigint_spin", "broadcast",
                           "--deadline", "1", "--world-sizes", "4")
     assert code == 1 and ": hang" in printed, printed
-    first, last = _line("BIGINT-START"), _line("BIGINT-END")
+    first, last = impl_line("BIGINT-START"), impl_line("BIGINT-END")
     places = re.findall(r"never entered one: running tree_broadcast_bigint_spin at "
                         r"(\S+):(\d+)", printed)
     assert len(places) == 4, printed  # every rank of the shrunk example
@@ -138,7 +141,7 @@ def test_a_send_first_ring_passes_a_buffered_wire_and_deadlocks_a_rendezvous(cap
     assert code == 1 and ": deadlock on the rendezvous transport" in printed, printed
     assert "world size 2," in printed
     assert "ordering deadlock on the rendezvous transport: ranks 0 -> 1 -> 0" in printed
-    send_line = f"collective_impls.py:{_line('SEND-FIRST-LINE')}"
+    send_line = f"collective_impls.py:{impl_line('SEND-FIRST-LINE')}"
     for rank, peer in ((0, 1), (1, 0)):
         assert re.search(rf"rank {rank} in send to rank {peer} at \S*{send_line}", printed)
     assert "even ranks send first, odd ranks receive first" in printed
@@ -178,7 +181,7 @@ def test_a_call_the_transport_does_not_take_fails_on_the_first_example(capsys):
     the transport's methods, instead of shrinking over a hundred examples (25 s)."""
     code, printed = check(capsys, "torch_style_recv", "allreduce", "--examples", "200")
     assert code == 1 and "FAILED (after 1 example, counting" in printed
-    line = f"collective_impls.py:{_line('MISUSE-LINE')}"
+    line = f"collective_impls.py:{impl_line('MISUSE-LINE')}"
     assert ("your function calls the transport with arguments it does not take, on the "
             "first example:\n  rank ") in printed
     assert "recv(<tensor (" in printed and line in printed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distdoctor.checks import (
     gradient_scale,
     non_finite,
@@ -23,6 +25,8 @@ from distdoctor.models import (
     RunSpec,
     StepEvidence,
 )
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def fp(values, digest=None) -> Fingerprint:

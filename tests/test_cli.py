@@ -15,6 +15,8 @@ from distdoctor.cli.main import main
 from distdoctor.models import load_report
 from distdoctor.models.jsoncodec import to_json
 
+pytestmark = pytest.mark.tier("warm")
+
 
 def test_train_prints_the_table_and_writes_a_passing_record(tmp_path, capsys):
     out = tmp_path / "r.json"

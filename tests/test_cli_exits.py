@@ -17,6 +17,8 @@ import pytest
 from distdoctor import faults
 from distdoctor.cli.main import main
 
+pytestmark = pytest.mark.tier("e2e")
+
 SCRIPT = """import os
 import torch.distributed as dist
 

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from distdoctor.cli.main import build_parser, main
 
+pytestmark = pytest.mark.tier("warm")
+
 TRIED = {"argv": 0, "refused": 0, "would run": 0}
 
 

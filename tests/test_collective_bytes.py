@@ -16,6 +16,8 @@ from distdoctor.collectives.jobs import run_ours
 from distdoctor.collectives.transport import QueueTransport
 from distdoctor.launch.pool import RankPool, shared_pool
 
+pytestmark = pytest.mark.tier("warm")
+
 E = 4  # float32
 
 

@@ -16,6 +16,8 @@ from distdoctor.collectives.jobs import run_native, run_ours
 from distdoctor.collectives.properties import DTYPES, Case, cases, expected_share, reduced, same
 from distdoctor.launch.pool import shared_pool
 
+pytestmark = pytest.mark.tier("warm")
+
 # how many examples, and whether they are the same every run, is the profile's (conftest)
 EXAMPLES = settings(deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_run_examples import EXAMPLES, _torchrun
+from torchrun_example import EXAMPLES, torchrun_example
 
 from distdoctor.cli.main import main
+
+pytestmark = pytest.mark.tier("e2e")
 
 TRIED = {"damaged": 0}  # how many generated damages were analysed, for the closing note
 
@@ -23,7 +25,7 @@ TRIED = {"damaged": 0}  # how many generated damages were analysed, for the clos
 def hang_traces(tmp_path_factory) -> Path:
     """The traces of p2p_cycle.py (a send cycle) under a real torchrun, written once."""
     root = tmp_path_factory.mktemp("traces")
-    _torchrun(root / "hang", "p2p_cycle.py", 2, hangs=True)
+    torchrun_example(root / "hang", "p2p_cycle.py", 2, hangs=True)
     return root / "hang"
 
 
@@ -183,7 +185,7 @@ def test_a_rank_sigkilled_while_tracing_heavily_under_torchrun(capsys, tmp_path)
     script = EXAMPLES / "spam_then_die.py"
     try:
         script.write_text(SPAMMER)
-        _torchrun(tmp_path / "killed", script.name, 2)
+        torchrun_example(tmp_path / "killed", script.name, 2)
     finally:
         script.unlink(missing_ok=True)
     code, out, err, report = analyze(capsys, tmp_path / "killed")

@@ -29,6 +29,8 @@ from distdoctor.models import (
     StepEvidence,
 )
 
+pytestmark = pytest.mark.tier("warm")
+
 
 def call(rank: int, op: str, seq: int = 0, peer: int | None = None, shape=(4,),
          dtype: str = "float32", reduce_op: str | None = None, line: int = 10) -> Call:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from distdoctor.models.waitfor import CONFIRM_S
 from distdoctor.userjob.dirwatch import TraceDirectory, read_proof, write_proof
+
+pytestmark = pytest.mark.tier("e2e")
 
 
 def trace(folder, rank: int, run: str, *events: dict) -> None:

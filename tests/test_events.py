@@ -12,6 +12,8 @@ import pytest
 from distdoctor.models.events import EMITTED, TRACE_EVENTS, Emit, Ev
 from distdoctor.trace.evidence import evidence_from_events
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -136,6 +136,8 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
 
 from tensor_numbers import TENSOR_NUMBERS  # noqa: E402
 
+pytestmark = pytest.mark.tier("warm")
+
 HANDROLLED = Path(__file__).parent.parent / "harness" / "pipeline" / "handrolled.py"
 
 

@@ -14,6 +14,8 @@ import pytest
 from distdoctor import checks
 from distdoctor.models import Finding
 
+pytestmark = pytest.mark.tier("e2e")
+
 
 def renamed(finding: Finding) -> Finding:
     return dataclasses.replace(finding, measured={f"renamed_{key}": value

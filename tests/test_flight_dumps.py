@@ -29,6 +29,9 @@ CASES = Path(__file__).parent / "launched" / "frcases"
 RUNNER = Path(__file__).parent / "launched" / "fr_dumps.py"
 sys.path.insert(0, str(ROOT / "bench"))
 import frdumps  # noqa: E402 (bench/ is not a package: its path is set above)
+from sources import line_of  # noqa: E402 (kept beside it: the one path set-up above)
+
+pytestmark = pytest.mark.tier("e2e")
 
 # name -> (script, world, dumps the job leaves, dumped as its script ends)
 REAL = {
@@ -53,11 +56,6 @@ EXPECTED = {
     "ddp_forward_on_one_rank": ("collective-mismatch", [0], "# BUG"),
     "fsdp_gather_on_one_rank": ("collective-mismatch", [0], "# BUG"),
 }
-
-
-def line_of(path: Path, text: str) -> str:
-    number = next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
-    return f"{path.name}:{number}"
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +112,7 @@ def test_a_hung_jobs_real_dumps_name_the_cause_rank_and_line(name, real_dumps, d
     if name.endswith("_json"):  # torch's JSON dumps hold no Python frames: no lines
         assert cause["where"] is None and "holds no Python frames" in done.stdout
     else:
-        assert cause["where"].endswith(line_of(script, marked)), done.stdout
+        assert cause["where"].endswith(line_of(script, marked, base=script.parent)), done.stdout
 
 
 @pytest.mark.timeout(300)

@@ -7,11 +7,15 @@ numbering. Found as a fault-matrix case that timed out instead of being proven, 
 
 from __future__ import annotations
 
+import pytest
+
 from distdoctor import faults
 from distdoctor.faultloop.diagnose import diagnose
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import RunSpec
 from distdoctor.trace.flight import in_flight
+
+pytestmark = pytest.mark.tier("warm")
 
 
 def uneven_sends(ctx) -> None:

@@ -7,10 +7,14 @@ import dis
 import threading
 import time
 
+import pytest
+
 from distdoctor.launch.stacks import parse_faulthandler
 from distdoctor.models import Frame, seen_most_first
 from distdoctor.models.record import seen_at_text
 from distdoctor.trace.lines import code_line, main_thread_at, main_thread_seen, where
+
+pytestmark = pytest.mark.tier("unit")
 
 SOURCE = """
 def guarded(items):

@@ -9,6 +9,8 @@ import torch
 
 from distdoctor.trace.sums import CHUNK, GradSums
 
+pytestmark = pytest.mark.tier("e2e")
+
 # each test both ways: sums read at once (the CPU's) and kept in slots (a GPU's, here on
 # the CPU so that they are tested on this machine too)
 WAYS = pytest.mark.parametrize("read_cpu", [True, False], ids=["read", "slots"])

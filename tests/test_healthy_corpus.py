@@ -27,6 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distdoctor.testing import assert_trains_like_one_process
 
+pytestmark = pytest.mark.tier("e2e")
+
 HEALTHY = Path(__file__).resolve().parent.parent / "examples" / "healthy"
 # (script, arguments, ranks)
 CORPUS = [

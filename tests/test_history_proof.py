@@ -32,6 +32,8 @@ from distdoctor.models import (
 )
 from distdoctor.userjob.report import look_at, render, report
 
+pytestmark = pytest.mark.tier("e2e")
+
 PROLOGUE = """import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -5,9 +5,13 @@ raise in the ranks (forked from this process, so they inherit the patch)."""
 
 from __future__ import annotations
 
+import pytest
+
 from distdoctor.models import Incomplete
 from distdoctor.trace.evidence import fold_incomplete
 from distdoctor.trace.sums import GradSums
+
+pytestmark = pytest.mark.tier("e2e")
 
 
 def _boom(self, p, grad):

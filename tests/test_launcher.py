@@ -10,10 +10,15 @@ from pathlib import Path
 import jobs
 import proctable
 import pytest
+from sources import line_number
 
 from distdoctor.launch.pool import launch
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import Frame
+
+pytestmark = pytest.mark.tier("e2e")
+
+JOBS = jobs.__file__
 
 TESTS = Path(__file__).parent
 
@@ -41,7 +46,8 @@ def test_raising_rank_is_reported_with_its_traceback_and_stops_the_rest(no_new_c
     root = result.root_cause
     assert root is not None and root.rank == 1 and root.status == "raised"
     assert "ValueError: rank 1 is broken" in root.error
-    assert f'{jobs.__file__}", line {jobs.line_of("RAISE-LINE")}, in raise_on_rank' in root.error
+    raised_at = line_number(JOBS, "# RAISE-LINE")
+    assert f'{jobs.__file__}", line {raised_at}, in raise_on_rank' in root.error
     others = [e for e in result.ends if e.rank != 1]
     assert all(not e.ok for e in others)
     # stopped long before any group timeout: within 2 s of the failure
@@ -68,7 +74,7 @@ def test_rank_that_cannot_be_interrupted_is_stopped_after_the_grace(no_new_child
     assert peer.at - result.ends[0].at < 2.0
     main = next(s for s in peer.stacks if s.main)
     assert (main.frames[0].file, main.frames[0].line) == (jobs.__file__,
-                                                          jobs.line_of("PEER-WAIT-LINE"))
+                                                          line_number(JOBS, "# PEER-WAIT-LINE"))
 
 
 def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_children):
@@ -82,7 +88,7 @@ def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_chi
         main = next(s for s in end.stacks if s.main)
         user = [f for f in main.frames if f.file == jobs.__file__]
         assert (user[-1].function, user[-1].line) == ("p2p_cycle_with_helper_thread",
-                                                      jobs.line_of("RECV-LINE"))
+                                                      line_number(JOBS, "# RECV-LINE"))
         innermost = main.frames[-1]  # down inside torch's blocking call
         assert (Path(innermost.file).name, innermost.function) == ("distributed_c10d.py", "recv")
         assert any(s.name == f"helper-{end.rank}" for s in end.stacks)
@@ -93,12 +99,12 @@ def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_n
     from distdoctor.userjob.report import render
 
     result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
-    where = f"{jobs.__file__}:{jobs.line_of('GIL-LINE')}"
+    where = f"{jobs.__file__}:{line_number(JOBS, '# GIL-LINE')}"
     for end in result.ends:
         assert end.status == "hung"
         assert end.raw_stack and "hold_the_gil" in end.raw_stack
         assert [s.main for s in end.stacks] == [True, False]  # the stack thread is not main
-        assert end.stacks[0].frames[0] == Frame(jobs.__file__, jobs.line_of("GIL-LINE"),
+        assert end.stacks[0].frames[0] == Frame(jobs.__file__, line_number(JOBS, "# GIL-LINE"),
                                                 "hold_the_gil")
     text = render(explain(script_record(result.ends, result.traces, result.wall_s,
                                          result.started, 1.0), "hold_the_gil"))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the import name it is installed under (pyproject.toml's package-dir)
 TOP_LEVEL = {"harness": "distdoctor", "checks": "distdoctor.checks",
@@ -247,6 +249,7 @@ def test_every_package_opens_with_a_paragraph_on_its_place():
         assert len(doc.split()) >= 25, f"{init.relative_to(ROOT)} has no opening paragraph"
 
 
+@pytest.mark.tier("e2e")  # a fresh interpreter per run of it
 def test_every_module_imports_in_a_fresh_interpreter():
     """As ``python -c 'import ...'`` would, one interpreter for the lot: a module that only
     imports after another has run first fails here. The ``__main__`` modules are imported

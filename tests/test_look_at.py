@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import sysconfig
 
+import pytest
+
 from distdoctor.userjob.report import raising_line
+
+pytestmark = pytest.mark.tier("unit")
 
 ENTRY = os.path.join(sysconfig.get_path("scripts"), "distdoctor")
 TORCH = os.path.join(sysconfig.get_path("purelib"), "torch", "distributed", "tensor", "_api.py")

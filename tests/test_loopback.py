@@ -19,6 +19,8 @@ import sockettable
 
 from distdoctor.cli.main import main
 
+pytestmark = pytest.mark.tier("warm")
+
 TESTS = Path(__file__).parent
 
 

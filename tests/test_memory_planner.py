@@ -10,6 +10,8 @@ from distdoctor.cli.main import main
 from distdoctor.memory.formulas import PRECISIONS, deepspeed_estimate, stage_bytes
 from distdoctor.memory.planner import Model, cheapest_fit, smallest_world_size
 
+pytestmark = pytest.mark.tier("unit")
+
 FP32, MIXED, MASTER = (PRECISIONS[k] for k in ("fp32", "mixed", "mixed-master"))
 P = 70e9
 

@@ -29,6 +29,8 @@ from distdoctor.models import (
 from distdoctor.models.jsoncodec import SchemaError, from_json, to_json
 from distdoctor.models.spec import PipeShape
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def values_of(hint):
     """Every value a field typed ``hint`` may hold, by its annotation alone: so a field

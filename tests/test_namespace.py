@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("e2e")
+
 RUN_TIMEOUT = 240  # seconds for one subprocess; each finishes in well under 30
 
 USER_PACKAGE = 'WHOSE = "the user\'s {name}"\n'

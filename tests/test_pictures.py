@@ -11,6 +11,8 @@ from browser import CHROMIUM, MISSING, render
 
 from distdoctor.cli.main import main
 
+pytestmark = pytest.mark.tier("e2e")
+
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason=MISSING)
 
 

@@ -15,6 +15,8 @@ from distdoctor.pipeline import PIPELINE_STRATEGIES
 from distdoctor.pipeline.model import balance_ranks, partition
 from distdoctor.pipeline.report import measured_bubble
 
+pytestmark = pytest.mark.tier("warm")
+
 
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("strategy", PIPELINE_STRATEGIES)

@@ -12,6 +12,8 @@ from distdoctor.launch.pool import PoolStartError, RankPool
 from distdoctor.launch.results import JobResult, RanksFailed
 from distdoctor.models import RankEnd
 
+pytestmark = pytest.mark.tier("warm")
+
 
 @pytest.fixture
 def pool():

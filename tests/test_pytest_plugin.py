@@ -19,7 +19,10 @@ from pathlib import Path
 import proctable
 import pytest
 import torch
+from sources import line_of
 from torch import nn
+
+pytestmark = pytest.mark.tier("e2e")
 
 CASES = Path(__file__).parent / "plugin_cases"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "test_with_distdoctor.py"
@@ -60,12 +63,9 @@ EXPECTED = {
 }
 
 
-def line_of(case_file: str, marker: str) -> str:
-    """``file:line`` of the line in a case file that ends with ``# LINE marker``."""
-    for number, text in enumerate((CASES / case_file).read_text().splitlines(), 1):
-        if text.rstrip().endswith(f"# LINE {marker}"):
-            return f"{case_file}:{number}"
-    raise LookupError(marker)
+def case_line(case_file: str, marker: str) -> str:
+    """``file:line`` of the line in a case file marked ``# LINE marker``."""
+    return line_of(CASES / case_file, f"# LINE {marker}", base=CASES)
 
 
 def _ranks(phrase: str) -> list[int]:
@@ -155,13 +155,13 @@ def test_every_test_of_the_user_file_ends_as_expected(user_run):
 def test_a_failing_assertion_names_its_rank_with_pytest_s_explanation(user_run):
     text = user_run["test_one_rank_wrong"][1]
     assert "rank 1 of 2: AssertionError: assert 0.0 == 1" in text
-    assert f"{line_of('cases_user.py', 'one_rank_wrong')}: AssertionError" in text
+    assert f"{case_line('cases_user.py', 'one_rank_wrong')}: AssertionError" in text
     assert "rank 0 of 2: finished" in text
 
 
 def test_a_send_send_hang_is_proven_with_both_ranks_lines(user_run):
     text = user_run["test_send_send"][1]
-    where = line_of("cases_user.py", "send_send")
+    where = case_line("cases_user.py", "send_send")
     assert "deadlock proven: p2p-cycle (ranks 0, 1 of 2)" in text
     assert f"rank 0 of 2: waiting in send to 1 (#0, (4,), float32) at {where}" in text
     assert f"rank 1 of 2: waiting in send to 0 (#0, (4,), float32) at {where}" in text
@@ -170,15 +170,15 @@ def test_a_send_send_hang_is_proven_with_both_ranks_lines(user_run):
 
 def test_a_rank_that_left_early_and_a_collective_mismatch_are_named(user_run):
     early = user_run["test_rank_returns_early"][1]
-    barrier = line_of("cases_user.py", "barrier")
+    barrier = case_line("cases_user.py", "barrier")
     assert "deadlock proven: rank-exited-early (rank 2 of 3)" in early
     assert f"ranks 0, 1 of 3: waiting in barrier (#0) at {barrier}" in early  # said once
     assert "rank 2 of 3: finished" in early
     differ = user_run["test_collectives_differ"][1]
     assert "deadlock proven: collective-mismatch (ranks 0, 1 of 2)" in differ
     assert f"rank 0 of 2: waiting in all_reduce (#0, (4,), float32) at " \
-           f"{line_of('cases_user.py', 'all_reduce')}" in differ
-    assert f"at {line_of('cases_user.py', 'broadcast')}" in differ
+           f"{case_line('cases_user.py', 'all_reduce')}" in differ
+    assert f"at {case_line('cases_user.py', 'broadcast')}" in differ
 
 
 def test_a_rank_that_dies_is_named_with_its_exit(user_run):
@@ -194,7 +194,7 @@ def test_a_hypothesis_property_through_ranks_is_shrunk_to_the_smallest_failure(u
     text = user_run["test_property_shrinks"][1]
     assert "x=25" in text  # the least x whose sum over 2 ranks reaches 50
     assert "the sum reached fifty" in text
-    assert line_of("cases_user.py", "below_fifty") in text
+    assert case_line("cases_user.py", "below_fifty") in text
 
 
 def test_replicas_that_differ_are_named_by_entry_rank_and_gap(user_run):
@@ -211,13 +211,13 @@ def test_training_that_parts_from_one_process_is_given_its_cause(user_run):
     summed = user_run["test_summed_gradients"][1]
     assert "ranks 0, 1 of 2 part from one process after step 1" in summed
     assert "cause: gradient-not-averaged" in summed and "2.00x" in summed
-    assert line_of("cases_user.py", "summing") in summed
+    assert case_line("cases_user.py", "summing") in summed
     seeded = user_run["test_seeded_by_rank"][1]
     assert "rank 1 of 2 parts from one process after build, before any step" in seeded
     assert "cause: divergent-parameters" in seeded
     unused = user_run["test_unused_parameters"][1]
     assert "cause: unused-parameters" in unused and "b.weight, b.bias" in unused
-    assert line_of("cases_user.py", "step") in unused
+    assert case_line("cases_user.py", "step") in unused
 
 
 @pytest.mark.parametrize("test, parts, cause, marker", [
@@ -243,7 +243,7 @@ def test_replicas_that_part_silently_are_given_the_update_that_parted_them(user_
     detectors' cause names the rank that did it and its line."""
     text = user_run[test][1]
     assert parts in text and cause in text, text
-    assert line_of("cases_user.py", marker) in text
+    assert case_line("cases_user.py", marker) in text
 
 
 def test_the_same_file_under_xdist_ends_the_same(tmp_path):
@@ -272,11 +272,11 @@ def test_a_hang_nobody_can_prove_fails_within_the_deadline_and_three_seconds(tmp
     assert all(f"[rank{r}]:rank {r} starts" in printed for r in range(3))  # though stopped
     assert "timed out (still running at the deadline of 2.0 s)" in text
     assert f"rank 0 of 3: running test_spin_past_deadline at " \
-           f"{line_of('cases_stop.py', 'spin')}, in no collective" in text
-    assert f"waiting in barrier (#0) at {line_of('cases_stop.py', 'barrier')}" in text
+           f"{case_line('cases_stop.py', 'spin')}, in no collective" in text
+    assert f"waiting in barrier (#0) at {case_line('cases_stop.py', 'barrier')}" in text
     # every rank of four spinning on a growing big-int shift: each at a line of its loop
     outcome, text, _ = outcomes(root / "report.xml")["test_bigint_spin_on_every_rank"]
-    first, last = (int(line_of("cases_stop.py", m).rsplit(":", 1)[1])
+    first, last = (int(case_line("cases_stop.py", m).rsplit(":", 1)[1])
                    for m in ("loop-start", "loop-end"))
     places = re.findall(r"ranks? ([\d, -]+) of 4: running test_bigint_spin_on_every_rank "
                         r"at cases_stop\.py:(\d+)", text)

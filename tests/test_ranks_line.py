@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
 from distdoctor.text import ranks_line
+
+pytestmark = pytest.mark.tier("unit")
 
 OOM = "Traceback (most recent call last):\ntorch.OutOfMemoryError: out of memory"
 RESET = "Traceback (most recent call last):\nRuntimeError: Connection reset by peer"

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 FIRST_SCREEN = "\n".join(README.splitlines()[:66])

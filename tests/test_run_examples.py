@@ -14,19 +14,22 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import proctable
 import pytest
+from sources import line_of
+from torchrun_example import torchrun_example
+
+pytestmark = pytest.mark.tier("e2e")
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def line_of(example: str, text: str) -> str:
-    source = (EXAMPLES / example).read_text().splitlines()
-    return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
+def example_line(example: str, text: str) -> str:
+    """``example.py:line`` of the first line of an example that holds ``text``."""
+    return line_of(EXAMPLES / example, text, base=EXAMPLES)
 
 
 _RUNS: dict[tuple[str, int, float], tuple] = {}
@@ -133,12 +136,12 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     assert (report["cause"]["kind"], report["cause"]["ranks"]) == (kind, culprits)
     by_rank = {r["rank"]: r for r in report["ranks"]}
     for rank, text in where.items():
-        assert by_rank[rank]["call"]["where"] == line_of(example, text)
+        assert by_rank[rank]["call"]["where"] == example_line(example, text)
     if example in LINE_FIRST:  # the culprit's line comes first under "look at"
         # (the whole report and the ranks' stderr on failure: once, in a suite run on a
         # fresh clone, the aborted FSDP rank's first line was another; not seen again in
         # 9 runs, 6 of them under a CPU hog on both cores)
-        assert f"look at: {line_of(example, LINE_FIRST[example])}" in done.stdout, \
+        assert f"look at: {example_line(example, LINE_FIRST[example])}" in done.stdout, \
             done.stdout + done.stderr[-4000:]
     # the report follows whatever the script printed itself
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
@@ -188,10 +191,10 @@ def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_p
     assert [c["kind"] for c in report["findings"]] == [kind]
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == (kind, culprits)
-    assert cause["where"] == line_of(example, marker)
+    assert cause["where"] == example_line(example, marker)
     assert {k: cause["measured"][k] for k in measured} == measured
     assert [r["state"] for r in report["ranks"]] == ["finished"] * ranks
-    assert f"look at: {line_of(example, marker)}" in done.stdout
+    assert f"look at: {example_line(example, marker)}" in done.stdout
 
 
 def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(distdoctor,
@@ -204,7 +207,7 @@ def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(
     assert [c["kind"] for c in report["findings"]] == ["unsynced-microbatches",
                                                        "divergent-parameters"]
     cause = report["cause"]
-    assert (cause["ranks"], cause["where"]) == ([0, 1], line_of(
+    assert (cause["ranks"], cause["where"]) == ([0, 1], example_line(
         "accumulate_sync_on_first.py", "# FORWARD"))
     assert {k: cause["measured"][k] for k in ("first_step", "micro_batches", "synced_at")} \
         == {"first_step": 1, "micro_batches": 4, "synced_at": 1}
@@ -238,12 +241,12 @@ def test_replicas_that_update_apart_are_given_the_update_and_its_line(
                                                        "divergent-parameters"]
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("rank-dependent-update", culprits)
-    assert cause["where"] == line_of(example, marker)
+    assert cause["where"] == example_line(example, marker)
     for key, value in measured.items():  # numbers to float precision, the rest exactly
         assert cause["measured"][key] == (pytest.approx(value) if isinstance(value, dict)
                                           else value), key
     assert report["findings"][1]["measured"]["first_divergent_step"] == parted_at
-    assert f"look at: {line_of(example, marker)}" in done.stdout
+    assert f"look at: {example_line(example, marker)}" in done.stdout
 
 
 # replicas known from how they communicate: a sync that fails leaves them replicas, its
@@ -265,9 +268,9 @@ def test_a_failed_sync_is_named_from_the_reductions_with_its_line_and_remedy(
     assert (cause["kind"], cause["ranks"]) == ("failed-sync", culprits)
     for key, value in measured.items():
         assert cause["measured"][key] == value, key
-    assert cause["where"] == line_of(example, lines[0])
+    assert cause["where"] == example_line(example, lines[0])
     for marker in lines:
-        assert line_of(example, marker) in done.stdout
+        assert example_line(example, marker) in done.stdout
     assert ("work.wait()" if "unwaited" in example else "one fixed order") in cause["fix"]
 
 
@@ -304,7 +307,7 @@ def test_the_root_cause_traceback_comes_first_not_the_connection_errors(distdoct
     root = next(r for r in report["ranks"] if r["rank"] == 1)
     assert root["state"] == "crashed" and "ValueError: corrupt batch at step 2" in root["error"]
     assert root["error"].splitlines()[1].strip().startswith('File "')  # starts at the script
-    assert f"look at: {line_of('rank_raises.py', 'raise ValueError')}" in done.stdout
+    assert f"look at: {example_line('rank_raises.py', 'raise ValueError')}" in done.stdout
     assert done.stdout.index("rank 1 (root cause)") < done.stdout.index("rank 0:")
 
 
@@ -326,7 +329,7 @@ def test_a_rank_inside_ddps_own_collective_is_placed_by_the_flight_recorder(dist
     assert rank1["state"] == "blocked" and rank1["call"] is None
     assert rank1["collective"] == ("waiting in DDP's own broadcast in its forward (broadcast "
                                    "#5 of the default group, by torch's Flight Recorder)")
-    assert rank1["running"].endswith(line_of("ddp_log_on_rank0.py", "# FORWARD"))
+    assert rank1["running"].endswith(example_line("ddp_log_on_rank0.py", "# FORWARD"))
 
 
 def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(distdoctor,
@@ -335,8 +338,8 @@ def test_a_rank_in_ddps_backward_is_said_to_wait_there_and_the_other_is_blamed(d
     gradient all-reduce waits for rank 0. The rank that only waits is not the culprit."""
     done, report = run_example(distdoctor, tmp_path, "ddp_barrier_on_rank0.py", 2,
                                deadline=DEADLINE)
-    backward = line_of("ddp_barrier_on_rank0.py", "# BACKWARD")
-    barrier = line_of("ddp_barrier_on_rank0.py", "# BUG")
+    backward = example_line("ddp_barrier_on_rank0.py", "# BACKWARD")
+    barrier = example_line("ddp_barrier_on_rank0.py", "# BUG")
     assert done.stdout.startswith("distdoctor run: FAILED: collective-mismatch (rank 0)\n")
     said = ("rank 1: blocked; waiting in DDP's gradient all-reduce (all_reduce #8 of the "
             f"default group, by torch's Flight Recorder), started by loss.backward() at "
@@ -370,49 +373,6 @@ def test_a_deadlock_is_proven_from_the_calls_long_before_the_deadline(distdoctor
 def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     done = distdoctor(*argv)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-
-
-def _torchrun(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
-              flags: tuple[str, ...] = (), deadline: float = 2.0,
-              env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``example`` under a real torchrun with the in-rank bootstrap; if it ``hangs``,
-    stop it with SIGTERM, as a user would, once every rank has written its stall stacks
-    (each rank does so by itself at its 2 s deadline). torchrun's exit code and stderr."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(ranks), "-m", "distdoctor.userjob", "--trace-dir",
-               str(trace_dir), "--deadline", str(deadline), *flags, example]
-    stderr = trace_dir.parent / f"{trace_dir.name}.stderr"
-    # torchrun's agent leaves its torchelastic_* directory behind when workers fail
-    scratch = trace_dir.parent / f"{trace_dir.name}-tmp"
-    scratch.mkdir()
-    tag = uuid.uuid4().hex  # every process torchrun starts inherits it: leaks are found
-    with stderr.open("w") as err:
-        process = subprocess.Popen(command, cwd=EXAMPLES, stdout=subprocess.DEVNULL,
-                                   stderr=err, start_new_session=True,
-                                   env=dict(os.environ, TMPDIR=str(scratch),
-                                            DISTDOCTOR_TEST_TAG=tag, **(env or {})))
-    stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
-
-    def stalled() -> bool:
-        return all(path.exists() and example in path.read_text() for path in stacks)
-
-    try:
-        if not hangs:
-            return process.wait(120), stderr.read_text()
-        give_up = time.monotonic() + 60
-        while not stalled() and time.monotonic() < give_up:
-            try:
-                process.wait(0.1)  # returns at once if torchrun ended: it should not have
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        assert stalled(), "the ranks did not write their stall stacks within 60 s"
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
-        assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
-    return process.returncode, stderr.read_text()
 
 
 def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
@@ -459,7 +419,7 @@ def test_under_torchrun_a_deadlock_is_proven_from_the_traces_long_before_the_dea
     """Node-local rank 0 reads every rank's trace while it is blocked: the parting at #2
     is proven, each rank writes its stacks at once, not at the 300 s deadline, and with
     --exit-on-hang torchrun ends."""
-    code, stderr = _torchrun(tmp_path / "parted", "rank_zero_metric.py", 4, deadline=300,
+    code, stderr = torchrun_example(tmp_path / "parted", "rank_zero_metric.py", 4, deadline=300,
                              flags=("--exit-on-hang",))
     assert code != 0 and "sees a deadlock proven from the traces (the ranks' collective " \
                          "#2 of the default group parted" in stderr
@@ -467,31 +427,32 @@ def test_under_torchrun_a_deadlock_is_proven_from_the_traces_long_before_the_dea
     done = distdoctor("analyze", str(tmp_path / "parted"), "--report", str(tmp_path / "r.json"))
     cause = json.loads((tmp_path / "r.json").read_text())["cause"]
     assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == ("collective-mismatch", [0])
-    assert f"look at: {line_of('rank_zero_metric.py', '# BUG')}, " \
-           f"{line_of('rank_zero_metric.py', '# LOOP')}\n" in done.stdout
+    assert f"look at: {example_line('rank_zero_metric.py', '# BUG')}, " \
+           f"{example_line('rank_zero_metric.py', '# LOOP')}\n" in done.stdout
 
 
 def test_traces_written_under_a_real_torchrun_are_analysed_afterwards(distdoctor, tmp_path):
-    _torchrun(tmp_path / "crash", "rank_raises.py", 2)
+    torchrun_example(tmp_path / "crash", "rank_raises.py", 2)
     done = distdoctor("analyze", str(tmp_path / "crash"))
     assert done.returncode == 1 and "rank-crashed (rank 1)" in done.stdout
 
 
 def test_a_silent_bug_under_a_real_torchrun_is_named_from_its_traces(distdoctor, tmp_path):
-    _torchrun(tmp_path / "epochs", "epoch_not_set.py", 2)
+    torchrun_example(tmp_path / "epochs", "epoch_not_set.py", 2)
     done = distdoctor("analyze", str(tmp_path / "epochs"), "--report", str(tmp_path / "r.json"))
     report = json.loads((tmp_path / "r.json").read_text())
     assert done.returncode == 1 and report["cause"]["kind"] == "repeated-epoch-order"
-    assert report["cause"]["where"].endswith(line_of("epoch_not_set.py", "# LOOP").split(":")[1])
+    loop = example_line("epoch_not_set.py", "# LOOP")
+    assert report["cause"]["where"].endswith(loop.split(":")[1])
 
 
 def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor, tmp_path):
-    _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, hangs=True)
+    torchrun_example(tmp_path / "hang", "p2p_cycle.py", 2, hangs=True)
     done = distdoctor("analyze", str(tmp_path / "hang"), "--report", str(tmp_path / "r.json"))
     report = json.loads((tmp_path / "r.json").read_text())
     assert done.returncode == 1 and report["cause"]["kind"] == "p2p-cycle"
     assert [r["state"] for r in report["ranks"]] == ["blocked", "blocked"]
-    send = line_of("p2p_cycle.py", "dist.send(").split(":")[1]
+    send = example_line("p2p_cycle.py", "dist.send(").split(":")[1]
     assert all(r["call"]["where"].endswith(send) for r in report["ranks"])
     for rank in (0, 1):  # dumped at the deadline and again at SIGTERM: shown once, by name
         assert (tmp_path / "hang" / f"rank-{rank}.stacks").read_text().count("p2p_cycle") == 2
@@ -515,7 +476,7 @@ def test_under_torchrun_a_hung_rank_says_so_and_exit_on_hang_ends_the_job(distdo
     """With the flag a stalled rank exits once its stacks are written, says so on stderr,
     and torchrun ends the job by itself (without it, the job waits on until stopped)."""
     # the deadline alone: the cycle would be proven from the traces long before it
-    code, stderr = _torchrun(tmp_path / "hang", "p2p_cycle.py", 2, flags=("--exit-on-hang",),
+    code, stderr = torchrun_example(tmp_path / "hang", "p2p_cycle.py", 2, flags=("--exit-on-hang",),
                              env={"DISTDOCTOR_PROOF": "0"})
     assert code != 0
     # the first rank to stall exits; torchrun may stop the other before its own deadline
@@ -535,10 +496,11 @@ def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdocto
     assert (report["cause"]["kind"], report["cause"]["ranks"]) == ("busy-rank", [1])
     waiting, spinning = report["ranks"]
     assert waiting["state"] == "blocked"
-    assert waiting["call"]["where"] == line_of("rank_spins.py", "dist.all_reduce(grad)")
+    assert waiting["call"]["where"] == example_line("rank_spins.py", "dist.all_reduce(grad)")
     assert spinning["state"] == "running" and spinning["call"] is None
     function, _, where = spinning["running"].partition(" at ")
-    loop = {line_of("rank_spins.py", "while not flags"), line_of("rank_spins.py", "time.sleep")}
+    loop = {example_line("rank_spins.py", "while not flags"),
+            example_line("rank_spins.py", "time.sleep")}
     assert function == "wait_until_ready" and where in loop, spinning["running"]
     assert "rank 1 ran wait_until_ready at rank_spins.py:" in done.stdout  # the verdict
     assert "rank 1: running, in no collective or send/receive: wait_until_ready" in done.stdout
@@ -582,14 +544,14 @@ def test_a_rank_busy_holding_the_gil_is_its_own_verdict_at_its_own_line(distdoct
                                deadline=2.0)
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("busy-rank", [1]), done.stdout
-    check = line_of("rank_busy_validation.py", "re.match(")
+    check = example_line("rank_busy_validation.py", "re.match(")
     assert cause["where"] == check and \
-        cause["also_at"] == [line_of("rank_busy_validation.py", "# WAIT")]
+        cause["also_at"] == [example_line("rank_busy_validation.py", "# WAIT")]
     seconds = float(cause["summary"].split(f"rank 1 ran validate at {check} for ")[1]
                     .split(" s")[0])
     assert seconds >= 2.0  # at least the deadline: it was stopped there
     assert f"while rank 0 waits for it in all_reduce (#1, (8,), float32) at " \
-           f"{line_of('rank_busy_validation.py', '# WAIT')}" in cause["summary"]
+           f"{example_line('rank_busy_validation.py', '# WAIT')}" in cause["summary"]
     assert report["ranks"][1]["running"] == f"validate at {check}"
 
 
@@ -637,7 +599,7 @@ def test_fork_is_refused_where_it_would_not_be_a_fresh_rank(distdoctor, monkeypa
 def test_each_ranks_line_keeps_the_reduce_op_the_summary_names(distdoctor, tmp_path):
     done, report = run_example(distdoctor, tmp_path, "reduce_op_mismatch.py", 2,
                                deadline=DEADLINE)
-    where = line_of("reduce_op_mismatch.py", "all_reduce")
+    where = example_line("reduce_op_mismatch.py", "all_reduce")
     for rank, op in ((0, "SUM"), (1, "MAX")):
         said = f"all_reduce (#0, (1,), float32, {op}) at {where}"
         assert f"rank {rank}{' of 2' if rank == 0 else ''} made {said}" in done.stdout
@@ -713,7 +675,7 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
 ])
 def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
         distdoctor, tmp_path, example, ranks, hangs, kind, culprits):
-    _torchrun(tmp_path / "traces", example, ranks, hangs=hangs,
+    torchrun_example(tmp_path / "traces", example, ranks, hangs=hangs,
               deadline=5.0 if "ddp" in example else 2.0)
     done = distdoctor("analyze", str(tmp_path / "traces"), "--report",
                       str(tmp_path / "r.json"))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("e2e")
+
 SCRIPT = str(Path(__file__).parent / "chatty_ranks.py")
 LINES = 500
 LINE = re.compile(r"^(?:\[default(?P<tag>\d)\]:)?rank (?P<rank>\d) line (?P<i>\d+) "

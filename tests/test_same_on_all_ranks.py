@@ -10,6 +10,8 @@ from torch import nn
 from distdoctor.testing import assert_same_on_all_ranks
 from distdoctor.testing.same import differences, flatten
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def test_a_module_flattens_to_its_parameters_and_buffers():
     model = nn.BatchNorm1d(3)

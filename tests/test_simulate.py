@@ -18,6 +18,8 @@ from distdoctor.pipeline.simulate import (
     simulate,
 )
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("micro, expected", [(8, 0.2727), (64, 0.0448)])

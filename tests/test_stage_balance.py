@@ -22,6 +22,8 @@ from distdoctor.models import (
     StageEvent,
 )
 
+pytestmark = pytest.mark.tier("warm")
+
 NOTHING = Fingerprint(numel=0, digest="", norm=0.0, values=())
 
 

@@ -24,6 +24,8 @@ from distdoctor.models import (
 )
 from distdoctor.models.stragglers import waiting
 
+pytestmark = pytest.mark.tier("unit")
+
 BASE = 0.010  # each rank's work per step, seconds
 SYNC = 0.001  # the collective itself, once everyone is in
 

@@ -14,14 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from sources import line_of
+
+pytestmark = pytest.mark.tier("e2e")
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
 
 
-def line_of(example: str, text: str) -> str:
-    source = (EXAMPLES / example).read_text().splitlines()
-    return f"{example}:{next(n for n, line in enumerate(source, 1) if text in line)}"
+def example_line(example: str, text: str) -> str:
+    """``example.py:line`` of the first line of an example that holds ``text``."""
+    return line_of(EXAMPLES / example, text, base=EXAMPLES)
 
 
 def run(distdoctor, tmp_path, example: str):
@@ -53,10 +56,10 @@ def test_each_straggler_is_named_with_where_its_time_goes(distdoctor, tmp_path, 
     assert done.returncode == 1, done.stdout + done.stderr
     cause = report["cause"]
     assert (cause["kind"], cause["ranks"]) == ("straggler", [rank]), done.stdout
-    assert cause["where"] == line_of(example, marker)
+    assert cause["where"] == example_line(example, marker)
     assert place in cause["summary"]
     if inner is not None:
-        assert f"mostly at {line_of(example, inner)} in " in cause["summary"]
+        assert f"mostly at {example_line(example, inner)} in " in cause["summary"]
     if "loader" in place:  # its loader's time less the others': at least its sleep, nearly
         assert more_ms(cause["summary"]) >= least_ms * 0.8
     measured = cause["measured"]

@@ -16,6 +16,8 @@ from distdoctor.tensor.mlp import TensorParallelMLP, allreduce_bytes, full_tenso
 from distdoctor.tensor.steps import train_steps
 from distdoctor.training.workload import build_model, loss_fn, make_dataset
 
+pytestmark = pytest.mark.tier("warm")
+
 SPEC = RunSpec(strategy="ddp", world_size=1)
 STEPS = 3
 

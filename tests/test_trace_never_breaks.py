@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import jobs
+import pytest
+
+pytestmark = pytest.mark.tier("warm")
 
 SCRIPT = """import sys
 import torch

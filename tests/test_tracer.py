@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jobs
 import pytest
+from sources import line_number
 
 from distdoctor import checks
 from distdoctor.checks import collective_mismatch, hang
@@ -13,11 +14,13 @@ from distdoctor.models import RankRecord, RunRecord, RunSpec
 from distdoctor.trace.evidence import evidence_from_events
 from distdoctor.trace.folds import fold
 
+pytestmark = pytest.mark.tier("warm")
+
 JOBS = jobs.__file__
 
 
 def where(marker: str) -> str:
-    return f"{JOBS}:{jobs.line_of(marker)}"
+    return f"{JOBS}:{line_number(JOBS, '# ' + marker)}"
 
 
 def as_record(result, world_size: int) -> RunRecord:
@@ -67,7 +70,7 @@ def test_hang_analysis_names_the_cause_and_every_blocked_line(pools, job, world_
     (found,) = hang.check(record)
     assert (found.fault, found.ranks) == (fault, ranks)
     for marker in lines:
-        assert f"{Path(JOBS).name}:{jobs.line_of(marker)}" in found.symptom
+        assert f"{Path(JOBS).name}:{line_number(JOBS, '# ' + marker)}" in found.symptom
     if fault == "missing-from-collective":
         assert "rank 2: it finished" in found.symptom
         assert found.measured["waiting"] == [0, 1]
@@ -91,7 +94,7 @@ def test_a_shape_mismatch_is_the_root_cause_not_the_connection_reset(pools, shap
     result = pools(2).run(jobs.shape_differs, shapes, deadline=10)
     (found,) = collective_mismatch.check(as_record(result, 2))
     assert found.measured["differs"] == ["shape"]
-    assert f"{Path(JOBS).name}:{jobs.line_of('SHAPE-LINE')}" in found.symptom
+    assert f"{Path(JOBS).name}:{line_number(JOBS, '# SHAPE-LINE')}" in found.symptom
 
 
 def test_matching_calls_give_no_mismatch(pools):
@@ -110,7 +113,7 @@ def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
     assert [c.pg is not None for c in calls] == [True, False]
     (found,) = hang.check(as_record(result, 2))
     assert found.fault == "missing-from-collective"
-    assert f"{Path(JOBS).name}:{jobs.line_of('OTHER-GROUP-LINE')}" in found.symptom
+    assert f"{Path(JOBS).name}:{line_number(JOBS, '# OTHER-GROUP-LINE')}" in found.symptom
 
 
 def test_sends_and_receives_pair_by_tag_as_gloo_pairs_them(pools):
@@ -123,4 +126,4 @@ def test_sends_and_receives_pair_by_tag_as_gloo_pairs_them(pools):
     stuck = pools(2).run(jobs.tagged_exchange, True, deadline=60)
     assert all(e.status == "hung" and e.error.startswith(PROVEN + ": ranks 0 -> 1 -> 0")
                for e in stuck.ends), stuck.ends
-    assert f"{Path(JOBS).name}:{jobs.line_of('TAGGED-SEND-LINE')}" in stuck.ends[0].error
+    assert f"{Path(JOBS).name}:{line_number(JOBS, '# TAGGED-SEND-LINE')}" in stuck.ends[0].error

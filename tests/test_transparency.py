@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("e2e")
+
 CORPUS_DIR = Path(__file__).resolve().parent.parent / "examples" / "transparency"
 # (script, ranks): 4 where the feature needs two subgroups of two
 CORPUS = [("join_ddp.py", 2), ("join_zero.py", 2), ("comm_hooks.py", 2),

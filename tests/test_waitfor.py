@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from distdoctor.models.waitfor import WaitFor
+
+pytestmark = pytest.mark.tier("unit")
 
 GROUP = [0, 1]
 

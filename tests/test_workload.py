@@ -10,6 +10,8 @@ from distdoctor.models.distance import max_abs_diff, spread
 from distdoctor.training.fingerprint import fingerprint
 from distdoctor.training.workload import batch_ids, make_dataset
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def epoch_ids(spec: RunSpec, rank: int, epoch: int) -> list[int]:
     first = epoch * spec.steps_per_epoch + 1

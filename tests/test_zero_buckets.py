@@ -12,6 +12,8 @@ import torch
 from distdoctor.training.strategies.zero.bucket import Bucket, buckets_of
 from distdoctor.training.strategies.zero.layout import Layer
 
+pytestmark = pytest.mark.tier("unit")
+
 SIZES = [7, 1, 12, 5]  # layer sizes none of the world sizes divides evenly
 
 
