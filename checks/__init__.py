@@ -35,7 +35,7 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
     return tuple(sorted(found, key=lambda f: not f.fix_changes))
 
 
-def finding(fault_id: str, check: str, headline: str, symptom: str, fix_changes: dict,
+def finding(fault_id: str, *, check: str, headline: str, symptom: str, fix_changes: dict,
             ranks=(), measured: dict | None = None, cause: str | None = None,
             fix: str | None = None, inconclusive: bool = False,
             kind: CauseKind | Literal[""] = "",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from distdoctor.models import Call, Finding, RunRecord
 from distdoctor.models.calls import NEW_GROUP, RECEIVES, SENDS, ranks_phrase, relative_line
+from distdoctor.models.record import STOPPED
 from distdoctor.models.sequences import Parting, first_parting, lines_run, recorded_parting
-from distdoctor.models.waitfor import STOPPED
 
 NAME = "collective_mismatch"
 

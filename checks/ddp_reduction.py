@@ -46,10 +46,11 @@ def check(record: RunRecord) -> list[Finding]:
     listing = "; ".join(f"rank {r}: {', '.join(names) or 'unknown parameters'}"
                         for r, names in sorted(missing.items()))
     return [finding(
-        "unused-params", NAME, f"DDP: params without grad on {ranks_phrase(missing)}",
-        f"DDP stopped with 'Expected to have finished reduction in the prior iteration': "
+        "unused-params", check=NAME,
+        headline=f"DDP: params without grad on {ranks_phrase(missing)}",
+        symptom=f"DDP stopped with 'Expected to have finished reduction in the prior iteration': "
         f"parameters got no gradient in the previous step ({listing})",
-        {"knobs.find_unused_parameters": True}, sorted(missing),
-        {"no_grad_params": {str(r): names for r, names in missing.items()}},
+        fix_changes={"knobs.find_unused_parameters": True}, ranks=sorted(missing),
+        measured={"no_grad_params": {str(r): names for r, names in missing.items()}},
         fix="pass find_unused_parameters=True to DistributedDataParallel, or make every "
             "rank use every parameter in its loss", kind="unused-parameters")]

@@ -47,14 +47,14 @@ def check(record: RunRecord) -> list[Finding]:
         return []  # no one scale: clipping (its factor follows the norm), not a wrong average
     summed = abs(ratio - world_size) <= TOLERANCE * world_size
     return [finding(
-        "sum-without-mean", NAME, f"gradient {ratio:.2f}x the mean",
-        f"the synchronised gradient is {ratio:.2f}x the mean of the ranks' local gradients "
+        "sum-without-mean", check=NAME, headline=f"gradient {ratio:.2f}x the mean",
+        symptom=f"the synchronised gradient is {ratio:.2f}x the mean of the ranks' local gradients "
         f"(1.00 when averaged) at world size {world_size}"
         + (", i.e. summed and not divided" if summed else "")
         + f": the effective learning rate is {ratio:.2f}x the one set"
         + (f" (gradients all-reduced at {where})" if where else ""),
-        {"knobs.average_gradients": True}, range(world_size),
-        {"ratio": ratio, "world_size": world_size, "ratio_per_step": ratios,
+        fix_changes={"knobs.average_gradients": True}, ranks=range(world_size),
+        measured={"ratio": ratio, "world_size": world_size, "ratio_per_step": ratios,
          **({"where": where} if where else {})},
         fix=None if where is None else
         f"divide the gradients all-reduced at {where} by dist.get_world_size() (or pass "

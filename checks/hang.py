@@ -32,11 +32,9 @@ from distdoctor.models.calls import (
     ranks_phrase,
     relative_line,
 )
-from distdoctor.models.record import started_by, user_frame
+from distdoctor.models.record import ENDED, STOPPED, started_by, user_frame
 from distdoctor.models.sequences import first_parting, lines_run, recorded_parting
 from distdoctor.models.waitfor import (
-    ENDED,
-    STOPPED,
     blocking_call,
     cycle_of,
     joined_by,
@@ -74,10 +72,11 @@ def check(record: RunRecord) -> list[Finding]:
         ring = " -> ".join(map(str, cycle + [cycle[0]]))
         if kinds == {"send"}:
             return [finding(
-                "send-before-receive", NAME, f"send cycle {ring}",
-                f"ranks {ring} each wait in a blocking send for the next, which is itself "
+                "send-before-receive", check=NAME, headline=f"send cycle {ring}",
+                symptom=f"ranks {ring} each wait in a blocking send for the next, which is itself "
                 f"sending: nobody receives. Every blocked rank: {listing}",
-                {"knobs.p2p_order": "even-odd"}, cycle, {**measured, "cycle": cycle},
+                fix_changes={"knobs.p2p_order": "even-odd"}, ranks=cycle,
+                measured={**measured, "cycle": cycle},
                 kind="p2p-cycle")]
         return [_uncatalogued(
             "p2p-cycle", "p2p-cycle", f"p2p cycle {ring}",

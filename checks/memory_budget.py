@@ -47,13 +47,16 @@ def check(record: RunRecord) -> list[Finding]:
     headline = f"{worst.total} B held, budget {budget} B"
     family = family_of(record.spec.strategy)
     if family is None:
-        return [finding("over-memory-budget", NAME, headline, symptom, {}, sorted(over),
-                        measured, fix=f"{record.spec.strategy} has no ZeRO stages to move "
+        return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+                        fix_changes={}, ranks=sorted(over),
+                        measured=measured, fix=f"{record.spec.strategy} has no ZeRO stages to move "
                                       f"up: hold less per rank (more ranks to share the "
                                       f"model, or activation checkpointing)")]
     if option is None:
-        return [finding("over-memory-budget", NAME, headline, symptom, {}, sorted(over),
-                        measured, fix="no ZeRO stage on any number of ranks fits this budget")]
+        return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+                        fix_changes={}, ranks=sorted(over),
+                        measured=measured,
+                        fix="no ZeRO stage on any number of ranks fits this budget")]
     changes: dict = {}
     if family[option.stage] != record.spec.strategy:
         changes["strategy"] = family[option.stage]
@@ -66,6 +69,7 @@ def check(record: RunRecord) -> list[Finding]:
            f"within the {budget}-byte budget"
            + ("" if option.world_size == n else
               f" (no stage fits on {n} ranks, so more ranks it is)"))
-    return [finding("over-memory-budget", NAME, headline, symptom, changes, sorted(over),
-                    measured, fix=fix)]
+    return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+                    fix_changes=changes, ranks=sorted(over),
+                    measured=measured, fix=fix)]
 

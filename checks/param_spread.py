@@ -43,11 +43,11 @@ def check(record: RunRecord) -> list[Finding]:
     trail = ", ".join(f"{value:.3g}" for value in per_step)
     if first == 0:
         return [finding(
-            "divergent-init", NAME, f"spread {per_step[0]:.3g} at step 0",
-            f"parameters differ across ranks right after construction: spread "
+            "divergent-init", check=NAME, headline=f"spread {per_step[0]:.3g} at step 0",
+            symptom=f"parameters differ across ranks right after construction: spread "
             f"{per_step[0]:.3g} at step 0 (limit {TOLERANCE:g}); {ranks_phrase(differ)} differ "
             f"from rank 0; spread per step: {trail}",
-            {"knobs.broadcast_params_at_start": True}, differ, measured,
+            fix_changes={"knobs.broadcast_params_at_start": True}, ranks=differ, measured=measured,
             kind="divergent-parameters", first_step=first)]
     return [Finding(
         check=NAME, fault="divergent-updates",
@@ -106,12 +106,12 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
                 "tolerance": TOLERANCE, "where": where}
     if first == 1:
         return [finding(
-            "divergent-init", NAME, f"spread {trail[0]:.3g} before step 1",
-            f"the replicas' parameters differ before their first optimiser step (at "
+            "divergent-init", check=NAME, headline=f"spread {trail[0]:.3g} before step 1",
+            symptom=f"the replicas' parameters differ before their first optimiser step (at "
             f"{where}): spread {trail[0]:.3g} (limit {TOLERANCE:g}) though they replicate "
             f"one model; {ranks_phrase(differ)} "
             f"{'differs' if len(differ) == 1 else 'differ'} from rank {base}",
-            {"knobs.broadcast_params_at_start": True}, differ, measured,
+            fix_changes={"knobs.broadcast_params_at_start": True}, ranks=differ, measured=measured,
             fix="broadcast rank 0's parameters once the model is built (for p in "
                 "model.parameters(): dist.broadcast(p.data, src=0)), or wrap the model "
                 "in DistributedDataParallel, which does; or seed every rank alike",

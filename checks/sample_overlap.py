@@ -91,11 +91,12 @@ def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
                f"which deals each epoch out across the ranks, instead of its {loop.sampler} "
                f"(or seed each rank's shuffle with seed + rank and split the data)")
     return [finding(
-        "shared-shuffle-seed", NAME, f"{worst:.0%} of an epoch on several ranks",
-        f"{worst:.0%} of the samples in an epoch were trained on by more than one rank "
+        "shared-shuffle-seed", check=NAME, headline=f"{worst:.0%} of an epoch on several ranks",
+        symptom=f"{worst:.0%} of the samples in an epoch were trained on by more than one rank "
         f"({per_epoch}; 0% when the epoch is dealt out); {ranks_phrase(ranks_involved)} "
         f"drew the same samples{at}",
-        {"knobs.sampler": "distributed"}, ranks_involved, measured, fix=fix,
+        fix_changes={"knobs.sampler": "distributed"}, ranks=ranks_involved, measured=measured,
+        fix=fix,
         kind="duplicate-samples", where=loop.where if loop else ())]
 
 
@@ -124,11 +125,11 @@ def _replayed_epochs(batches: dict, loop: Loop | None = None) -> list[Finding]:
         fix = (f"call sampler.set_epoch(epoch) at the start of every epoch, before the loop "
                f"over the DataLoader at {loop.where}")
     return [finding(
-        "shared-shuffle-seed", NAME,
-        f"epoch{'s' * (len(replayed) > 1)} {', '.join(map(str, replayed))} replayed",
-        f"every rank replayed the previous epoch's batches in the same order: {listing}; "
+        "shared-shuffle-seed", check=NAME,
+        headline=f"epoch{'s' * (len(replayed) > 1)} {', '.join(map(str, replayed))} replayed",
+        symptom=f"every rank replayed the previous epoch's batches in the same order: {listing}; "
         f"a sampler reshuffles each epoch",
-        {"knobs.sampler_set_epoch": True}, ranks, measured,
+        fix_changes={"knobs.sampler_set_epoch": True}, ranks=ranks, measured=measured,
         cause="the sampler is never told the epoch (sampler.set_epoch is not called), so it "
               "shuffles with the same seed every epoch",
         fix=fix, kind="repeated-epoch-order", where=loop.where if loop else ())]

@@ -80,13 +80,14 @@ def check(record: RunRecord) -> list[Finding]:
                f"more steps" if inconclusive else
                f"over the limit {TOLERANCE} ({spread}), and so gates every cycle")
     return [finding(
-        "unbalanced-stages", NAME,
-        f"rank {slowest} at {ratio:.2f}x the mean" + (" (inconclusive)" * inconclusive),
-        f"rank {slowest}, holding {held}, takes {ratio:.2f}x the mean compute time per step, "
+        "unbalanced-stages", check=NAME,
+        headline=f"rank {slowest} at {ratio:.2f}x the mean" + (" (inconclusive)" * inconclusive),
+        symptom=f"rank {slowest}, holding {held}, takes {ratio:.2f}x the mean compute time per "
+        f"step, "
         f"{verdict}; {flops_text}. CPU ms per step (median): "
         f"{per_rank}",
-        {"knobs.stage_split": "time"}, [slowest],
-        {"slowest_rank": slowest, "max_over_mean_time": ratio,
+        fix_changes={"knobs.stage_split": "time"}, ranks=[slowest],
+        measured={"slowest_rank": slowest, "max_over_mean_time": ratio,
          "max_over_mean_time_interval": [low, high], "steps_judged": len(judged),
          "max_over_mean_flops": flops_ratio,
          "cpu_s_per_step": {str(r): t for r, t in times.items()},

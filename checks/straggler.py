@@ -132,11 +132,11 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
         f"{max(wait_low, 0):.0%}-{wait_high:.0%}){'; ' + verdict if verdict else ''}. "
         f"Where its time goes: {places}")
     return finding(
-        "straggler", NAME,
-        f"rank {rank} costs the others {wait:.0%} of each step"
+        "straggler", check=NAME,
+        headline=f"rank {rank} costs the others {wait:.0%} of each step"
         + (" (inconclusive)" if inconclusive else ""),
-        symptom, {"knobs.straggler_rank": -1}, [rank],
-        {"straggler_rank": rank, "group": list(members), "steps_judged": len(steps),
+        symptom=symptom, fix_changes={"knobs.straggler_rank": -1}, ranks=[rank],
+        measured={"straggler_rank": rank, "group": list(members), "steps_judged": len(steps),
          "last_in_steps": lasts, "chance_p_value": binomial_tail(lasts, len(steps), 1 / size),
          "wait_share": wait, "wait_share_interval": [wait_low, wait_high],
          "beyond_next_worst": excess, "beyond_next_worst_interval": [excess_low, excess_high],

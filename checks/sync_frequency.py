@@ -27,12 +27,13 @@ def check(record: RunRecord) -> list[Finding]:
     wasted = (sent - minimum) / sent
     ranks = sorted({rank for rank, _ in excess})
     return [finding(
-        "allreduce-every-microbatch", NAME, f"{calls} grad collectives/step, {wasted:.0%} wasted",
-        f"{calls} gradient collectives (all-reduce, or reduce-scatter where gradients are "
+        "allreduce-every-microbatch", check=NAME,
+        headline=f"{calls} grad collectives/step, {wasted:.0%} wasted",
+        symptom=f"{calls} gradient collectives (all-reduce, or reduce-scatter where gradients are "
         f"sharded) per optimiser step moving {sent} bytes, where one sync of "
         f"{minimum} bytes would do: {wasted:.0%} of the gradient traffic is wasted",
-        {"knobs.no_sync_accumulation": True}, ranks,
-        {"allreduces_per_step": calls, "bytes_per_step": sent,
+        fix_changes={"knobs.no_sync_accumulation": True}, ranks=ranks,
+        measured={"allreduces_per_step": calls, "bytes_per_step": sent,
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
          "steps_affected": len({s.step for _, s in excess})},
         kind="sync-every-microbatch")]
@@ -71,12 +72,13 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
     wasted = (sent - minimum) / sent
     ranks = sorted({e[0] for e in excess})
     return [finding(
-        "allreduce-every-microbatch", NAME, f"{syncs} grad syncs/step, {wasted:.0%} wasted",
-        f"{syncs} of {micro} DDP forwards per optimiser step synchronise gradients (at "
+        "allreduce-every-microbatch", check=NAME,
+        headline=f"{syncs} grad syncs/step, {wasted:.0%} wasted",
+        symptom=f"{syncs} of {micro} DDP forwards per optimiser step synchronise gradients (at "
         f"{where}), moving {sent} bytes where one sync of {minimum} bytes would do: "
         f"{wasted:.0%} of the gradient traffic is wasted",
-        {"knobs.no_sync_accumulation": True}, ranks,
-        {"syncs_per_step": syncs, "micro_batches_per_step": micro, "bytes_per_step": sent,
+        fix_changes={"knobs.no_sync_accumulation": True}, ranks=ranks,
+        measured={"syncs_per_step": syncs, "micro_batches_per_step": micro, "bytes_per_step": sent,
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
          "steps_affected": len({e[1] for e in excess}), "where": where},
         fix=f"run every micro-batch but the last inside `with model.no_sync():` (the "

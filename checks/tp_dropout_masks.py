@@ -29,13 +29,15 @@ def check(record: RunRecord) -> list[Finding]:
                     "steps_differing": len(steps), "group": first["group"],
                     "ranks": first["ranks"], "where": first["where"]}
         return [finding(
-            "tp-dropout-rng", NAME, f"{first['name']}: masks differ across the group",
-            f"the {first['name']} mask, on an activation every rank of tensor-parallel "
+            "tp-dropout-rng", check=NAME,
+            headline=f"{first['name']}: masks differ across the group",
+            symptom=f"the {first['name']} mask, on an activation every rank of tensor-parallel "
             f"group {tuple(first['group'])} holds whole, differs from rank to rank from step "
             f"{first['step']} ({len(steps)} of the steps): {ranks_phrase(first['ranks'])} "
             f"{'drops' if len(first['ranks']) == 1 else 'drop'} other values than rank "
             f"{first['group'][0]}",
-            {"knobs.tp_dropout_rng": "tracked"}, first["ranks"], measured,
+            fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=first["ranks"],
+            measured=measured,
             first_step=first["step"], where=first["where"])]
     same = _identical_slices(record)
     if not same:
@@ -44,11 +46,11 @@ def check(record: RunRecord) -> list[Finding]:
     measured = {"mask": name, "group": list(group), "steps_identical": steps,
                 "log10_chance_if_independent": log_chance}
     return [finding(
-        "tp-dropout-rng", NAME, f"{name}: every slice gets the same mask",
-        f"the {name} mask, on an activation split across tensor-parallel group "
+        "tp-dropout-rng", check=NAME, headline=f"{name}: every slice gets the same mask",
+        symptom=f"the {name} mask, on an activation split across tensor-parallel group "
         f"{tuple(group)}, is the same on every slice at all {steps} steps; independent "
         f"masks would agree this often with chance 1e{log_chance:.0f}",
-        {"knobs.tp_dropout_rng": "tracked"}, group[1:], measured,
+        fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=group[1:], measured=measured,
         cause="every rank draws the sharded activation's dropout from the same RNG state, "
               "so each slice is dropped at the same positions and the slices are not "
               "independent")]

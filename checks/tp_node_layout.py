@@ -48,12 +48,13 @@ def check(record: RunRecord) -> list[Finding]:
                 "bytes_across_nodes_per_step_if_swapped": swapped,
                 "tensor_allreduces_across_nodes_per_step": calls}
     return [finding(
-        "tp-across-nodes", NAME, f"tensor-parallel groups span nodes: {now} B a step "
+        "tp-across-nodes", check=NAME,
+        headline=f"tensor-parallel groups span nodes: {now} B a step "
         f"cross, {swapped} B if swapped",
-        f"tensor-parallel group{'s' if len(spanning) > 1 else ''} "
+        symptom=f"tensor-parallel group{'s' if len(spanning) > 1 else ''} "
         f"{', '.join(str(g) for g in spanning)} span{'' if len(spanning) > 1 else 's'} "
         f"nodes of {per_node} ranks: per step, {calls} tensor-parallel collectives in the "
         f"layers' forward and backward and {now} bytes in all cross between nodes; with "
         f"the mesh's dimensions swapped, {swapped} bytes would, all of it the once-a-step "
-        f"gradient average", {"knobs.tp_inside_node": True},
-        sorted({r for g in spanning for r in g}), measured)]
+        f"gradient average", fix_changes={"knobs.tp_inside_node": True},
+        ranks=sorted({r for g in spanning for r in g}), measured=measured)]

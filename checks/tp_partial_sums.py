@@ -34,12 +34,12 @@ def check(record: RunRecord) -> list[Finding]:
                 "spread_per_step": per_step,
                 "ranks": first["ranks"], "where": first["where"]}
     return [finding(
-        "missing-tp-allreduce", NAME, f"{first['name']}'s output differs across its "
+        "missing-tp-allreduce", check=NAME, headline=f"{first['name']}'s output differs across its "
         f"tensor-parallel group by {first['spread']:.3g}",
-        f"the output of row-parallel layer {first['name']}{at} should be the same on every "
+        symptom=f"the output of row-parallel layer {first['name']}{at} should be the same on every "
         f"rank of tensor-parallel group {tuple(first['group'])} and is not, from step "
         f"{first['step']}: largest difference {first['spread']:.3g}; "
         f"{ranks_phrase(first['ranks'])} {'differs' if len(first['ranks']) == 1 else 'differ'} "
         f"from rank {first['group'][0]} (each holds its own partial sum)",
-        {"knobs.tp_output_allreduce": True}, first["ranks"], measured,
+        fix_changes={"knobs.tp_output_allreduce": True}, ranks=first["ranks"], measured=measured,
         kind="tp-partial-sums", first_step=first["step"], where=first["where"])]

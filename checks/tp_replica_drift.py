@@ -33,13 +33,16 @@ def check(record: RunRecord) -> list[Finding]:
                 "spread_per_step": per_step,
                 "group": first["group"], "ranks": first["ranks"], "where": first["where"]}
     return [finding(
-        "replicated-param-drift", NAME,
-        f"{len(names)} replicated parameter{'s' if len(names) > 1 else ''} drift from step "
+        "replicated-param-drift", check=NAME,
+        headline=f"{len(names)} replicated parameter{'s' if len(names) > 1 else ''} drift from "
+        f"step "
         f"{first['step']}",
-        f"parameters replicated across tensor-parallel group {tuple(first['group'])} differ "
+        symptom=f"parameters replicated across tensor-parallel group {tuple(first['group'])} "
+        f"differ "
         f"after step {first['step']}{at}: {', '.join(names)}; {ranks_phrase(first['ranks'])} "
         f"{'differs' if len(first['ranks']) == 1 else 'differ'} from rank "
         f"{first['group'][0]}, while the activations the group shares "
         f"agree; largest difference per step: {trail}",
-        {"knobs.tp_sync_replicated_grads": True}, first["ranks"], measured,
+        fix_changes={"knobs.tp_sync_replicated_grads": True}, ranks=first["ranks"],
+        measured=measured,
         kind="tp-replica-drift", first_step=first["step"], where=first["where"])]

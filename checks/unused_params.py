@@ -34,14 +34,14 @@ def check(record: RunRecord) -> list[Finding]:
         listing = "; ".join(f"{', '.join(names)} on {ranks_phrase(ranks)}"
                             for names, ranks in by_names.items())
         return [finding(
-            "unused-params", NAME,
-            f"{len(names)} params without grad, "
+            "unused-params", check=NAME,
+            headline=f"{len(names)} params without grad, "
             f"{'all ranks' if len(missing) == len(record.ranks) else ranks_phrase(missing)}, "
             f"step {step}",
-            f"at step {step}, before its gradient sync, parameters got no gradient: "
+            symptom=f"at step {step}, before its gradient sync, parameters got no gradient: "
             f"{listing}; then {problem}",
-            {"knobs.find_unused_parameters": True}, sorted(missing),
-            {"step": step, "no_grad_params": {str(r): list(n) for r, n in missing.items()},
+            fix_changes={"knobs.find_unused_parameters": True}, ranks=sorted(missing),
+            measured={"step": step, "no_grad_params": {str(r): list(n) for r, n in missing.items()},
              "sync_problem": problem}, kind="unused-parameters", first_step=step)]
     return []
 

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+from distdoctor.models import deadlines
 from distdoctor.models.strategies import DATA_PARALLEL, TENSOR_HELP, TENSOR_PARALLEL
 from distdoctor.models.strategies import HELP as STRATEGY_HELP
 from distdoctor.pipeline import PIPELINE_STRATEGIES
@@ -55,9 +56,7 @@ seconds = number(float, "seconds", lambda v: 0 < v < float("inf"),
                  "must be a positive number of seconds")
 
 
-# generous, so a slow step is never called a hang: a deadlock the calls prove is reported
-# within a fraction of a second whatever this is; the deadline is for what they cannot prove
-DEADLINE = 300.0
+DEADLINE = deadlines.USER_JOB_S
 
 
 def run_options(world_size: int, deadline: float = DEADLINE) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from distdoctor.cli.args import UsageError, count, seconds
+from distdoctor.cli.args import DEADLINE, UsageError, count, seconds
 from distdoctor.collectives import KINDS, OPS
 
 
@@ -58,7 +58,7 @@ def add_commands(commands) -> None:
                          help="world sizes to try (default: 2-6)")
     checker.add_argument("--examples", type=count(1), default=200,
                          help="examples to try (default: %(default)s)")
-    checker.add_argument("--deadline", type=seconds, default=300.0, metavar="SECONDS",
+    checker.add_argument("--deadline", type=seconds, default=DEADLINE, metavar="SECONDS",
                          help="longest a send or receive may wait before it counts as a hang "
                               "(default: %(default)g). A deadlock the calls prove (a cycle "
                               "of waits, a wait on a rank that returned) fails at once, "

@@ -29,6 +29,7 @@ from distdoctor.collectives.jobs import TransportMisuse, run_user
 from distdoctor.collectives.properties import Case, cases, mismatch, reduced
 from distdoctor.launch.pool import shared_pool
 from distdoctor.models.events import Emit
+from distdoctor.models.record import STOPPED
 from distdoctor.models.waitfor import PROVEN
 
 # as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
@@ -154,7 +155,7 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
                     for end in misused]
             return Failure(case, MISUSE, "; ".join(said), wire)
         hung = [end for end in result.ends
-                if "Timeout" in (end.error or "") or end.status in ("hung", "stopped")]
+                if "Timeout" in (end.error or "") or end.status in STOPPED]
         timed_out = any(not (end.error or "").startswith(PROVEN) for end in hung)
         cycle = wait_cycle(result.ends, result.events)
         if cycle:
@@ -184,7 +185,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
             waits[end.rank] = (how, int(found["peer"]), raising_line(end.error) or "?")
             continue
         reported = [e for e in emitted if isinstance(e, tuple) and e[:1] == (Emit.WAITING,)]
-        if end.status in ("hung", "stopped") and reported:
+        if end.status in STOPPED and reported:
             _, what, peer = reported[-1]
             frame = user_frame(end.stacks)
             waits[end.rank] = ("in send to" if what == "send" else "in recv from", peer,
@@ -216,7 +217,7 @@ def rank_text(end, events) -> str:
     from distdoctor.models.record import seen_at_text
     from distdoctor.userjob.report import raising_line
 
-    if end.status not in ("hung", "stopped"):
+    if end.status not in STOPPED:
         where = raising_line(end.error) or ""
         return f"rank {end.rank}: {end.headline}" + (f" at {where}" if where else "")
     if (end.error or "").startswith(PROVEN):  # the watch's proof names every call in it

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from distdoctor.dumps.read import RankRead
 from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
-from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec, deadlines
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
@@ -103,7 +103,7 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
                 "collective when dumped" + (f" (its last: {last})" if last else "")))
         ranks.append(RankRecord(rank, end, Evidence(rank=rank, calls=calls)))
     spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
-                   deadline=60.0)
+                   deadline=deadlines.DUMPED_JOB_S)
     return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes), \
         limits(dumps) + limits_found
 

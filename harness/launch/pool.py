@@ -29,8 +29,9 @@ from distdoctor.launch import procs
 from distdoctor.launch.rank import rank_main
 from distdoctor.launch.results import JobResult
 from distdoctor.launch.watch import JobWatch, RankHandle, describe_exit
+from distdoctor.models import deadlines
 
-DEFAULT_DEADLINE = 30.0
+DEFAULT_DEADLINE = deadlines.WORKLOAD_S
 DEFAULT_ERROR_GRACE = 1.0
 CLOSE_GRACE = 1.0  # seconds idle ranks get to leave when their pool closes
 

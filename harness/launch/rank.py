@@ -87,10 +87,12 @@ def rank_main(rank: int, world_size: int, backend: str, host: str, parent_pid: i
         code = _serve_jobs(ctx, conn, tracer)
     except KeyboardInterrupt:
         pass  # stopped on purpose
-    except BaseException:  # e.g. the group could not form: tell the parent why
+    # The rank tells its parent what went wrong, whatever it is; e.g. the group could not form: tell
+    # the parent why.
+    except BaseException:  # noqa: BLE001
         try:
             conn.send(("raised", procs.now(), traceback.format_exc()))
-        except BaseException:
+        except BaseException:  # noqa: BLE001, S110 (the parent is gone: nobody is left to tell)
             pass  # the parent is gone; nobody is left to tell
     finally:
         _flush_sent(mesh[rank] if mesh else [])
@@ -155,13 +157,15 @@ def _serve_jobs(ctx: RankContext, conn: Connection, tracer) -> int:
         ctx.progress()
         try:
             value = fn(ctx, *args, **kwargs)
-        except BaseException:
+        # The user's job may raise anything: sent to the parent as its traceback.
+        except BaseException:  # noqa: BLE001
             ctx._send(("raised", procs.now(), traceback.format_exc()))
             return 1
         jobend.job_ended(tracer)
         try:
             ctx._send(("done", procs.now(), value))
-        except Exception:
+        # An unpicklable result raises anything: sent to the parent as a traceback.
+        except Exception:  # noqa: BLE001
             ctx._send(("raised", procs.now(),
                        traceback.format_exc() + "\nthe job's return value could not be sent"))
             return 1

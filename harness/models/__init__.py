@@ -7,8 +7,9 @@ A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord an
 else. Bump SCHEMA_VERSION whenever a field changes meaning. Beside the dataclasses: the
 one vocabulary of calls (``calls``: what is point-to-point, how a call and a set of ranks
 are written), the wait-for graph live and after the fact (``waitfor``), per-step compute
-times (``timing``), strategy names (``strategies``), distances between fingerprints
-(``distance``) and the JSON codec (``jsoncodec``).
+times (``timing``), every default deadline (``deadlines``), strategy names
+(``strategies``), distances between fingerprints (``distance``) and the JSON codec
+(``jsoncodec``).
 
 It imports nothing of the project, torch included, and every other package imports it.
 """

@@ -38,5 +38,7 @@ def load_plain(file: io.BufferedIOBase) -> object:
         return _PlainUnpickler(file).load()
     except NotPlainData:
         raise
-    except Exception as exc:  # truncated, garbage: pickle raises a zoo of types
+    # Raised again as one ValueError that names it; truncated, garbage: pickle raises a zoo of
+    # types.
+    except Exception as exc:  # noqa: BLE001
         raise ValueError(f"not a readable pickle ({type(exc).__name__}: {exc})") from None

@@ -13,7 +13,11 @@ from distdoctor.models.evidence import Evidence
 from distdoctor.models.spec import RunSpec
 
 SCHEMA_VERSION = 1
+# how a rank's job ended: the one spelling of each (mypy's strict_equality refuses a
+# comparison with any other string)
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
+STOPPED: tuple[RankStatus, ...] = ("hung", "stopped")  # left blocked where it was
+ENDED: tuple[RankStatus, ...] = ("finished", "raised", "died")  # makes no call after
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from distdoctor.models.deadlines import WORKLOAD_S
 from distdoctor.models.strategies import SHARDED, TENSOR_PARALLEL, tensor_degree
 
 SamplerKind = Literal["distributed", "shared-seed"]
@@ -88,7 +89,7 @@ class RunSpec:
     lr: float | None = None  # None: 0.05 for SGD, 1e-3 (torch's default) for Adam
     optimizer: OptimizerName = "auto"  # auto: Adam for sharded strategies, else SGD
     seed: int = 0
-    deadline: float = 30.0  # seconds without progress before the ranks count as hung
+    deadline: float = WORKLOAD_S  # seconds without progress before the ranks count as hung
     fingerprint_values: int = 4096  # values kept per fingerprint (all, for these models)
     ranks_per_node: int = 0  # consecutive ranks that share a machine (0: all of them)
     knobs: Knobs = field(default_factory=Knobs)

@@ -48,11 +48,9 @@ from distdoctor.models.calls import (
 )
 from distdoctor.models.events import CALL_EVENTS, Ev
 from distdoctor.models.evidence import Call
-from distdoctor.models.record import RankRecord, RunRecord
+from distdoctor.models.record import STOPPED, RankRecord, RunRecord
 from distdoctor.models.sequences import Made, agreement, parting_at
 
-STOPPED = ("hung", "stopped")  # a rank's ends that leave it blocked where it was
-ENDED = ("finished", "raised", "died")  # a rank's ends after which it makes no call
 _CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
 _EXIT_EVENT = f'{{"ev":"{Ev.EXIT}"'.encode()
 # Collectives gloo runs with one algorithm, so that one rank in each still completes (or

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from distdoctor.models import Call, RunRecord
 from distdoctor.models.calls import SENDS, is_point_to_point
+from distdoctor.models.record import STOPPED
 from distdoctor.pictures import page
 from distdoctor.pictures.svg import COLOURS, legend, line, rect, svg, text
 
@@ -124,7 +125,7 @@ def picture(record: RunRecord) -> page.Section | None:
                              "bold"))
     for rank in range(n):  # waiting in a collective torch made itself (DDP's): untraced
         rank_end = record.ranks[rank].end
-        if rank_end.collective and rank_end.status in ("hung", "stopped"):
+        if rank_end.collective and rank_end.status in STOPPED:
             mine = [b.end for b in all_bars if b.rank == rank]
             start = max(mine) if mine else t0
             y = top + rank * lane

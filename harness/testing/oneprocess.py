@@ -17,13 +17,15 @@ from typing import Any, Callable
 
 import torch
 
+from distdoctor.models import deadlines
 from distdoctor.testing.same import compare_entry
 
 
 def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
                                    step: Callable[[Any, Any, Any], Any], batches: list,
                                    *, world_size: int, atol: float = 1e-5,
-                                   rtol: float = 1e-4, deadline: float = 300.0) -> None:
+                                   rtol: float = 1e-4,
+                                   deadline: float = deadlines.USER_JOB_S) -> None:
     """``build()`` -> (model, optimizer) and ``step(model, optimizer, batch)`` are module-
     level functions of the user's (``model`` may be a DDP wrapper). ``batches``: global
     batches, each a tensor or a tuple/list/dict of tensors whose first dimension divides

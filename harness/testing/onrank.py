@@ -127,14 +127,16 @@ def _tell(ctx, exc: BaseException, formatted: Callable[[Any], str]) -> None:
         "xfailed" if isinstance(exc, XFailed) else "failed"
     try:
         text = formatted(info) if outcome == "failed" else str(getattr(exc, "msg", exc))
-    except Exception:  # pytest's formatting failed: the plain traceback still says it
+    # Falls back to the plain traceback, which still says it; pytest's formatting failed: the plain
+    # traceback still says it.
+    except Exception:  # noqa: BLE001
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     where = raising_line("".join(traceback.format_tb(exc.__traceback__)))
     headline = (info.exconly().strip() or type(exc).__name__).splitlines()[0][:300]
     try:
         ctx.emit((EVENT, {"outcome": outcome, "text": text, "where": where,
                           "headline": headline}))
-    except Exception:
+    except Exception:  # noqa: BLE001, S110 (the parent still gets the traceback from the raise)
         pass  # the parent still gets the traceback from the raise
 
 
@@ -163,7 +165,7 @@ def _assertion_hooks(item):
 
         hooks = assertion.pytest_runtest_protocol(item)
         next(hooks)
-    except Exception:
+    except Exception:  # noqa: BLE001 (falls back to Python's own assert message)
         hooks = None  # plain rewritten asserts still show their values
     try:
         yield

@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
+from distdoctor.models import deadlines
 from distdoctor.testing.ranks import RanksFactory, cut, judge_job, picklable, positive, run_on
 
-DEFAULT_DEADLINE = 300.0
+DEFAULT_DEADLINE = deadlines.USER_JOB_S
 TIMEOUT_MARGIN = 3.0  # seconds left to pytest-timeout after our deadline
 _ARGS = ("rank", "world_size")  # per-rank fixtures: not sent from the parent
 # per test: pytest-timeout's timeout and when its timer started (from its hook)

@@ -91,7 +91,7 @@ def picklable(value: Any) -> bool:
 def sendable(value: Any, what: str, hint: str = "") -> None:
     try:
         pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (raised again as one TypeError that names it)
         raise TypeError(f"{what} cannot be sent to the ranks (pickle: {exc})"
                         + (f"; {hint}" if hint else "")) from None
 

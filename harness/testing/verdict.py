@@ -15,7 +15,7 @@ from typing import Literal
 
 from distdoctor.launch.results import JobResult
 from distdoctor.models import RankEnd
-from distdoctor.models.record import is_peer_echo, seen_at_text
+from distdoctor.models.record import STOPPED, is_peer_echo, seen_at_text
 from distdoctor.models.waitfor import PROVEN
 from distdoctor.testing.onrank import EVENT
 from distdoctor.userjob.record import explain, script_record
@@ -85,7 +85,7 @@ def judge(result: JobResult, deadline: float, what: str) -> Outcome:
             if said:
                 return Outcome(status, None, (said[0],),
                                f"rank {said[0]} of {n}: {accounts[said[0]]['text']}")
-        if not any(e.status in ("hung", "stopped") for e in result.ends):
+        if not any(e.status in STOPPED for e in result.ends):
             own = raised  # only peers' echoes are left: the first of them is the news
     report = explain(script_record(result.ends, result.traces, result.wall_s,
                                     result.started, deadline), what)

@@ -27,7 +27,9 @@ def write_arrivals(tracer: Any, since: float) -> None:
         if time.monotonic() - since < MIN_JOB_S:
             return
         event = arrivals_event(since)
-    except Exception:  # the recorder is evidence, best effort: the job's result stands
+    # The recorder is evidence, best effort: a missing arrival shows as none; the job's
+    # result stands.
+    except Exception:  # noqa: BLE001
         return
     if event is not None:
         tracer.write(**event)

@@ -39,7 +39,9 @@ def record_batches(tracer: Any) -> None:
                                    sampler=type(inner).__name__,
                                    sampler_epoch=getattr(inner, "epoch", None)),
                               separators=(",", ":"), default=repr)[:-1]
-        except Exception as exc:  # evidence is best effort: the user's loader goes on
+        # Reported as incomplete evidence, below; evidence is best effort: the user's loader goes
+        # on.
+        except Exception as exc:  # noqa: BLE001
             incomplete("the batches a loader drew", exc)
             yield from original(sampler)
             return
@@ -51,7 +53,8 @@ def record_batches(tracer: Any) -> None:
                         where = json.dumps(user_line())
                     tracer.put(f'{head},"ids":[{",".join([str(int(i)) for i in ids])}],'
                                f'"steps":{tracer.optimizer_steps},"where":{where}}}')
-                except Exception as exc:  # ids that are not sample numbers, say
+                # Reported as incomplete evidence, below; ids that are not sample numbers, say.
+                except Exception as exc:  # noqa: BLE001
                     incomplete("the batches a loader drew", exc)
                 yield ids
         finally:

@@ -47,7 +47,9 @@ def record_buffers(tracer: Any) -> None:
                 if names:
                     tracer.write(ev=Ev.BUFFERS, step=step, names=names, values=values,
                                  where=user_line())
-            except Exception as exc:  # evidence is best effort: never break the forward
+            # Reported as incomplete evidence, below; evidence is best effort: never break the
+            # forward.
+            except Exception as exc:  # noqa: BLE001
                 incomplete("DDP's buffers", exc)
 
         ddp.module.register_forward_pre_hook(before_forward)

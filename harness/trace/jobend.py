@@ -33,7 +33,8 @@ def before_teardown(tracer: Any) -> None:
         if group is None:
             try:
                 job_ended(tracer)
-            except Exception as exc:  # evidence is best effort
+            # Reported as incomplete evidence, below; evidence is best effort.
+            except Exception as exc:  # noqa: BLE001
                 incomplete("when each rank entered its collectives", exc)
         original(group)
 

@@ -77,7 +77,7 @@ def record_nonfinite(tracer: Any) -> None:
         try:
             if self.numel() == 1:
                 loss[0], loss[1] = self.detach(), user_line()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("the losses checked for NaN/Inf", exc)
         return original_backward(self, *args, **kwargs)
 

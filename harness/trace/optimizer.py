@@ -104,7 +104,8 @@ def record_optimizer(tracer: Any) -> None:
                 state, values = _state(optimizer, params, seen["where"])
                 event["state"], event["sampled"] = state, values
             tracer.write(**event)
-        except Exception as exc:  # evidence is best effort: never break the step
+        # Reported as incomplete evidence, below; evidence is best effort: never break the step.
+        except Exception as exc:  # noqa: BLE001
             incomplete("optimiser settings", exc)
 
     tracer.optimizer_hook = register_optimizer_step_pre_hook(before_step), before_step
@@ -220,7 +221,7 @@ def _note_building(notes: dict) -> None:
         original(optimizer, *args, **kwargs)
         try:
             notes["built"][id(optimizer)] = (weakref.ref(optimizer), user_line())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("optimiser settings", exc)
 
     init._distdoctor_built = True  # type: ignore[attr-defined]

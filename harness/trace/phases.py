@@ -115,7 +115,8 @@ def _span(tracer: Any, state: _State, kind: str, original: Any) -> Any:
             state.depth -= 1
             try:
                 _write(tracer, kind, start, step, user_line())
-            except Exception as exc:  # evidence is best effort: never break the step
+            # Reported as incomplete evidence, below; evidence is best effort: never break the step.
+            except Exception as exc:  # noqa: BLE001
                 incomplete("where each rank's time goes", exc)
 
     setattr(timed, "__wrapped__", original)  # noqa: B010 (as functools.wraps sets it)
@@ -168,7 +169,7 @@ def _time_optimizer(tracer: Any, state: _State) -> None:
             step = tracer.optimizer_steps - 1
             _write(tracer, "optimizer", began.pop(), step, user_line())
             flush_samples(tracer, step)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("where each rank's time goes", exc)
 
     handles = [register_optimizer_step_pre_hook(before),
@@ -196,7 +197,8 @@ def _sample(state: _State, main: int | None) -> None:
         try:
             frame = sys._current_frames().get(main)
             found = _user_line(state, frame)
-        except Exception:
+        # A frame torn down while read: this sample is skipped, the next is taken.
+        except Exception:  # noqa: BLE001
             continue
         if found is not None:
             state.counts[found] = state.counts.get(found, 0) + 1

@@ -81,7 +81,7 @@ class StepHooks:
             original(optimizer, *args, **kwargs)
             try:  # hooked from construction: step 1's backward is seen too
                 hooks._hook(plain_params(optimizer))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("gradient hooks", exc)
 
         setattr(Optimizer, "__init__", init)  # noqa: B010 (a patch)
@@ -124,7 +124,7 @@ class StepHooks:
                 self.between = set(self._last_small.values())
                 self._last_small.clear()
             self.hook_all(self.sampled(self._tracer.optimizer_steps + 1))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("gradient hooks", exc)
 
     def _accumulated(self, p: torch.Tensor) -> None:
@@ -139,14 +139,14 @@ class StepHooks:
         if self.summing and (self._sampling or grad.numel() <= SMALL):
             try:
                 self.sums.add(p, grad)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("NaN/Inf checks", exc)
         if not self._sampling or not self.accumulated:
             return
         for what, callback in self.accumulated:
             try:
                 callback(p, grad)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete(what, exc)
 
     def _before_step(self, optimizer: Any, *args: Any) -> None:
@@ -163,13 +163,13 @@ class StepHooks:
                 params = plain_params(optimizer)
                 self._hook(params)  # an optimiser made before the hooks existed
                 optimizer._distdoctor_listed = (shape, params, self)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("gradient hooks", exc)
             return
         for what, callback in self.before_step:
             try:
                 callback(params)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete(what, exc)
 
 

@@ -109,16 +109,17 @@ class Tracer:
                          if p.requires_grad and n not in ignored]
                 try:  # the replicas this one averages with: its data-parallel peers
                     group = dist.get_process_group_ranks(ddp.process_group)
-                except Exception:
+                # A group torch cannot name: its DDP replicas are then read from DDP's own calls.
+                except Exception:  # noqa: BLE001
                     group = []
                 tracer.write(ev=Ev.DDP, t=time.monotonic(), params=names, group=group,
                              where=user_line())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("DDP's parameter names", exc)
             for hook in tracer.on_ddp:  # other recorders' (buffers.py): best effort too
                 try:
                     hook(ddp)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                     incomplete("DDP's buffers", exc)
 
         setattr(DistributedDataParallel, "__init__", init)  # noqa: B010 (a patch)
@@ -136,7 +137,9 @@ class Tracer:
                 tracer.write(ev=Ev.DDP_FORWARD, steps=tracer.optimizer_steps,
                              sync=bool(ddp.require_backward_grad_sync), bytes=size,
                              where=user_line(), t=time.monotonic())
-            except Exception as exc:  # evidence is best effort: never break the forward
+            # Reported as incomplete evidence, below; evidence is best effort: never break the
+            # forward.
+            except Exception as exc:  # noqa: BLE001
                 incomplete("DDP's forwards", exc)
             tracer.forwarding = ddp  # the module's own hooks run inside: after DDP's sync
             try:
@@ -212,7 +215,9 @@ class Tracer:
                     return original(*args, **kwargs)  # its members alone: no one's sequence
                 call = self._describe(name, bound, peer_arg, direction)
                 self._put(_enter_line(call))
-            except Exception as exc:  # arguments we cannot read: torch judges them, not us
+            # Reported as incomplete evidence, below; arguments we cannot read: torch judges them,
+            # not us.
+            except Exception as exc:  # noqa: BLE001
                 incomplete(f"{name} calls", exc)
                 return original(*args, **kwargs)
             self._local.inside = True
@@ -309,7 +314,9 @@ def incomplete(what: str, exc: BaseException) -> None:
         try:
             tracer.write(ev=Ev.INCOMPLETE, what=what, step=tracer.optimizer_steps + 1,
                          error=error)
-        except Exception:  # the trace itself is gone: stderr is all that is left
+        # The trace itself is gone: stderr, below, is all that is left; the trace itself is gone:
+        # stderr is all that is left.
+        except Exception:  # noqa: BLE001, S110
             pass
     untraced(f"cannot record {what} ({error})")
 
@@ -324,7 +331,8 @@ def untraced(why: str) -> None:
     try:
         sys.stderr.write(f"distdoctor: {why}; the job goes on, untraced\n")
         sys.stderr.flush()
-    except Exception:
+    # Stderr is closed: nothing is left to say it with; the user's job goes on.
+    except Exception:  # noqa: BLE001, S110
         pass
 # the transports' files as a path's tail ("harness/collectives/x.py" in a checkout,
 # "distdoctor/collectives/x.py" installed); jobs.py: its argument check
@@ -413,7 +421,8 @@ def storages(tensors: list[torch.Tensor]) -> list[int]:
     for t in tensors:
         try:
             found.append(t.untyped_storage().data_ptr())
-        except Exception:  # noqa: S112 (no storage to name: nothing is lost but a match)
+        # No storage to name: nothing is lost but a match.
+        except Exception:  # noqa: S112, BLE001, S110
             continue
     return found
 
@@ -438,7 +447,9 @@ def _group(group: Any) -> tuple[tuple[int, ...], str | None]:
             name = None if group is default else str(c10d._get_process_group_name(group))
             _GROUPS[key] = (tuple(dist.get_process_group_ranks(group)), name)
         return _GROUPS[key]
-    except Exception:
+    # A group torch cannot describe: the call is written without its members, which the checks treat
+    # as unknown.
+    except Exception:  # noqa: BLE001
         return (), None
 
 

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from distdoctor.models import deadlines
+
 HOOK_DIR = "DISTDOCTOR_HOOK_DIR"  # where traces go; set by ``distdoctor run --`` only
 HOOK_DEADLINE = "DISTDOCTOR_HOOK_DEADLINE"  # seconds without a call before a rank stalls
 HOOK_LIGHT = "DISTDOCTOR_HOOK_LIGHT"  # "1": calls only, not the silent bugs' evidence
@@ -95,7 +97,8 @@ class _Patching(importlib.abc.Loader):
         self.loader.exec_module(module)
         try:
             self.patch(module)
-        except Exception as exc:  # the user's job runs whatever happens to the hook
+        # Said on stderr; the user job runs on; the user's job runs whatever happens to the hook.
+        except Exception as exc:  # noqa: BLE001
             sys.stderr.write(f"distdoctor: could not hook {module.__name__} ({exc!r})\n")
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
@@ -115,7 +118,7 @@ def _patch_init(distributed) -> None:
         result = init(*args, **kwargs)
         try:
             _open_group(_rendezvous(args, kwargs), _init_line())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (said on stderr; the user job runs on)
             sys.stderr.write(f"distdoctor: this rank is not traced ({exc!r})\n")
         return result
 
@@ -260,7 +263,7 @@ def _open_group(rendezvous: str, init_line: str) -> None:
         tracer.fd, tracer.rank = fd, rank
     _state.update(tracer=tracer, directory=directory, pid=os.getpid(), ended=False,
                   stack_file=stack_file)
-    deadline = float(os.environ.get(HOOK_DEADLINE, "60") or 60)
+    deadline = float(os.environ.get(HOOK_DEADLINE, "") or deadlines.IN_RANK_S)
     _state["watch"] = bootstrap.watch_for_stalls(tracer, deadline, stack_file, False,
                                                  str(directory), directory.name, rank, world,
                                                  watched=True)

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from distdoctor.launch import procs, stacks
+from distdoctor.models import deadlines
 from distdoctor.models.events import Ev
 
 HANG_EXIT = 124  # what --exit-on-hang ends a stalled rank with (timeout(1)'s code)
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m distdoctor.userjob")
     parser.add_argument("--fds", help=argparse.SUPPRESS)  # conn,ctrl,faulthandler,trace
     parser.add_argument("--trace-dir", help="write this rank's trace and stacks here")
-    parser.add_argument("--deadline", type=float, default=60.0,
+    parser.add_argument("--deadline", type=float, default=deadlines.IN_RANK_S,
                         help="with --trace-dir: seconds without a call before this rank "
                              "writes its stacks (default: %(default)s)")
     parser.add_argument("--exit-on-hang", action="store_true",
@@ -187,7 +188,8 @@ def patch_os_exit(say: Callable[[int], None]) -> None:
         if os.getpid() == rank_pid:
             try:
                 say(int(code))
-            except Exception:
+            # The end is being said as the rank exits: a failure cannot be said anywhere.
+            except Exception:  # noqa: BLE001, S110
                 pass
         _REAL_EXIT(code)
 
@@ -228,7 +230,8 @@ def _run_script(script: str, args: list[str]) -> str | None:
     except SystemExit as exc:
         _KEPT.append(exc)  # leaving on purpose is not a crash: a peer still waiting is the
         # problem
-    except BaseException as exc:
+    # The user's script may raise anything: kept, and reported as its crash.
+    except BaseException as exc:  # noqa: BLE001
         _KEPT.append(exc)
         tb = exc.__traceback__
         while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
@@ -317,7 +320,10 @@ def _write_history(directory: str, rank: int) -> None:
 
     try:
         found = dump_bytes()
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 (said: the trace notes the history as missing)
+        from distdoctor.trace.tracer import incomplete
+
+        incomplete("its Flight Recorder history (the collectives torch made itself)", exc)
         return
     path = os.path.join(directory, f"{DUMP_PREFIX}{rank}")
     with open(path + ".tmp", "wb") as out:
@@ -342,7 +348,7 @@ def _exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 (a closed stream at exit: nothing to flush to)
             pass
     _REAL_EXIT(code)  # no interpreter teardown: torch's destructors can deadlock there
 

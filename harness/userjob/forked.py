@@ -104,7 +104,7 @@ def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: i
         from distdoctor.userjob.bootstrap import main
 
         main(argv)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (printed to the rank's stderr, which the launcher keeps)
         import traceback
 
         traceback.print_exc()  # to the rank's stderr, which the launcher keeps

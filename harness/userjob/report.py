@@ -34,6 +34,7 @@ from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relati
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import (
     SIZE_MISMATCH,
+    STOPPED,
     Frame,
     aborted_in_collective,
     is_peer_echo,
@@ -261,14 +262,14 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
     blocking = [c for c in calls if c.blocking]
     call = blocking[-1] if blocking else (calls[-1] if calls else None)
     running = started = None
-    if end.status in ("hung", "stopped") and not blocking:
+    if end.status in STOPPED and not blocking:
         # its last traced call completed: it is in its own code, or in a collective torch
         # made itself (DDP's), which the Flight Recorder saw
         state: RankState = "blocked" if end.collective else "running"
         frame = user_frame(end.stacks) if end.collective else end.running_at
         running = f"{frame.function} at {frame.place}" if frame else None
         started = started_by(frame) if frame and end.collective else None
-    elif end.status in ("hung", "stopped"):
+    elif end.status in STOPPED:
         state = "blocked"
     elif end.status in ("raised", "died"):
         state = "crashed"

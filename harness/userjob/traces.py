@@ -66,7 +66,7 @@ def read(path: Path, rank: int) -> RankTrace:
             if not isinstance(event, dict):
                 raise ValueError("not an object")
             evidence_from_events(rank, (), (event,))  # the fields it needs, of their types
-        except Exception:
+        except Exception:  # noqa: BLE001 (counted as an unreadable line and named in the report)
             unreadable.append(number)
             continue
         events.append(event)
@@ -86,14 +86,15 @@ def _foldable(rank: int, events: list[dict], unreadable: list[int]) -> list[dict
     try:
         evidence_from_events(rank, (), tuple(events))
         return events
-    except Exception:
+    # Folded again event by event below, which names what it drops.
+    except Exception:  # noqa: BLE001, S110
         pass
     kept: list[dict] = []
     for event in events:
         try:
             evidence_from_events(rank, (), tuple(kept + [event]))
             kept.append(event)
-        except Exception:
+        except Exception:  # noqa: BLE001 (counted as unreadable and named in the report)
             unreadable.append(-1)  # its own line number is unknown by now
     return kept
 

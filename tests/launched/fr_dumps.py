@@ -93,7 +93,7 @@ def rank_main(out: str, script: str) -> None:
         runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (printed, dumped, and the job exits 1 as a crash)
         traceback.print_exc()
         dump(out, rank)
         os._exit(1)
