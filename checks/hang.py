@@ -32,7 +32,7 @@ from distdoctor.models.calls import (
     ranks_phrase,
     relative_line,
 )
-from distdoctor.models.record import ENDED, STOPPED, started_by, user_frame
+from distdoctor.models.record import ENDED, STOPPED, is_user_frame, started_by, user_frame
 from distdoctor.models.sequences import first_parting, lines_run, recorded_parting
 from distdoctor.models.waitfor import (
     blocking_call,
@@ -98,7 +98,8 @@ def check(record: RunRecord) -> list[Finding]:
     if missing:
         return [missing]
     busy = _busy([r.rank for r in stopped], blocked, record)
-    if busy and len(stopped) == len(record.ranks):
+    if busy and len(stopped) == len(record.ranks) and all(
+            _in_own_code(record.ranks[r].end) for r in busy):
         return [_all_busy(busy, record)]
     return [_uncatalogued(
         "hang-unknown", "hang-unknown", f"{len(stopped)} ranks stopped",
@@ -183,8 +184,7 @@ def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
               record: RunRecord) -> Finding:
     """The busy ranks' own verdict: not a mismatch (they never made another call), but
     work in their own code on the path to a collective the others already wait in."""
-    running = {r: f"{where} for {_busy_for(record.ranks[r], record):.1f} s"
-               for r, where in busy.items()}
+    running = {r: where + _for(record.ranks[r], record) for r, where in busy.items()}
     lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
     return _uncatalogued(
         "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in its own code",
@@ -200,11 +200,18 @@ def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
         where=(*lines, relative_line(call.where)))
 
 
+def _in_own_code(end) -> bool:
+    """Was the rank's main thread executing the user's own code when stopped (its innermost
+    frame the user's), not inside a library call that may wait in a collective torch made
+    itself (DDP's, which a trace without the Flight Recorder's word cannot see)?"""
+    main = next((s for s in end.stacks if s.main), None)
+    return bool(main and main.frames) and is_user_frame(main.frames[-1])
+
+
 def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
     """Every rank stopped in its own code, none in a call: nobody waits for anybody, so no
     peer is to blame; the loop or the work at their lines is what never ends."""
-    running = {r: f"{where} for {_busy_for(record.ranks[r], record):.1f} s"
-               for r, where in busy.items()}
+    running = {r: where + _for(record.ranks[r], record) for r, where in busy.items()}
     lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
     return _uncatalogued(
         "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in their own code",
@@ -219,11 +226,15 @@ def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
         where=lines)
 
 
-def _busy_for(rank: RankRecord, record: RunRecord) -> float:
-    """Seconds from the end of the rank's last call (or the job's start) to its stop."""
+def _for(rank: RankRecord, record: RunRecord) -> str:
+    """" for 2.0 s": from the end of the rank's last call (or the job's start) to its stop;
+    "" where its stop was not timed (a trace read afterwards: the rank was stopped by
+    whoever ended the job, at a moment it did not write down)."""
+    if rank.end.at is None:
+        return ""
     ended = [c.completed for c in rank.evidence.calls if c.completed is not None]
     since = max(ended) if ended else record.started
-    return max(0.0, record.started + (rank.end.at or 0.0) - since)
+    return f" for {max(0.0, record.started + rank.end.at - since):.1f} s"
 
 
 def _only_some_call(call: Call, absent: list[int], record: RunRecord,
