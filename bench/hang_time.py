@@ -91,8 +91,8 @@ def measure(path: str, ranks: int) -> tuple[float, float, str, str]:
 
 def judge_ring(deadline: float, proof: bool) -> tuple[float, str]:
     """check-collective's wall time on the send-first ring, rendezvous transport."""
+    from distdoctor.analysis.waitfor import PROOF_SWITCH
     from distdoctor.collectives.checker import check
-    from distdoctor.models.waitfor import PROOF_SWITCH
 
     os.environ[PROOF_SWITCH] = "1" if proof else "0"
     try:

@@ -17,10 +17,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from distdoctor import faults  # noqa: E402
+from distdoctor.analysis.timing import per_rank_times  # noqa: E402
 from distdoctor.cli.tables import step_time  # noqa: E402
 from distdoctor.faultloop.runspec import run  # noqa: E402
 from distdoctor.models import Knobs, PipeShape, RunSpec  # noqa: E402
-from distdoctor.models.timing import per_rank_times  # noqa: E402
 from distdoctor.pipeline.report import measured_bubble, simulated_for  # noqa: E402
 from distdoctor.pipeline.simulate import simulate  # noqa: E402
 

@@ -13,9 +13,9 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Literal
 
+from distdoctor.analysis.distance import spread
+from distdoctor.analysis.replicas import Replicas, replicas_of
 from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
-from distdoctor.models.distance import spread
-from distdoctor.models.replicas import Replicas, replicas_of
 
 
 def detectors() -> list[ModuleType]:
@@ -69,7 +69,7 @@ def replica_groups(structure: list[Replicas], present: set[int]) -> set[tuple[in
 
 
 def replica_parts(record: RunRecord) -> list[RunRecord]:
-    """The record split by replica group (models/replicas.py: the ranks each rank's
+    """The record split by replica group (analysis/replicas.py: the ranks each rank's
     gradients are reduced with) where the ranks' communication names groups smaller than
     the job, each part holding one group's ranks alone, so that a check of replicas
     compares them within their group and never across shards; else the record whole."""

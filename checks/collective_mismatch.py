@@ -5,16 +5,16 @@ k-th send from a to b and the k-th receive at b from a. gloo lets some mismatche
 silently (SUM on one rank, MAX on another; shape [4] against [2, 2]) and answers others by
 aborting one rank ("Received data size doesn't match expected size") while the rest see
 only "Connection reset by peer". Either way the mismatch is the root cause: the first number at
-which a group's collectives part (models/sequences.py), blamed on the odd ranks out. Runs
+which a group's collectives part (analysis/sequences.py), blamed on the odd ranks out. Runs
 that hung are left to the hang check, which names the same parting first.
 """
 
 from __future__ import annotations
 
+from distdoctor.analysis.sequences import Parting, first_parting, lines_run, recorded_parting
 from distdoctor.models import Call, Finding, RunRecord
 from distdoctor.models.calls import NEW_GROUP, RECEIVES, SENDS, ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED
-from distdoctor.models.sequences import Parting, first_parting, lines_run, recorded_parting
 
 NAME = "collective_mismatch"
 

@@ -1,6 +1,6 @@
 """Why replicas' gradient synchronisation failed, from the reductions themselves.
 
-Every rank of a replica group (models/replicas.py: the ranks its gradients are reduced
+Every rank of a replica group (analysis/replicas.py: the ranks its gradients are reduced
 with) must apply the reduced gradient, and its k-th reduction on the group must reduce the
 same tensor as every other member's k-th. Two ways to break that, which nothing raises:
 
@@ -17,10 +17,10 @@ the values: the parting this causes is ``param_spread``'s, the cause is named he
 
 from __future__ import annotations
 
+from distdoctor.analysis.replicas import gradient_reductions, replicas_of
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.evidence import Call, GradientEvidence
-from distdoctor.models.replicas import gradient_reductions, replicas_of
 
 NAME = "failed_sync"
 

@@ -6,7 +6,7 @@ ranks it waits for: a send or receive waits for its peer; a collective waits for
 of its group that never entered the same collective (same group, same sequence number).
 The cause, in order of precedence:
 
-* the first number at which a group's collectives parted (models/sequences.py), in the
+* the first number at which a group's collectives parted (analysis/sequences.py), in the
   traced calls or, torch's own collectives included, in the ranks' Flight Recorders,
   whatever the ranks are blocked in now: gloo may have paired the differing calls and let some
   ranks on, so the calls blocked at the end no longer differ, and the odd ranks out of
@@ -21,6 +21,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from distdoctor.analysis.sequences import first_parting, lines_run, recorded_parting
+from distdoctor.analysis.waitfor import (
+    blocking_call,
+    cycle_of,
+    joined_by,
+    same_collective,
+    wait_edges,
+    waits_for,
+)
 from distdoctor.checks import finding
 from distdoctor.checks.collective_mismatch import parted
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
@@ -33,15 +42,6 @@ from distdoctor.models.calls import (
     relative_line,
 )
 from distdoctor.models.record import ENDED, STOPPED, is_user_frame, started_by, user_frame
-from distdoctor.models.sequences import first_parting, lines_run, recorded_parting
-from distdoctor.models.waitfor import (
-    blocking_call,
-    cycle_of,
-    joined_by,
-    same_collective,
-    wait_edges,
-    waits_for,
-)
 
 NAME = "hang"
 
@@ -205,7 +205,7 @@ def _in_own_code(end) -> bool:
     frame the user's), not inside a library call that may wait in a collective torch made
     itself (DDP's, which a trace without the Flight Recorder's word cannot see)?"""
     main = next((s for s in end.stacks if s.main), None)
-    return bool(main and main.frames) and is_user_frame(main.frames[-1])
+    return main is not None and bool(main.frames) and is_user_frame(main.frames[-1])
 
 
 def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:

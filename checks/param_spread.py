@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from distdoctor.analysis.distance import param_history, spreads
+from distdoctor.analysis.replicas import replicas_of
 from distdoctor.checks import (
     finding,
     gradient_steps_on_every_rank,
@@ -19,8 +21,6 @@ from distdoctor.checks import (
 )
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
-from distdoctor.models.distance import param_history, spreads
-from distdoctor.models.replicas import replicas_of
 
 TOLERANCE = 1e-6
 NAME = "param_spread"
@@ -65,7 +65,7 @@ def check(record: RunRecord) -> list[Finding]:
 def _user_replicas(record: RunRecord) -> list[Finding]:
     """A user's script: ranks that replicate one model must hold the same sampled
     parameters, taken just before each step. Who replicates whom is read from how the
-    ranks communicate (models/replicas.py: the group each rank's gradients are reduced
+    ranks communicate (analysis/replicas.py: the group each rank's gradients are reduced
     over, DDP's group, the groups parameters are averaged over), never from whether the
     sync worked: ranks whose sync failed are still replicas, and parting is exactly what
     is wrong with them. Groups that average their parameters now and then are judged

@@ -13,9 +13,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from distdoctor.analysis.forwards import forwards_without_backward
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
-from distdoctor.models.forwards import forwards_without_backward
 
 NAME = "partial_step"
 

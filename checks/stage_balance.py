@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from distdoctor.analysis.timing import per_step_times
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
-from distdoctor.models.timing import per_step_times
 
 NAME = "stage_balance"
 TOLERANCE = 1.25

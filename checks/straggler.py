@@ -2,7 +2,7 @@
 what that costs the others, and where the late rank's time goes.
 
 The invariant: in a healthy job no rank holds the others up more than chance makes it.
-Per step (``models/stragglers.py``) each member's cost is the time it alone held the
+Per step (``analysis/stragglers.py``) each member's cost is the time it alone held the
 others up, arriving last. Two statistics of the member with the largest total, each with
 a 95% interval from a bootstrap over the steps (seeded: the same record gives the same
 verdict):
@@ -42,10 +42,7 @@ import random
 import statistics
 from collections import Counter
 
-from distdoctor.checks import finding
-from distdoctor.models import Evidence, Finding, RankRecord, RunRecord
-from distdoctor.models.calls import ranks_phrase, relative_line
-from distdoctor.models.stragglers import (
+from distdoctor.analysis.stragglers import (
     GroupKey,
     Row,
     Step,
@@ -56,6 +53,9 @@ from distdoctor.models.stragglers import (
     shares,
     step_ends,
 )
+from distdoctor.checks import finding
+from distdoctor.models import Evidence, Finding, RankRecord, RunRecord
+from distdoctor.models.calls import ranks_phrase, relative_line
 
 NAME = "straggler"
 FLOOR = 0.10  # the smallest share of the others' step reported

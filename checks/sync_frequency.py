@@ -7,9 +7,9 @@ gradients were synchronised more than once, typically after every accumulation m
 
 from __future__ import annotations
 
+from distdoctor.analysis.forwards import forwards_without_backward
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
-from distdoctor.models.forwards import forwards_without_backward
 
 NAME = "sync_frequency"
 

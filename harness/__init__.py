@@ -7,9 +7,13 @@ packages. One package per stage of a run's flow; each imports only the packages 
 its ``imports:`` line (``tests/test_layout.py`` holds the same table and fails on any other
 edge, and on any import circle):
 
-- ``models``: the data model (RunSpec, Evidence, RunRecord, Finding, Verdict), the call
-  vocabulary and the wait-for graph, strategy names, distances, the JSON codec.
+- ``models``: the records, plain frozen data (RunSpec, Evidence, RunRecord, Finding,
+  Verdict), the call vocabulary, the events' names, strategy names, the default deadlines,
+  the JSON codec.
   imports: nothing
+- ``analysis``: algorithms over the records: the wait-for proof, sequence matching, the
+  straggler statistics, replica groups, distances, per-step times.
+  imports: models
 - ``text``: page width, wrapping, how a run's ranks ended, for whatever prints.
   imports: models
 - ``faults``: the failure modes, one module each; a fault flips RunSpec knobs only.
@@ -17,32 +21,32 @@ edge, and on any import circle):
 - ``memory``: bytes per rank per ZeRO stage, the planner, measured against formula.
   imports: models, text
 - ``checks``: the detectors, one module each; they read a RunRecord's evidence only.
-  imports: models, memory, faults
+  imports: models, analysis, memory, faults
 - ``dumps``: torch's Flight Recorder dumps from any job, read as plain data into the
   evidence the checks judge.
-  imports: models
+  imports: models, analysis
 - ``trace``: the in-rank collective tracer and recorders, and folding a trace into Evidence.
-  imports: models, dumps
+  imports: models, analysis, dumps
 - ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks.
-  imports: models, trace
+  imports: models, analysis, trace
 - ``training``: the built-in data-parallel workload and its strategies (DDP, ZeRO, FSDP2).
-  imports: models, launch
+  imports: models, analysis, launch
 - ``tensor``: tensor-parallel layers and the tensor-parallel workload.
   imports: models, training
 - ``pipeline``: the pipeline workload, schedules, simulators, hand-rolled and torch runs.
-  imports: models, text, launch, training
+  imports: models, analysis, text, launch, training
 - ``userjob``: a user's own job: ``distdoctor run`` and ``analyze``, traced, and its report.
-  imports: models, dumps, trace, launch, checks
+  imports: models, analysis, dumps, trace, launch, checks
 - ``collectives``: collectives from scratch, their transports, and ``check-collective``.
-  imports: models, trace, launch, userjob
+  imports: models, analysis, trace, launch, userjob
 - ``faultloop``: on the built-in workloads, run a spec and assess it; inject a fault, apply
   the findings' fix, verify.
-  imports: models, trace, launch, training, tensor, pipeline, checks, faults
+  imports: models, analysis, trace, launch, training, tensor, pipeline, checks, faults
 - ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
-  imports: models, launch, userjob
+  imports: models, analysis, launch, userjob
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
-  imports: models, memory, pipeline
+  imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
-  imports: models, text, faults, memory, dumps, launch, pipeline, userjob, collectives,
+  imports: models, analysis, text, faults, memory, dumps, launch, pipeline, userjob, collectives,
   faultloop, pictures
 """

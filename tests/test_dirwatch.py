@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from distdoctor.models.waitfor import CONFIRM_S
+from distdoctor.analysis.waitfor import CONFIRM_S
 from distdoctor.userjob.dirwatch import TraceDirectory, read_proof, write_proof
 
 pytestmark = pytest.mark.tier("e2e")

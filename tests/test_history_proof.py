@@ -165,7 +165,7 @@ def test_a_64_rank_report_reads_on_one_screen_before_its_per_rank_detail(tmp_pat
 
 def test_two_equal_sides_are_said_to_be_even_and_both_blamed():
     """Two ranks of two, each making another call at #0, neither extra: no odd one out."""
-    from distdoctor.models.sequences import agreement, first_parting
+    from distdoctor.analysis.sequences import agreement, first_parting
 
     calls = {0: [_call(0, 0, 4, 6, False)], 1: [_call(1, 0, 5, 9, False)]}
     parting = first_parting(calls, 2)

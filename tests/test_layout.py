@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,24 +153,25 @@ def test_no_package_imports_a_package_that_imports_it_back():
 # The same table stands in harness/__init__.py's docstring, one ``imports:`` line each.
 LAYERS = {
     "models": set(),
+    "analysis": {"models"},
     "text": {"models"},
     "faults": {"models"},
     "memory": {"models", "text"},
-    "checks": {"models", "memory", "faults"},
-    "dumps": {"models"},
-    "trace": {"models", "dumps"},
-    "launch": {"models", "trace"},
-    "training": {"models", "launch"},
+    "checks": {"models", "analysis", "memory", "faults"},
+    "dumps": {"models", "analysis"},
+    "trace": {"models", "analysis", "dumps"},
+    "launch": {"models", "analysis", "trace"},
+    "training": {"models", "analysis", "launch"},
     "tensor": {"models", "training"},
-    "pipeline": {"models", "text", "launch", "training"},
-    "userjob": {"models", "dumps", "trace", "launch", "checks"},
-    "collectives": {"models", "trace", "launch", "userjob"},
-    "faultloop": {"models", "trace", "launch", "training", "tensor", "pipeline", "checks",
-                  "faults"},
-    "testing": {"models", "launch", "userjob"},
-    "pictures": {"models", "memory", "pipeline"},
-    "cli": {"models", "text", "faults", "memory", "dumps", "launch", "pipeline", "userjob",
-            "collectives", "faultloop", "pictures"},
+    "pipeline": {"models", "analysis", "text", "launch", "training"},
+    "userjob": {"models", "analysis", "dumps", "trace", "launch", "checks"},
+    "collectives": {"models", "analysis", "trace", "launch", "userjob"},
+    "faultloop": {"models", "analysis", "trace", "launch", "training", "tensor", "pipeline",
+                  "checks", "faults"},
+    "testing": {"models", "analysis", "launch", "userjob"},
+    "pictures": {"models", "analysis", "memory", "pipeline"},
+    "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "launch", "pipeline",
+            "userjob", "collectives", "faultloop", "pictures"},
     "__main__": {"cli"},  # python -m distdoctor
 }
 
@@ -272,3 +274,21 @@ def test_the_files_a_stack_is_trimmed_at_exist(name):
     paths = getattr(stacks, name)
     for path in [paths] if isinstance(paths, str) else paths:
         assert path.startswith("<") or os.path.isfile(path), path
+
+
+def test_the_contributing_guide_cites_only_files_and_functions_that_exist():
+    """Every `path.py` (and `path.py:function`) docs/contributing.md names is in the tree:
+    a guide that sends a newcomer to a file that is gone (it once cited trace/schema.py)
+    costs them the search it was written to save."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    cited = set(re.findall(r"([\w/]+\.py)(?::(\w+))?", text))
+    assert len(cited) > 20
+    homes = (ROOT, ROOT / "harness", ROOT / "harness" / "models")
+    missing = []
+    for path, function in sorted(cited):
+        found = [home / path for home in homes if (home / path).is_file()]
+        if path == "__init__.py" or found and (not function or f"def {function}(" in
+                                               found[0].read_text()):
+            continue
+        missing.append(f"{path}:{function}" if function else path)
+    assert missing == []

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from distdoctor.analysis.stragglers import waiting
 from distdoctor.checks import straggler
 from distdoctor.models import (
     Arrival,
@@ -22,7 +23,6 @@ from distdoctor.models import (
     RunRecord,
     RunSpec,
 )
-from distdoctor.models.stragglers import waiting
 
 pytestmark = pytest.mark.tier("unit")
 

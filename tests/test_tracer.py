@@ -104,7 +104,7 @@ def test_matching_calls_give_no_mismatch(pools):
 def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
     """Rank 0 all-reduces on a new group of both ranks, rank 1 on the default group: the
     calls share ranks and a number but can never pair; the watch proves it at once."""
-    from distdoctor.models.waitfor import PROVEN
+    from distdoctor.analysis.waitfor import PROVEN
 
     result = pools(2).run(jobs.same_ranks_other_group, deadline=60)
     assert [e.status for e in result.ends] == ["hung", "hung"]
@@ -118,7 +118,7 @@ def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
 
 def test_sends_and_receives_pair_by_tag_as_gloo_pairs_them(pools):
     """Receives taken in the other tag order are healthy; a tagged send cycle is proven."""
-    from distdoctor.models.waitfor import PROVEN
+    from distdoctor.analysis.waitfor import PROVEN
 
     healthy = pools(2).run(jobs.tagged_exchange, False, deadline=60).raise_for_status()
     assert healthy.values == ([0.0, 0.0], [1.0, 2.0])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from distdoctor.models.waitfor import WaitFor
+from distdoctor.analysis.waitfor import WaitFor
 
 pytestmark = pytest.mark.tier("unit")
 

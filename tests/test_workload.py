@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distdoctor.analysis.distance import max_abs_diff, spread
 from distdoctor.models import Knobs, RunSpec
-from distdoctor.models.distance import max_abs_diff, spread
 from distdoctor.training.fingerprint import fingerprint
 from distdoctor.training.workload import batch_ids, make_dataset
 

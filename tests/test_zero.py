@@ -9,10 +9,10 @@ import math
 
 import pytest
 
+from distdoctor.analysis.distance import max_abs_diff
 from distdoctor.faultloop.runspec import assess, run
 from distdoctor.memory.measured import compare
 from distdoctor.models import RunRecord, RunSpec
-from distdoctor.models.distance import max_abs_diff
 from distdoctor.training.reference import reference_params
 from distdoctor.training.workload import MLP
 

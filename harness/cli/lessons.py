@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distdoctor.analysis.stragglers import waiting
 from distdoctor.cli.tables import OUTCOME_TEXT, changes_text, memory_line, num, numbers_line
 from distdoctor.faults import Fault
 from distdoctor.models import RunReport
-from distdoctor.models.stragglers import waiting
 from distdoctor.text import ranks_line, wrap
 
 

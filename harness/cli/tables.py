@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import os
 
+from distdoctor.analysis.distance import spreads
 from distdoctor.models import Assessment, Finding, RunRecord, RunReport, Verdict
-from distdoctor.models.distance import spreads
 from distdoctor.text import ranks_line, wrap
 
 
@@ -63,7 +63,7 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
         return None
     blocked = max(entered)
     declared = record.started + max(r.end.at or 0.0 for r in hung)
-    from distdoctor.models.waitfor import PROVEN
+    from distdoctor.analysis.waitfor import PROVEN
 
     how = ("proven from the calls" if any((r.end.error or "").startswith(PROVEN) for r in hung)
            else "declared at the deadline")

@@ -24,13 +24,13 @@ from typing import Iterator
 
 from hypothesis import HealthCheck, given, settings
 
+from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.collectives import KINDS  # noqa: F401 (part of this module's interface)
 from distdoctor.collectives.jobs import TransportMisuse, run_user
 from distdoctor.collectives.properties import Case, cases, mismatch, reduced
 from distdoctor.launch.pool import shared_pool
 from distdoctor.models.events import Emit
 from distdoctor.models.record import STOPPED
-from distdoctor.models.waitfor import PROVEN
 
 # as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -196,7 +196,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
 def wait_cycle(ends, events) -> list[int]:
     """Ranks that each wait for the next (in a send to it, or for its data) around a
     cycle: an ordering deadlock. [] when the waits form no cycle."""
-    from distdoctor.models.waitfor import cycle_of
+    from distdoctor.analysis.waitfor import cycle_of
 
     waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events).items()}
     return cycle_of(waits) or []

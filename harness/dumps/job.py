@@ -1,5 +1,5 @@
 """The ranks' dumps as one job's evidence: each rank's end and calls, in the vocabulary the
-checks already judge a hang by (models/waitfor.py, models/sequences.py), so a dump from a
+checks already judge a hang by (analysis/waitfor.py, analysis/sequences.py), so a dump from a
 cluster gets the same causes, report, JSON and pictures as a run distdoctor traced.
 
 What each rank's dump says becomes: its operations not completed, as calls it is inside
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from distdoctor.analysis.sequences import agreement
 from distdoctor.dumps.read import RankRead
 from distdoctor.dumps.schema import DEFAULT_DESC, Entry, Group
 from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec, deadlines
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
-from distdoctor.models.sequences import agreement
 
 NO_DUMP = ("no Flight Recorder dump: it may have exited or died before the others hung, "
            "or its node's files were not collected")

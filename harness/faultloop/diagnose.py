@@ -6,11 +6,11 @@ detectors miss is reported as not reproduced rather than fixed by looking up the
 
 from __future__ import annotations
 
+from distdoctor.analysis.distance import built_spread, spreads
 from distdoctor.faultloop.runspec import run_decided, undecided_note
 from distdoctor.faults import Fault
 from distdoctor.launch.pool import RankPool
 from distdoctor.models import Outcome, RunReport, RunSpec, Verdict, apply_changes
-from distdoctor.models.distance import built_spread, spreads
 
 
 def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,

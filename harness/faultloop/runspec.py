@@ -13,9 +13,9 @@ import dataclasses
 import torch
 
 from distdoctor import checks
+from distdoctor.analysis.distance import spreads
 from distdoctor.launch.pool import RankPool, shared_pool
 from distdoctor.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
-from distdoctor.models.distance import spreads
 from distdoctor.pipeline.train import pipeline_job
 from distdoctor.tensor.train import tensor_job
 from distdoctor.trace.evidence import evidence_from_events

@@ -19,10 +19,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, cast
 
+from distdoctor.analysis.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
 from distdoctor.models import InFlight, RankEnd, RankStatus
-from distdoctor.models.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
 from distdoctor.trace.flight import recorded
 
 # torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does

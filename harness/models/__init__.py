@@ -6,10 +6,9 @@ by one run (or one machine) can be re-checked later by a newer detector without 
 A fault changes a RunSpec's knobs and nothing else; a check reads a RunRecord and nothing
 else. Bump SCHEMA_VERSION whenever a field changes meaning. Beside the dataclasses: the
 one vocabulary of calls (``calls``: what is point-to-point, how a call and a set of ranks
-are written), the wait-for graph live and after the fact (``waitfor``), per-step compute
-times (``timing``), every default deadline (``deadlines``), strategy names
-(``strategies``), distances between fingerprints (``distance``) and the JSON codec
-(``jsoncodec``).
+are written), the events' names (``events``), every default deadline (``deadlines``),
+strategy names (``strategies``) and the JSON codec (``jsoncodec``). Algorithms over these
+records (the wait-for proof, sequence matching, statistics) are in ``analysis``.
 
 It imports nothing of the project, torch included, and every other package imports it.
 """

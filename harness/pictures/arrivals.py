@@ -1,13 +1,13 @@
 """Who the others wait for: each rank's arrival at each collective of a group over the
 last steps, on one time axis, with the time it waited for the last arriver shaded, and
-per rank how often it came last and what that cost the rest (models/stragglers.py)."""
+per rank how often it came last and what that cost the rest (analysis/stragglers.py)."""
 
 from __future__ import annotations
 
 import statistics
 
+from distdoctor.analysis.stragglers import GroupKey, Step, group_steps
 from distdoctor.models import RunRecord
-from distdoctor.models.stragglers import GroupKey, Step, group_steps
 from distdoctor.pictures import page
 from distdoctor.pictures.svg import COLOURS, legend, line, rect, svg, text
 

@@ -64,7 +64,7 @@ def line_chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], labe
 
 def training(record: RunRecord, reference_per_step: tuple[float, ...] = (),
              findings=()) -> page.Section | None:
-    from distdoctor.models.distance import spreads
+    from distdoctor.analysis.distance import spreads
 
     losses = [(f"rank {r.rank}", [(s.step, s.loss) for s in r.evidence.steps])
               for r in record.ranks if r.evidence.steps]

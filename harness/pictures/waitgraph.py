@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
+from distdoctor.analysis.waitfor import cycle_of
 from distdoctor.models import RunRecord
-from distdoctor.models.waitfor import cycle_of
 from distdoctor.pictures import page
 from distdoctor.pictures.svg import COLOURS, arrowhead, circle, line, svg, text
 
@@ -15,7 +15,7 @@ SIZE, NODE = 420, 22
 
 
 def picture(record: RunRecord) -> page.Section | None:
-    from distdoctor.models.waitfor import wait_edges
+    from distdoctor.analysis.waitfor import wait_edges
 
     edges = wait_edges(record)
     if not edges:

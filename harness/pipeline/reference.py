@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from distdoctor.analysis.distance import max_abs_diff
 from distdoctor.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
-from distdoctor.models.distance import max_abs_diff
 from distdoctor.pipeline.model import build_layers, make_data, step_batch
 from distdoctor.pipeline.train import loss_fn
 from distdoctor.training.fingerprint import fingerprint

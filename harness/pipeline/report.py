@@ -142,7 +142,7 @@ def core_note(world_size: int) -> str:
 def pipeline_text(record: RunRecord, assessment) -> str:
     """Per stage: where it runs, its layers, parameters, FLOPs and CPU time; per step: loss,
     step time and distance from the single-process reference."""
-    from distdoctor.models.timing import per_rank_times
+    from distdoctor.analysis.timing import per_rank_times
 
     times = per_rank_times(record)
     rows = [f"{'stage':>5} {'rank':>4}  {'layers':<18}{'params':>8}{'MFLOP/micro':>13}"

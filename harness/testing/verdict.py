@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.launch.results import JobResult
 from distdoctor.models import RankEnd
 from distdoctor.models.record import STOPPED, is_peer_echo, seen_at_text
-from distdoctor.models.waitfor import PROVEN
 from distdoctor.testing.onrank import EVENT
 from distdoctor.userjob.record import explain, script_record
 from distdoctor.userjob.report import (
@@ -128,7 +128,7 @@ class StragglerWarning(UserWarning):
 def stragglers(result: JobResult, deadline: float, what: str) -> list[str]:
     """The ranks a job's others waited for (the straggler check), each in a line; none for
     a job too short to have recorded when its ranks entered their collectives."""
-    from distdoctor.models.stragglers import MIN_JOB_S
+    from distdoctor.analysis.stragglers import MIN_JOB_S
 
     if result.wall_s < MIN_JOB_S:
         return []

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from distdoctor.analysis.stragglers import MIN_JOB_S
 from distdoctor.models.events import Ev
 from distdoctor.models.plaindata import loads_plain
-from distdoctor.models.stragglers import MIN_JOB_S
 
 
 def write_arrivals(tracer: Any, since: float) -> None:

@@ -2,7 +2,7 @@
 
 Ranks send fingerprints, not tensors: a digest says whether two sets are bit-identical, and
 a strided sample of values (every value for a small model) gives exact differences. The
-distances between fingerprints are in ``distdoctor.models.distance``, free of torch.
+distances between fingerprints are in ``distdoctor.analysis.distance``, free of torch.
 """
 
 from __future__ import annotations

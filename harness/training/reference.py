@@ -16,8 +16,8 @@ import math
 
 import torch
 
+from distdoctor.analysis.distance import max_abs_diff, param_history
 from distdoctor.models import Fingerprint, Knobs, ReferenceComparison, RunRecord, RunSpec
-from distdoctor.models.distance import max_abs_diff, param_history
 from distdoctor.training.dropout import reference_masks
 from distdoctor.training.fingerprint import fingerprint
 from distdoctor.training.workload import (

@@ -262,7 +262,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     silent ranks for their stacks and reports, so the rank writes its stall, quietly,
     when told. Setting the event returned ends the watch (the rank's
     process group was destroyed)."""
-    from distdoctor.models.waitfor import PROOF_SWITCH
+    from distdoctor.analysis.waitfor import PROOF_SWITCH
     from distdoctor.trace.lines import main_thread_seen
     from distdoctor.userjob import dirwatch
 

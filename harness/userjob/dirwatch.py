@@ -5,7 +5,7 @@ Nobody watches a torchrun job from outside: each rank writes its calls to
 So the lowest local rank of a node (LOCAL_RANK 0), whenever its own rank has made no call
 for QUIET_S (it is blocked, or its peers are), reads every rank's trace from where it left
 off and asks the same wait-for graph the parent asks under ``distdoctor run``
-(models/waitfor.py: cycles, collectives that cannot pair, ranks waiting for ranks that
+(analysis/waitfor.py: cycles, collectives that cannot pair, ranks waiting for ranks that
 ended, a group whose calls already parted). A proof that has held for CONFIRM_S is written
 to ``deadlock.json`` in the directory, with the run's id; every rank's stall watch, seeing
 it, writes its stacks at once instead of at the deadline (and, with --exit-on-hang, ends),
@@ -25,8 +25,8 @@ import signal
 import socket
 from pathlib import Path
 
+from distdoctor.analysis.waitfor import Confirmation, Deadlock, WaitFor
 from distdoctor.models.events import Ev
-from distdoctor.models.waitfor import Confirmation, Deadlock, WaitFor
 
 PROOF_FILE = "deadlock.json"
 STALL_FILE = "stalled.json"  # distdoctor's call, from outside: the group's deadline passed

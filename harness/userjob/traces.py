@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.dumps.files import DUMP_PREFIX
 from distdoctor.models import Frame, RankEnd, Seen
 from distdoctor.models.events import Ev
 from distdoctor.models.record import is_peer_echo
-from distdoctor.models.waitfor import PROVEN
 
 NO_TRACE = "no trace: its node may have died before it wrote"
 FATAL = "Fatal Python error:"  # faulthandler's first line for a fatal signal

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from distdoctor.analysis.sequences import Made, agreement, parting_at
 from distdoctor.models.calls import (
     BATCH,
     RECEIVES,
@@ -49,7 +50,6 @@ from distdoctor.models.calls import (
 from distdoctor.models.events import CALL_EVENTS, Ev
 from distdoctor.models.evidence import Call
 from distdoctor.models.record import STOPPED, RankRecord, RunRecord
-from distdoctor.models.sequences import Made, agreement, parting_at
 
 _CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
 _EXIT_EVENT = f'{{"ev":"{Ev.EXIT}"'.encode()
