@@ -69,7 +69,11 @@ def test_cutting_the_last_line_at_every_offset_never_breaks_analyze(capsys, hang
         damaged.joinpath("rank-1.jsonl").write_bytes(whole[:offset])
         code, out, err, report = analyze(capsys, damaged)
         assert code == 1 and "Traceback" not in err + out, (offset, err)
-        assert report["cause"]["kind"] == "p2p-cycle", (offset, out)  # the sends survive
+        # the sends survive; on failure, what both traces held (seen once under -n 2 at a
+        # load of 14, not reproduced in 8 runs under a CPU hog: kept to find out why)
+        assert report["cause"]["kind"] == "p2p-cycle", (
+            offset, out, whole.decode(errors="replace"),
+            hang_traces.joinpath("rank-0.jsonl").read_text(errors="replace"))
 
 
 def test_a_line_of_garbage_is_named_and_skipped(capsys, hang_traces, tmp_path):
@@ -155,7 +159,9 @@ def test_any_damage_to_real_traces_gives_a_diagnosis_or_one_line_never_a_traceba
     if code == 2:
         assert err.count("\n") == 1 and err.startswith("distdoctor analyze: error: ")
     if intact:
-        assert report["cause"]["kind"] == "p2p-cycle", (damage, out)
+        assert report["cause"]["kind"] == "p2p-cycle", (
+            damage, out, *(p.read_text(errors="replace") for p in sorted(
+                directory.glob("rank-*.jsonl"))))
 
 
 def test_the_damage_search_tried_what_it_says(request):

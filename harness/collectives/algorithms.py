@@ -167,6 +167,3 @@ def reduce_scatter(t: Transport, x: torch.Tensor, op: str = "sum") -> torch.Tens
                     out=arrived)
         mine = chunks[r][:max(0, min(c, x.numel() - r * c))]
         return finish(mine.clone(), op, n)
-
-
-ALLREDUCES = {"ring": ring_allreduce, "tree": tree_allreduce}

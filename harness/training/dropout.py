@@ -13,8 +13,6 @@ import torch
 
 from distdoctor.models import RunSpec
 
-SITES = ("fc1", "fc2")  # dropout after each layer's tanh
-
 
 def mask(spec: RunSpec, step: int, ids, site: int, stream: int = 0) -> torch.Tensor:
     """Scaled keep-mask (0 or 1/(1-p)) for ``ids``' rows, hidden_features wide."""

@@ -15,7 +15,6 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-STREAMS = ("stdout", "stderr")
 _BITS = {"stdout": 1, "stderr": 2}  # torchrun's Std: 1 stdout, 2 stderr, 3 both, 0 neither
 _VALUE = re.compile(r"^[0-3]$")
 _MAPPING = re.compile(r"^(\d+:[0-3],)*\d+:[0-3]$")
