@@ -98,6 +98,22 @@ def test_a_rank_with_no_trace_is_named_and_blamed(capsys, hang_traces, tmp_path)
     assert 1 in report["cause"]["ranks"]
 
 
+def test_dumps_that_hold_nothing_are_not_called_ok(capsys, hang_traces, tmp_path):
+    """Every trace gone, only the ranks' Flight Recorder dumps left: gloo's recorder holds
+    no sends or receives, so a send cycle's dumps hold no operations. They say nothing of
+    how the job went: one line and exit 2, never "OK: all ranks finished"."""
+    left = tmp_path / "dumps-only"
+    shutil.copytree(hang_traces, left)
+    for trace in left.glob("rank-*.jsonl"):
+        trace.unlink()
+    assert sorted(p.name for p in left.glob("frdump_rank_*")) == ["frdump_rank_0",
+                                                                  "frdump_rank_1"]
+    code, out, err, report = analyze(capsys, left)
+    assert (code, report) == (2, None) and err.count("\n") == 1, (out, err)
+    assert "hold no operations, so they say nothing of how the job went" in err
+    assert "OK" not in out
+
+
 def test_two_runs_in_one_folder_are_never_mixed(capsys, hang_traces, tmp_path):
     mixed = tmp_path / "mixed"
     shutil.copytree(hang_traces, mixed)

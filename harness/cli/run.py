@@ -289,6 +289,14 @@ def analyze_dumps(args: argparse.Namespace) -> int:
     if not dumps.reads:
         raise UsageError(f"none of the {len(files)} dump files could be read: "
                          + "; ".join(dumps.notes[:3]))
+    if all(read.entries == 0 for read in dumps.reads.values()):
+        # nothing to judge: an OK here would claim ranks finished that may be hung
+        raise UsageError(
+            f"the {len(dumps.reads)} Flight Recorder dump(s) in {' '.join(args.directories)} "
+            f"hold no operations, so they say nothing of how the job went (written before "
+            f"the first collective, with the recorder off, or a job of gloo sends and "
+            f"receives, which its recorder does not hold); analyze the ranks' traces "
+            f"instead (distdoctor run, or python -m distdoctor.userjob --trace-dir)")
     record, said, limits = record_of(dumps)
     versions = sorted({r.version for r in dumps.reads.values()})
     backends = sorted({r.backend for r in dumps.reads.values() if r.backend})
