@@ -22,13 +22,13 @@ edge, and on any import circle):
   imports: models, text
 - ``checks``: the detectors, one module each; they read a RunRecord's evidence only.
   imports: models, analysis, memory, faults
-- ``dumps``: torch's Flight Recorder dumps from any job, read as plain data into the
-  evidence the checks judge.
+- ``dumps``: torch's Flight Recorder, all of it: a live rank's recorder asked, dumps from
+  any job read as plain data into the evidence the checks judge.
   imports: models, analysis
 - ``trace``: the in-rank collective tracer and recorders, and folding a trace into Evidence.
   imports: models, analysis, dumps
 - ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks.
-  imports: models, analysis, trace
+  imports: models, analysis, dumps, trace
 - ``training``: the built-in data-parallel workload and its strategies (DDP, ZeRO, FSDP2).
   imports: models, analysis, launch
 - ``tensor``: tensor-parallel layers and the tensor-parallel workload.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from distdoctor import faults
+from distdoctor.dumps.live import in_flight
 from distdoctor.faultloop.diagnose import diagnose
 from distdoctor.launch.watch import PROVEN
 from distdoctor.models import RunSpec
-from distdoctor.trace.flight import in_flight
 
 pytestmark = pytest.mark.tier("warm")
 

@@ -160,7 +160,7 @@ LAYERS = {
     "checks": {"models", "analysis", "memory", "faults"},
     "dumps": {"models", "analysis"},
     "trace": {"models", "analysis", "dumps"},
-    "launch": {"models", "analysis", "trace"},
+    "launch": {"models", "analysis", "dumps", "trace"},
     "training": {"models", "analysis", "launch"},
     "tensor": {"models", "training"},
     "pipeline": {"models", "analysis", "text", "launch", "training"},

@@ -15,7 +15,7 @@ source) are left out of every proof, and so to the deadline.
 
 The tracer numbers only the calls made through torch.distributed's Python functions; gloo
 pairs every collective of a group, DDP's own from C++ included, and a list reduce_scatter
-is two of its all-reduces. Where torch's Flight Recorder is read (flight.py, asked for by
+is two of its all-reduces. Where torch's Flight Recorder is read (dumps/live.py, asked for by
 the watch), a collective's place is its number there instead, taken while the rank is
 still in the same call: a member waits for it while it has not enqueued that number, and
 a member that put another kind of collective at that number (even one the tracer never

@@ -76,10 +76,10 @@ def _below_rank_loop(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 def serve_stacks(conn: Connection) -> threading.Thread:
     """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
     process's stacks, "collectives" with the collectives it has in flight, "history" with
-    every collective its Flight Recorder holds (flight.py), "seen" with the lines its main
+    every collective its Flight Recorder holds (live.py), "seen" with the lines its main
     thread is seen at over several samples (a rank spinning in its own code moves).
     Each answer carries its request's serial number, so a late one is told from the next."""
-    from distdoctor.trace.flight import history, in_flight
+    from distdoctor.dumps.live import history, in_flight
     from distdoctor.trace.lines import main_thread_seen
 
     answers = {"collectives": in_flight, "history": history, "seen": main_thread_seen}

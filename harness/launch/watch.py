@@ -20,12 +20,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, cast
 
 from distdoctor.analysis.waitfor import PROOF_SWITCH, PROVEN, Confirmation, WaitFor, collective
+from distdoctor.dumps.live import recorded
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
 from distdoctor.models import InFlight, RankEnd, RankStatus
-from distdoctor.trace.flight import recorded
 
-# torch's Flight Recorder (flight.py) is asked for when a rank waits in a collective it does
+# torch's Flight Recorder (live.py) is asked for when a rank waits in a collective it does
 # not yet place: at once while a proof is being confirmed, else after this long with no
 # new line from any rank (a straggler's peers, a rank inside DDP's C++ collectives) ...
 FLIGHT_QUIET = 0.2

@@ -324,7 +324,7 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
     """A rank that waited in the same place through every read is blocked there (an open
     call, or a collective torch made itself, in flight); one that moved is running; a
     rank with no process is gone."""
-    from distdoctor.trace.flight import history_of, recorded
+    from distdoctor.dumps.live import history_of, recorded
 
     ends: list[RankEnd] = []
     events: list[tuple[dict, ...]] = []

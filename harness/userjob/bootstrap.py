@@ -316,7 +316,7 @@ def _write_history(directory: str, rank: int) -> None:
     the sequences parted. ``analyze`` reads it with the trace, or alone (``--prefix
     frdump_rank_``) as it reads any job's dumps."""
     from distdoctor.dumps.files import DUMP_PREFIX
-    from distdoctor.trace.flight import dump_bytes
+    from distdoctor.dumps.live import dump_bytes
 
     try:
         found = dump_bytes()

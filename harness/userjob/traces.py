@@ -206,8 +206,8 @@ def _still_stalled(events: tuple[dict, ...]) -> bool:
 def _flight(path: Path) -> tuple:
     """The Flight Recorder dump a stalled rank wrote beside its trace (bootstrap.py), as
     Recorded collectives; none when it wrote none or it cannot be read as plain data."""
+    from distdoctor.dumps.live import history_of, recorded
     from distdoctor.dumps.read import load
-    from distdoctor.trace.flight import history_of, recorded
 
     try:
         return recorded(history_of(load(path)))
