@@ -11,7 +11,7 @@ that hung are left to the hang check, which names the same parting first.
 
 from __future__ import annotations
 
-from distdoctor.analysis.sequences import Parting, first_parting, lines_run, recorded_parting
+from distdoctor.analysis.sequences import Parting, parting_of
 from distdoctor.models import Call, Finding, RunRecord
 from distdoctor.models.calls import NEW_GROUP, RECEIVES, SENDS, ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED
@@ -28,11 +28,8 @@ def check(record: RunRecord) -> list[Finding]:
 def _collectives(record: RunRecord) -> list[Finding]:
     """The traced calls' first parting; else, where every rank's Flight Recorder history
     is known (dumps of a job that went on, or finished), theirs."""
-    world = len(record.ranks)
-    found = first_parting({r.rank: r.evidence.calls for r in record.ranks}, world) or \
-        recorded_parting({r.rank: r.end.recorded for r in record.ranks}, world,
-                         {r.rank: lines_run(r) for r in record.ranks})
-    return [parted(found, world, NAME)] if found else []
+    found = parting_of(record.ranks)
+    return [parted(found, len(record.ranks), NAME)] if found else []
 
 
 FIELDS = ("op", "root or peer", "shape", "dtype", "reduce op")  # agreement()'s, in order

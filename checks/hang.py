@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distdoctor.analysis.sequences import first_parting, lines_run, recorded_parting
+from distdoctor.analysis.sequences import parting_of
 from distdoctor.analysis.waitfor import (
     blocking_call,
     cycle_of,
@@ -58,10 +58,7 @@ def check(record: RunRecord) -> list[Finding]:
                 "wait_for": {str(k): sorted(v) for k, v in edges.items()}}
     listing = "; ".join(grouped(calls))
 
-    ran = {r.rank: lines_run(r) for r in record.ranks}
-    parting = first_parting({r.rank: r.evidence.calls for r in record.ranks},
-                            len(record.ranks), ran) or \
-        recorded_parting({r.rank: r.end.recorded for r in record.ranks}, len(record.ranks), ran)
+    parting = parting_of(record.ranks)
     if parting is not None:  # whatever followed, it follows from the calls that parted
         return [parted(parting, len(record.ranks), NAME)]
     cycle = cycle_of(edges)

@@ -241,3 +241,28 @@ def test_replicas_parting_between_sampled_steps_are_caught_at_the_step_they_part
     assert param_spread.check(params_record(mine, own)) == []
     # nor is a gradient step on one rank compared with a parameters-only one on another
     assert param_spread.check(params_record(mine, theirs + [((3, 1), (2, 2), (3.5,))])) == []
+
+
+def test_a_dumps_open_calls_that_part_evenly_defer_to_the_histories_that_show_the_culprit():
+    """A real job's Flight Recorder dumps (eval_on_rank0_through_ddp.py, 1 run in 10):
+    rank 0's extra DDP forward at line 21 paired with rank 1's training forward, and the
+    dumps' open operations part at #18 with no side standing out, while the histories show
+    the extra broadcast. Once the open calls' lines alone (not every line each rank ran)
+    made rank 1's backward "a line no other rank ran" and blamed rank 1."""
+    import json
+    from pathlib import Path
+
+    from distdoctor.analysis.sequences import first_parting, lines_run, parting_of
+    from distdoctor.checks import collective_mismatch
+    from distdoctor.models import RunRecord
+    from distdoctor.models.jsoncodec import from_json
+
+    saved = Path(__file__).parent / "records" / "ddp_forward_on_rank0_dumps.json"
+    record = from_json(RunRecord, json.loads(saved.read_text()))
+    lines = {r.rank: lines_run(r) for r in record.ranks}
+    traced = first_parting({r.rank: r.evidence.calls for r in record.ranks}, 2, lines)
+    assert traced is not None and traced.blame == "even"  # the open calls alone
+    assert parting_of(record.ranks).culprits == (0,)
+    found = collective_mismatch.check(record)
+    assert [f.ranks for f in found] == [(0,)]
+    assert "eval_on_rank0_through_ddp.py:21" in found[0].where[0]

@@ -29,6 +29,14 @@ CORPUS = [("join_ddp.py", 2), ("join_zero.py", 2), ("comm_hooks.py", 2),
           ("monitored_barrier.py", 2), ("subgroups.py", 4), ("dtensor_mesh.py", 2),
           ("fsdp2.py", 2), ("pipelining.py", 2), ("dcp_save_load.py", 2),
           ("ddp_static_bucket_view.py", 2)]
+# torch's own gloo aborts at a process's teardown now and then, with no distdoctor in it:
+# plain torchrun on join_ddp.py ended so in 1 of 12 runs here. A form that ends so is run
+# again (up to TEARDOWN_TRIES times in all), and the retries are counted: a distdoctor that
+# made the abort common (its sampler thread once did, in 3 of 8 runs) still fails.
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_TRIES = 3
+TEARDOWN_RETRIES: list[tuple[str, str]] = []
+MOST_RETRIES = 5  # in 60 runs; at torch's own rate about 0.6 are expected
 DIGEST = re.compile(r"^[a-z0-9-]+ rank \d+: -?\d+\.\d{6}$", re.MULTILINE)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
@@ -50,8 +58,13 @@ def _forms(base: Path, script: str, ranks: int) -> dict[str, subprocess.Complete
     nproc = ["--nproc-per-node", str(ranks)]
 
     def run(*command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(list(command), cwd=project, capture_output=True, text=True,
-                              timeout=150, env=env)
+        for _ in range(TEARDOWN_TRIES):
+            done = subprocess.run(list(command), cwd=project, capture_output=True,
+                                  text=True, timeout=150, env=env)
+            if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
+                break
+            TEARDOWN_RETRIES.append((script, " ".join(command[1:4])))
+        return done
 
     distdoctor = [sys.executable, "-m", "distdoctor"]
     return {
@@ -75,7 +88,12 @@ def corpus_runs(tmp_path_factory):
         return {script: run.result() for script, run in runs.items()}
 
 
-@pytest.mark.timeout(600)  # the first test pays for every run (module fixture)
+@pytest.mark.timeout(600)  # the first test to ask pays for every run (module fixture)
+def test_torchs_teardown_abort_stays_as_rare_as_torch_makes_it(corpus_runs):
+    assert len(TEARDOWN_RETRIES) <= MOST_RETRIES, TEARDOWN_RETRIES
+
+
+@pytest.mark.timeout(600)  # run alone, the first pays for every run (module fixture)
 @pytest.mark.parametrize("script, ranks", CORPUS, ids=[s for s, _ in CORPUS])
 def test_a_feature_runs_under_distdoctor_as_under_torchrun(corpus_runs, script, ranks):
     forms = corpus_runs[script]

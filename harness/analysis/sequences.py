@@ -291,6 +291,23 @@ def _same(a: Recorded | None, b: Recorded) -> bool:
                                                                   b.where)
 
 
+def parting_of(ranks: Sequence[RankRecord]) -> Parting | None:
+    """Where the ranks' collectives first parted, by their traced calls, else by their
+    Flight Recorders' histories (torch's own collectives included), with every line each
+    rank is known to have run. Where the calls show a parting no side of which stands out
+    (they are part of the story: a dump's open operations, or only the traced calls) and
+    the histories show one side that does, the histories' account is the one to give."""
+    world = len(ranks)
+    lines = {r.rank: lines_run(r) for r in ranks}
+    traced = first_parting({r.rank: r.evidence.calls for r in ranks}, world, lines)
+    if traced is not None and traced.blame != "even":
+        return traced
+    recorded = recorded_parting({r.rank: r.end.recorded for r in ranks}, world, lines)
+    if recorded is not None and (traced is None or recorded.blame != "even"):
+        return recorded
+    return traced
+
+
 def lines_run(rank: RankRecord) -> set[str]:
     """Every line of the user's a rank is known to have run: its calls', its recorder's,
     its DDP forwards', its loaders' and its optimiser steps'."""
