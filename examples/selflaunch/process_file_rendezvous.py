@@ -7,6 +7,7 @@ names rank 1's error first, at its line.
 
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 
@@ -31,11 +32,15 @@ def worker(rank: int, world_size: int, init_file: str) -> None:
 
 if __name__ == "__main__":
     world_size = 2
-    init_file = os.path.join(tempfile.mkdtemp(), "rendezvous")
+    folder = tempfile.mkdtemp()
+    init_file = os.path.join(folder, "rendezvous")
     ranks = [multiprocessing.Process(target=worker, args=(rank, world_size, init_file))
              for rank in range(world_size)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
+    try:
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the store's file, once every rank is done
     sys.exit(max(abs(process.exitcode or 0) for process in ranks))
