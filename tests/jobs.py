@@ -265,3 +265,18 @@ def loader_of_named_samples(ctx) -> list:
     data = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
     loader = DataLoader(data, sampler=sorted(data), batch_size=2)
     return [batch.tolist() for batch in loader]
+
+
+def abort_slowly_after_a_peer_raises(ctx) -> None:
+    """Rank 0 raises; rank 1 begins to abort as gloo does (faulthandler's first line on
+    stderr), slower than the error grace (as a loaded machine writes its stacks), then
+    aborts."""
+    import sys
+
+    if ctx.rank == 0:
+        raise RuntimeError("rank 0 saw the size mismatch first")
+    time.sleep(0.2)
+    sys.stderr.write("Fatal Python error: Aborted\n\n")
+    sys.stderr.flush()
+    time.sleep(2.0)  # longer than the error grace: the watch has begun to stop it
+    os.abort()

@@ -41,6 +41,19 @@ def test_every_rank_returns_its_value(world_size, no_new_children):
     assert [e.rank for e in result.ends] == list(range(world_size))
 
 
+def test_a_rank_that_began_to_abort_ends_by_its_abort_not_by_our_stop(no_new_children):
+    """A rank whose stderr already shows faulthandler's "Fatal Python error: Aborted" when
+    the error grace ends is aborting by itself: it is waited for, and it ends by SIGABRT,
+    which the report explains. Under load, gloo's abort once outlasted the grace and the
+    rank read as stopped by us."""
+    result = launch(jobs.abort_slowly_after_a_peer_raises, world_size=2, deadline=60,
+                    error_grace=1.0)
+    first, second = result.ends
+    assert first.status == "raised" and "rank 0 saw the size mismatch first" in first.error
+    assert second.status == "died" and second.exitcode == -6, second
+    assert "killed by signal SIGABRT" in second.error
+
+
 def test_raising_rank_is_reported_with_its_traceback_and_stops_the_rest(no_new_children):
     result = launch(jobs.raise_on_rank, 1, world_size=3, deadline=60)
     root = result.root_cause

@@ -32,6 +32,8 @@ FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
+FATAL_ABORT = "Fatal Python error: Aborted"  # faulthandler's first line on SIGABRT
+ABORT_WAIT_S = 5.0  # for a rank that began to abort to end: its dump, then the signal
 SEEN_TIMEOUT = 1.0  # a dozen samples 5 ms apart, each waiting its turn at the GIL
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
@@ -297,6 +299,12 @@ class JobWatch:
         for index, (handle, (threads, raw)) in enumerate(zip(running, answers)):
             # it may have ended while we asked (a receive's own deadline can expire at the
             # same moment): what it said of itself, or its exit, beats "hung"
+            if handle.stderr_fd in self.streams:
+                self._read_streams([handle.stderr_fd])
+            if FATAL_ABORT in str(self.stderr[handle.rank]) and handle.process.is_alive():
+                # aborting by itself (gloo on a size mismatch), its stacks still being
+                # written under load: its end is its own abort, not our stop
+                handle.process.join(ABORT_WAIT_S)
             self._drain(handle)
             if handle.rank not in self.ends:
                 self.ends[handle.rank] = RankEnd(handle.rank, cast(RankStatus, status), at=at,
