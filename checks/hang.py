@@ -181,8 +181,7 @@ def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
               record: RunRecord) -> Finding:
     """The busy ranks' own verdict: not a mismatch (they never made another call), but
     work in their own code on the path to a collective the others already wait in."""
-    running = {r: where + _for(record.ranks[r], record) for r, where in busy.items()}
-    lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
+    running, lines = _ran(busy, record)
     return _uncatalogued(
         "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in its own code",
         f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, while "
@@ -208,8 +207,7 @@ def _in_own_code(end) -> bool:
 def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
     """Every rank stopped in its own code, none in a call: nobody waits for anybody, so no
     peer is to blame; the loop or the work at their lines is what never ends."""
-    running = {r: where + _for(record.ranks[r], record) for r, where in busy.items()}
-    lines = tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
+    running, lines = _ran(busy, record)
     return _uncatalogued(
         "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in their own code",
         f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, and no "
@@ -221,6 +219,13 @@ def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
         f"any rank makes that happen; or raise the deadline if it is meant to take this "
         f"long", sorted(busy), {"busy": {str(r): w for r, w in busy.items()}},
         where=lines)
+
+
+def _ran(busy: dict[int, str], record: RunRecord) -> tuple[dict[int, str], tuple[str, ...]]:
+    """What each busy rank ran and for how long ("f at t.py:9 for 2.0 s"), and the
+    lines they ran at, each once, in the ranks' order."""
+    running = {r: where + _for(record.ranks[r], record) for r, where in busy.items()}
+    return running, tuple(dict.fromkeys(where.rsplit(" at ", 1)[1] for where in busy.values()))
 
 
 def _for(rank: RankRecord, record: RunRecord) -> str:

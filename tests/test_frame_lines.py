@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from sources import line_number
 
 from distdoctor.launch.stacks import parse_faulthandler
 from distdoctor.models import Frame, seen_most_first
@@ -85,13 +86,6 @@ def test_lines_seen_are_counted_most_frequent_first_and_unknown_only_when_alone(
     assert [(s.where, s.times, s.of) for s in alone] == [("t.py (line unknown)", 1, 2)]
 
 
-def _marked(marker: str) -> int:
-    """The line of this file that ends with ``# marker``."""
-    with open(__file__) as source:
-        return next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(
-            "# " + marker))
-
-
 def _main_thread_reaches(line: int) -> None:
     """Wait (on the helper thread) until the main thread is at ``line`` of this file."""
     deadline = time.monotonic() + 30
@@ -104,7 +98,9 @@ def test_the_main_thread_is_sampled_where_it_is_at_each_moment():
     """main_thread_at, called from another thread while the main thread waits at one line
     and then at another, finds it at each; several such samples make the list, the line
     seen most first."""
-    first, second = _marked("FIRST WAIT"), _marked("SECOND WAIT")
+    # each marker is put together here, so that this line itself does not hold it
+    first, second = (line_number(__file__, "# " + mark) for mark in ("FIRST WAIT",
+                                                                       "SECOND WAIT"))
     moved, sampled, found = threading.Event(), threading.Event(), []
 
     def sampler() -> None:
@@ -132,7 +128,7 @@ def test_the_main_thread_is_sampled_where_it_is_at_each_moment():
 
 
 def test_a_main_thread_that_waits_is_seen_at_its_line_in_every_sample():
-    line = _marked("ONLY WAIT")
+    line = line_number(__file__, "# " + "ONLY WAIT")  # put together: not found here
     done, seen = threading.Event(), []
 
     def sampler() -> None:

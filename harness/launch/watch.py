@@ -24,6 +24,7 @@ from distdoctor.dumps.live import recorded
 from distdoctor.launch import procs, stacks
 from distdoctor.launch.results import JobResult
 from distdoctor.models import InFlight, RankEnd, RankStatus
+from distdoctor.models.record import FATAL
 
 # torch's Flight Recorder (live.py) is asked for when a rank waits in a collective it does
 # not yet place: at once while a proof is being confirmed, else after this long with no
@@ -32,7 +33,6 @@ FLIGHT_QUIET = 0.2
 FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or without
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
-FATAL_ABORT = "Fatal Python error: Aborted"  # faulthandler's first line on SIGABRT
 ABORT_WAIT_S = 5.0  # for a rank that began to abort to end: its dump, then the signal
 SEEN_TIMEOUT = 1.0  # a dozen samples 5 ms apart, each waiting its turn at the GIL
 
@@ -301,7 +301,8 @@ class JobWatch:
             # same moment): what it said of itself, or its exit, beats "hung"
             if handle.stderr_fd in self.streams:
                 self._read_streams([handle.stderr_fd])
-            if FATAL_ABORT in str(self.stderr[handle.rank]) and handle.process.is_alive():
+            if f"{FATAL} Aborted" in str(self.stderr[handle.rank]) \
+                    and handle.process.is_alive():
                 # aborting by itself (gloo on a size mismatch), its stacks still being
                 # written under load: its end is its own abort, not our stop
                 handle.process.join(ABORT_WAIT_S)

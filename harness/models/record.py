@@ -13,6 +13,7 @@ from distdoctor.models.evidence import Evidence
 from distdoctor.models.spec import RunSpec
 
 SCHEMA_VERSION = 1
+FATAL = "Fatal Python error:"  # faulthandler's first line for a fatal signal (Aborted, ...)
 # how a rank's job ended: the one spelling of each (mypy's strict_equality refuses a
 # comparison with any other string)
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
@@ -80,8 +81,7 @@ def seen_most_first(frames: list[Frame | None]) -> tuple[Seen, ...]:
     counts: dict[Frame, int] = {}
     for frame in frames:
         if frame is not None:
-            key = Frame(frame.file, frame.line, frame.function, frame.code)
-            counts[key] = counts.get(key, 0) + 1
+            counts[frame] = counts.get(frame, 0) + 1
     known = {f: n for f, n in counts.items() if f.line} or counts
     ordered = sorted(known.items(), key=lambda item: (-item[1], item[0].file, item[0].line))
     return tuple(Seen(frame, times, len(frames)) for frame, times in ordered)
@@ -204,7 +204,6 @@ class RankEnd:
         """Where a rank stopped in its own code was: the line it was seen at most, else
         the innermost user frame of its one stack."""
         return self.seen[0].frame if self.seen else user_frame(self.stacks)
-
 
     @property
     def collective(self) -> str | None:

@@ -19,10 +19,9 @@ from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.dumps.files import DUMP_PREFIX
 from distdoctor.models import Frame, RankEnd, Seen
 from distdoctor.models.events import Ev
-from distdoctor.models.record import is_peer_echo
+from distdoctor.models.record import FATAL, is_peer_echo
 
 NO_TRACE = "no trace: its node may have died before it wrote"
-FATAL = "Fatal Python error:"  # faulthandler's first line for a fatal signal
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
           "(SIGKILL, the OOM killer) or its node died")
 
