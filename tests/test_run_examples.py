@@ -534,6 +534,21 @@ def test_every_rank_spinning_in_pure_python_is_located_at_a_line_of_its_loop(dis
     assert not re.search(r"\.py:0\b", done.stdout) and "line ???" not in done.stdout
 
 
+def test_under_torchrun_a_spinning_rank_is_sampled_by_its_own_watch(distdoctor, tmp_path):
+    """Under torchrun no process outside samples the rank: its own stall watch does, writes
+    the lines it saw in its trace (through the JSON codec), and analyze reads them back."""
+    torchrun_example(tmp_path / "spin", "rank_spins.py", 2, hangs=True)
+    done = distdoctor("analyze", str(tmp_path / "spin"), "--report", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert done.returncode == 1 and report["cause"]["kind"] == "busy-rank", done.stdout
+    spinning = report["ranks"][1]
+    loop = {example_line("rank_spins.py", "while not flags"),
+            example_line("rank_spins.py", "time.sleep")}
+    assert spinning["state"] == "running" and spinning["seen"], spinning
+    assert {s["where"] for s in spinning["seen"]} <= loop
+    assert sum(s["times"] for s in spinning["seen"]) <= spinning["seen"][0]["of"] == 12
+
+
 def test_a_rank_busy_holding_the_gil_is_its_own_verdict_at_its_own_line(distdoctor,
                                                                           tmp_path):
     """A regular expression backtracking on rank 1 holds the GIL, so only faulthandler can

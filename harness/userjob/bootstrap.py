@@ -263,6 +263,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     when told. Setting the event returned ends the watch (the rank's
     process group was destroyed)."""
     from distdoctor.analysis.waitfor import PROOF_SWITCH
+    from distdoctor.models.jsoncodec import to_json
     from distdoctor.trace.lines import main_thread_seen
     from distdoctor.userjob import dirwatch
 
@@ -291,8 +292,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                 continue
             seen = main_thread_seen()  # where it is, sampled: a spinning rank moves
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
-                         seen=[[s.frame.file, s.frame.line, s.frame.function, s.times, s.of]
-                               for s in seen],
+                         seen=to_json(seen),
                          **({"proof": proven} if proven is not None else {}))
             _write_history(directory, rank)  # first: stacks on disk mean the history is too
             faulthandler.dump_traceback(stack_file, all_threads=True)

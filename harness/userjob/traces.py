@@ -17,8 +17,9 @@ from pathlib import Path
 
 from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.dumps.files import DUMP_PREFIX
-from distdoctor.models import Frame, RankEnd, Seen
+from distdoctor.models import RankEnd, Seen
 from distdoctor.models.events import Ev
+from distdoctor.models.jsoncodec import SchemaError, from_json
 from distdoctor.models.record import FATAL, is_peer_echo
 
 NO_TRACE = "no trace: its node may have died before it wrote"
@@ -226,18 +227,14 @@ def _still_waiting(end: RankEnd, events: tuple[dict, ...]) -> tuple[RankEnd, tup
 
 
 def _seen(events: tuple[dict, ...]) -> tuple[Seen, ...]:
-    """The lines a stalled rank's main thread was seen at (its last stall's samples), as
-    written by bootstrap.py: [file, line, function, times, of] each; an entry of any other
-    shape is left out (a trace is read, never trusted)."""
+    """The lines a stalled rank's main thread was seen at (its last stall's samples), read
+    through the JSON codec as bootstrap.py wrote them; anything that does not fit is left
+    out, as none (a trace is read, never trusted)."""
     stalls = [e for e in events if e.get("ev") == Ev.STALLED]
-    entries = stalls[-1].get("seen") if stalls else None
-    seen = []
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, list) and len(entry) == 5 \
-                and [type(v) for v in entry] == [str, int, str, int, int]:
-            file, line, function, times, of = entry
-            seen.append(Seen(Frame(file, line, function), times, of))
-    return tuple(seen)
+    try:
+        return from_json(tuple[Seen, ...], stalls[-1].get("seen", [])) if stalls else ()
+    except SchemaError:
+        return ()
 
 
 def _thread_names(events: tuple[dict, ...]) -> dict[str, str]:
