@@ -59,6 +59,7 @@ CORPUS = [
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),
     ("replicate_groups.py", (), 4),
+    ("slow_start_one_rank.py", (), 2),  # start-up judged apart from the job's deadline
 ]
 
 

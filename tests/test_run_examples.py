@@ -446,6 +446,18 @@ def test_a_silent_bug_under_a_real_torchrun_is_named_from_its_traces(distdoctor,
     assert report["cause"]["where"].endswith(loop.split(":")[1])
 
 
+def test_under_torchrun_a_rank_starting_late_is_not_called_hung(distdoctor, tmp_path):
+    """Rank 1 joins 3 s after rank 0, which waits in init_process_group meanwhile: with a
+    1 s deadline for the job, start-up is still not judged by it (deadlines.START_S is).
+    Under load the same wait once made a 2 s deadline call a healthy start a hang."""
+    code, stderr = torchrun_example(tmp_path / "late", "healthy/slow_start_one_rank.py", 2,
+                                    deadline=1.0)
+    assert code == 0 and "distdoctor: rank" not in stderr, stderr[-3000:]
+    done = distdoctor("analyze", str(tmp_path / "late"))
+    assert done.returncode == 0 and done.stdout.startswith("distdoctor analyze: OK"), \
+        done.stdout
+
+
 def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor, tmp_path):
     torchrun_example(tmp_path / "hang", "p2p_cycle.py", 2, hangs=True)
     done = distdoctor("analyze", str(tmp_path / "hang"), "--report", str(tmp_path / "r.json"))

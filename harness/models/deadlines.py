@@ -12,3 +12,7 @@ IN_RANK_S = 60.0
 DUMPED_JOB_S = 60.0
 # the built-in workload and the warm pools' jobs: each step takes milliseconds
 WORKLOAD_S = 30.0
+# a rank's start-up (Python, torch, the tracer, its own imports and init_process_group
+# waiting for its peers): ranks on a busy machine take seconds each to import torch, so
+# start-up is never judged by a job's short deadline
+START_S = 120.0

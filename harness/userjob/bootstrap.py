@@ -274,6 +274,18 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
         and os.environ.get(PROOF_SWITCH, "1") != "0" else None
 
     stop = threading.Event()
+    up_at: list[float] = []  # when the rank was first seen in its process group
+
+    def quiet_and_limit(now: float) -> tuple[float, float]:
+        """Seconds the rank has made no call, and the limit they are judged by. Until
+        init_process_group returns, the rank may wait for peers still importing torch
+        (seconds each on a busy machine): start-up is judged by deadlines.START_S, never
+        by a job's shorter deadline."""
+        if not up_at and _in_process_group():
+            up_at.append(now)
+        if up_at:
+            return now - max(tracer.last_event, up_at[0]), deadline
+        return now - tracer.started, max(deadline, deadlines.START_S)
 
     def watch() -> None:
         while not stop.wait(min(dirwatch.POLL_S, deadline / 4)):
@@ -285,10 +297,11 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                 if found is not None:
                     dirwatch.write_proof(directory, run, found)
                     proven = found.text
+            quiet, limit = quiet_and_limit(now)
             if watched:  # distdoctor decides: a proof, or its own deadline for the group
                 if proven is None and not dirwatch.stall_called(directory, run):
                     continue
-            elif proven is None and now - tracer.last_event < deadline:
+            elif proven is None and quiet < limit:
                 continue
             seen = main_thread_seen()  # where it is, sampled: a spinning rank moves
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
@@ -298,7 +311,8 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
             faulthandler.dump_traceback(stack_file, all_threads=True)
             stack_file.flush()
             if not watched:
-                _say_stalled(deadline, stack_file.name, exit_on_hang, proven)
+                _say_stalled(limit, stack_file.name, exit_on_hang, proven,
+                             started=bool(up_at))
             if watching is not None:  # a peer whose own watch could not run by now
                 time.sleep(dirwatch.POKE_AFTER_S)  # (busy holding the GIL) is asked
                 watching.poke_silent(os.getpid())
@@ -331,14 +345,26 @@ def _write_history(directory: str, rank: int) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _in_process_group() -> bool:
+    """Whether the default process group is up (read, never imported: a script that has
+    not imported torch.distributed is not in one)."""
+    distributed = sys.modules.get("torch.distributed")
+    try:
+        return bool(distributed is not None and distributed.is_initialized())
+    except Exception:  # noqa: BLE001 (torch half-imported on the main thread: not yet up)
+        return False
+
+
 def _say_stalled(deadline: float, stack_path: str, exiting: bool,
-                 proven: str | None = None) -> None:
+                 proven: str | None = None, started: bool = True) -> None:
     rank = os.environ.get("RANK", "?")
     then = (f"This rank now exits with code {HANG_EXIT}, so torchrun stops the job" if exiting
             else "The job is still waiting and will not end by itself: stop it (Ctrl-C, or "
                  "kill torchrun), or pass --exit-on-hang next time")
     why = (f"sees a deadlock proven from the traces ({proven})" if proven is not None else
-           f"made no collective or point-to-point call for {deadline:g} s")
+           f"made no collective or point-to-point call for {deadline:g} s" if started else
+           f"has not joined its process group (init_process_group) {deadline:g} s after "
+           f"it started")
     sys.stderr.write(f"distdoctor: rank {rank} {why}; its stacks are in {stack_path}. {then}; "
                      f"then run 'distdoctor analyze {os.path.dirname(stack_path) or '.'}'\n")
     sys.stderr.flush()

@@ -30,10 +30,10 @@ from distdoctor.launch import procs
 from distdoctor.launch.results import JobResult
 from distdoctor.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
 from distdoctor.launch.watch import JobWatch, RankHandle
+from distdoctor.models import deadlines
 from distdoctor.userjob.forked import ForkedProcess, can_fork, fork_rank
 from distdoctor.userjob.output import OutputSpec, RankOutput
 
-START_TIMEOUT = 120.0  # seconds for every rank to start Python, torch and the tracer
 STORE_TIMEOUT = timedelta(seconds=300)  # torch's default for a TCPStore
 
 
@@ -165,13 +165,13 @@ def _start(rank: int, env: dict[str, str], script: str, args: list[str], light: 
 
 def _wait_until_ready(handles: list[RankHandle]) -> None:
     waiting = {h.conn: h for h in handles}
-    end = procs.now() + START_TIMEOUT
+    end = procs.now() + deadlines.START_S
     while waiting:
         sentinels = {h.process.sentinel: h for h in waiting.values()}
         ready = wait(list(waiting) + list(sentinels), max(0.0, end - procs.now()))
         if not ready:
             raise ScriptStartError(f"ranks {sorted(h.rank for h in waiting.values())} did not "
-                                   f"start within {START_TIMEOUT:.0f} s")
+                                   f"start within {deadlines.START_S:.0f} s")
         for item in ready:
             if item in sentinels:
                 handle = sentinels[item]
