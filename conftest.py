@@ -8,6 +8,7 @@ random examples every run and ten times as many; ``make soak`` runs it.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +139,44 @@ def pytest_collection_modifyitems(config, items):
         kept = [item for item in items if tier_of(item) in wanted]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+    # the tests reading background jobs last: the jobs run meanwhile (tests/lanes.py)
+    items.sort(key=lambda item: "lanes" in getattr(item, "fixturenames", ()))
+
+
+# Background lanes (tests/lanes.py): the jobs of the modules selected, started once the
+# collection is done, stopped and removed when the session ends.
+LANES = pytest.StashKey["object"]()
+
+
+def pytest_collection_finish(session):
+    modules = []
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "lane_jobs") and module not in modules:
+            modules.append(module)
+    if not modules:
+        return
+    import tempfile
+
+    import lanes
+    import proctable
+
+    # short folder names: a job's TMPDIR is under them, and multiprocessing's listener
+    # socket there must fit a unix socket's 107 bytes (DataLoader workers hung without it)
+    root = Path(tempfile.mkdtemp(prefix="dd-lanes-"))
+    jobs = []
+    for number, module in enumerate(modules):
+        folder = root / str(number)
+        folder.mkdir()
+        jobs.extend(module.lane_jobs(folder))
+    (root / "results").mkdir()
+    session.config.stash[LANES] = started = lanes.Lanes(jobs, root / "results")
+    proctable.BACKGROUND.add(started.runner.pid)
+    session.config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+    session.config.add_cleanup(started.close)
+
+
+@pytest.fixture(scope="session")
+def lanes(request):
+    """The session's background jobs (tests/lanes.py): ``lanes.result(name)``."""
+    return request.config.stash[LANES]

@@ -18,15 +18,21 @@ def _each(name: str):
                 continue  # gone since the listing
 
 
+# the suite's own long-lived children (the background lanes' runner, tests/lanes.py),
+# which live across tests and are no test's to count
+BACKGROUND: set[int] = set()
+
+
 def children(parent: int | None = None) -> set[int]:
-    """Pids of live (non-zombie) processes whose parent is ``parent`` (default: us)."""
+    """Pids of live (non-zombie) processes whose parent is ``parent`` (default: us), the
+    suite's background runner apart."""
     parent = os.getpid() if parent is None else parent
     found = set()
     for pid, stat in _each("stat"):
         fields = stat.decode().rsplit(")", 1)[1].split()
         if int(fields[1]) == parent and fields[0] != "Z":
             found.add(pid)
-    return found
+    return found - BACKGROUND
 
 
 def present(pid: int) -> bool:

@@ -6,12 +6,11 @@ side); only that each still runs against today's code."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from lanes import Job, Step, StepResult
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -40,25 +39,25 @@ def test_every_bench_has_a_smoke_run():
     assert scripts == set(SMOKE) | HELPERS
 
 
-# the longest first, so the two lanes below end together (seconds here, one at a time)
+# the longest first, so the two lanes end together (seconds here, one at a time)
 LONGEST_FIRST = ("run_overhead.py", "pytest_plugin.py", "hang_time.py", "pipeline.py",
                  "launch.py", "matrix.py", "zero.py", "soak.py", "flight_recorder.py",
                  "collectives.py")
 
 
-@pytest.fixture(scope="module")
-def smoke_runs() -> dict[str, subprocess.CompletedProcess]:
-    """Every bench's smoke run, each in a fresh interpreter as a user starts it, two at a
-    time: much of a run is spent importing torch and forming groups, which two runs
-    overlap on two cores (four of them took 25.3 s one at a time, 15.4 s two at a time).
-    The numbers are not judged, so sharing the machine changes no verdict."""
-    def smoke(script: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=280)
+def lane_jobs(root: Path) -> list[Job]:
+    """Every bench's smoke run, each in a fresh interpreter as a user starts it, as
+    background jobs (tests/lanes.py): much of a run is spent importing torch and forming
+    groups, which overlaps the in-process tests. The numbers are not judged, so sharing
+    the machine changes no verdict."""
+    return [Job(f"bench {script}", (Step("smoke", (sys.executable, str(ROOT / "bench" / script),
+                                                     "--smoke"), str(ROOT), timeout=280),))
+            for script in LONGEST_FIRST]
 
-    with ThreadPoolExecutor(2) as lanes:
-        runs = {script: lanes.submit(smoke, script) for script in LONGEST_FIRST}
-        return {script: run.result() for script, run in runs.items()}
+
+@pytest.fixture(scope="module")
+def smoke_runs(lanes) -> dict[str, StepResult]:
+    return {script: lanes.result(f"bench {script}")["smoke"] for script in LONGEST_FIRST}
 
 
 def test_every_bench_is_in_the_smoke_order():

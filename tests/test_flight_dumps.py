@@ -15,10 +15,7 @@ import json
 import os
 import pickle
 import shutil
-import signal
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ CASES = Path(__file__).parent / "launched" / "frcases"
 RUNNER = Path(__file__).parent / "launched" / "fr_dumps.py"
 sys.path.insert(0, str(ROOT / "bench"))
 import frdumps  # noqa: E402 (bench/ is not a package: its path is set above)
+from lanes import Job, Step  # noqa: E402 (tests/ modules, beside the path set-up above)
 from sources import line_of  # noqa: E402 (kept beside it: the one path set-up above)
 
 pytestmark = pytest.mark.tier("e2e")
@@ -58,32 +56,32 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def real_dumps(tmp_path_factory) -> dict[str, Path]:
-    """Every real job's dumps, two jobs at a time (each is a few interpreters importing
-    torch; no time is judged). The job's output is kept beside its dumps (job.log)."""
-    root = tmp_path_factory.mktemp("fr")
-
-    def run(name: str) -> Path:
-        script, world, dumps, at_exit = REAL[name]
+def lane_jobs(root: Path) -> list[Job]:
+    """Every real job, as background jobs (tests/lanes.py): each is a few interpreters
+    importing torch, and no time is judged."""
+    jobs = []
+    for name, (script, world, dumps, at_exit) in REAL.items():
         out = root / name
         out.mkdir()
-        env = {**os.environ, "FR_DUMP_AT_EXIT": "1" if at_exit else "0",
+        env = {"FR_DUMP_AT_EXIT": "1" if at_exit else "0",
                "FR_DUMP_JSON": "1" if name.endswith("_json") else "0"}
-        job = subprocess.Popen([sys.executable, str(RUNNER), str(out), str(world),
-                                str(script), str(dumps)], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            log, _ = job.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)  # the runner and its ranks
-            log, _ = job.communicate()
-        (root / f"{name}.log").write_bytes(log)
-        return out
+        jobs.append(Job(f"flight recorder {name}", (Step(
+            "job", (sys.executable, str(RUNNER), str(out), str(world), str(script),
+                    str(dumps)), str(root), env, timeout=120),)))
+    return jobs
 
-    with ThreadPoolExecutor(2) as lanes:
-        done = {name: lanes.submit(run, name) for name in REAL}
-        return {name: job.result() for name, job in done.items()}
+
+@pytest.fixture(scope="module")
+def real_dumps(lanes) -> dict[str, Path]:
+    """Every real job's dumps folder; the job's output is kept beside it (job.log)."""
+    found = {}
+    for name in REAL:
+        job = f"flight recorder {name}"
+        done = lanes.result(job)["job"]
+        out = Path(lanes.job(job).steps[0].argv[2])
+        (out.parent / f"{name}.log").write_text(done.stdout + done.stderr)
+        found[name] = out
+    return found
 
 
 def job_log(out: Path) -> str:
@@ -96,7 +94,7 @@ def analyze(distdoctor, tmp_path, *args: str):
     return done, json.loads(report.read_text()) if report.exists() else None
 
 
-@pytest.mark.timeout(300)  # the first test pays for every job (module fixture)
+@pytest.mark.timeout(900)  # the first test waits for every job (module fixture)
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_a_hung_jobs_real_dumps_name_the_cause_rank_and_line(name, real_dumps, distdoctor,
                                                              tmp_path):

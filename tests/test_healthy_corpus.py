@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from lanes import Job, Step
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -87,33 +85,39 @@ TORCHRUN = [("exit_os_exit.py", ()), ("exit_destroy_then_os_exit.py", ()),
             ("dataloader_workers.py", ("persistent",)), ("checkpoint_save_load.py", ())]
 
 
-def _torchrun(base: Path, script: str, args: tuple[str, ...]):
-    """One shape under a real torchrun with the in-rank bootstrap: torchrun's answer and
-    the trace folder."""
-    project = base / "project"
-    shutil.copytree(HEALTHY, project)
-    traces = base / "traces"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "distdoctor.userjob",
-                           "--trace-dir", str(traces), script, *args], cwd=project,
-                          capture_output=True, text=True, timeout=150,
-                          env=dict(os.environ, TMPDIR=str(base)))
-    return done, traces
+def lane_jobs(root: Path) -> list[Job]:
+    """Every TORCHRUN shape under a real torchrun with the in-rank bootstrap, in a copy of
+    the corpus of its own, as background jobs (tests/lanes.py): each spends most of its
+    seconds starting interpreters that import torch. The verdicts do not depend on timing
+    (each rank's deadline is 60 s)."""
+    jobs = []
+    for number, (script, args) in enumerate(TORCHRUN):
+        base = root / str(number)  # short: TMPDIR is in it (see conftest.py)
+        shutil.copytree(HEALTHY, base / "project")
+        command = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", "-m", "distdoctor.userjob", "--trace-dir",
+                   str(base / "traces"), script, *args)
+        jobs.append(Job(_job_name(script, args), (Step(
+            "torchrun", command, str(base / "project"), {"TMPDIR": str(base)}),)))
+    return jobs
+
+
+def _job_name(script: str, args: tuple[str, ...]) -> str:
+    return " ".join(("healthy under torchrun", script, *args))
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory):
-    """Every TORCHRUN shape run once, two torchruns at a time: each spends most of its
-    seconds starting interpreters that import torch, which two runs overlap on two cores.
-    The verdicts do not depend on timing (each rank's deadline is 60 s)."""
-    with ThreadPoolExecutor(2) as lanes:
-        runs = {(script, args): lanes.submit(
-            _torchrun, tmp_path_factory.mktemp(script.removesuffix(".py")), script, args)
-            for script, args in TORCHRUN}
-        return {key: run.result() for key, run in runs.items()}
+def torchrun_runs(lanes):
+    """(torchrun's answer, the trace folder) of each shape."""
+    runs = {}
+    for script, args in TORCHRUN:
+        name = _job_name(script, args)
+        project = Path(lanes.job(name).steps[0].cwd)
+        runs[(script, args)] = (lanes.result(name)["torchrun"], project.parent / "traces")
+    return runs
 
 
-@pytest.mark.timeout(400)  # the first test pays for every run (module fixture)
+@pytest.mark.timeout(900)  # the first test waits for every run (module fixture)
 @pytest.mark.parametrize("script, args", TORCHRUN, ids=[" ".join((s, *a)) for s, a in TORCHRUN])
 def test_healthy_code_under_torchrun_is_analysed_ok(distdoctor, torchrun_runs, script, args):
     """Under a real torchrun with the in-rank bootstrap, then ``analyze`` on the traces.

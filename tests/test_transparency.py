@@ -9,15 +9,13 @@ C++); post-local SGD and a world all-reduce's subgroups were called divergent.""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from lanes import Job, Step, StepResult
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -35,7 +33,6 @@ CORPUS = [("join_ddp.py", 2), ("join_zero.py", 2), ("comm_hooks.py", 2),
 # made the abort common (its sampler thread once did, in 3 of 8 runs) still fails.
 TEARDOWN_ABORT = "terminate called without an active exception"
 TEARDOWN_TRIES = 3
-TEARDOWN_RETRIES: list[tuple[str, str]] = []
 MOST_RETRIES = 5  # in 60 runs; at torch's own rate about 0.6 are expected
 DIGEST = re.compile(r"^[a-z0-9-]+ rank \d+: -?\d+\.\d{6}$", re.MULTILINE)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -50,50 +47,46 @@ def _digests(text: str) -> list[str]:
     return sorted(DIGEST.findall(text))
 
 
-def _forms(base: Path, script: str, ranks: int) -> dict[str, subprocess.CompletedProcess]:
-    """The script under each launcher, in a copy of the corpus of its own."""
-    project = base / "project"
-    shutil.copytree(CORPUS_DIR, project)
-    env = dict(os.environ, TMPDIR=str(base))
-    nproc = ["--nproc-per-node", str(ranks)]
-
-    def run(*command: str) -> subprocess.CompletedProcess:
-        for _ in range(TEARDOWN_TRIES):
-            done = subprocess.run(list(command), cwd=project, capture_output=True,
-                                  text=True, timeout=150, env=env)
-            if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
-                break
-            TEARDOWN_RETRIES.append((script, " ".join(command[1:4])))
-        return done
-
-    distdoctor = [sys.executable, "-m", "distdoctor"]
-    return {
-        "torchrun": run(*TORCHRUN, *nproc, script),
-        "run": run(*distdoctor, "run", *nproc, "--deadline", "60", script),
-        "run --": run(*distdoctor, "run", "--deadline", "60", "--", *TORCHRUN, *nproc,
-                      script),
-        "bootstrap": run(*TORCHRUN, *nproc, "-m", "distdoctor.userjob", "--trace-dir",
-                         str(base / "traces"), script),
-        "analyze": run(*distdoctor, "analyze", str(base / "traces")),
-    }
+def lane_jobs(root: Path) -> list[Job]:
+    """Each script under each form, in a copy of the corpus of its own, as background jobs
+    (tests/lanes.py): each run spends most of its time starting interpreters, and nothing
+    here is judged by time. A form that ends in torch's teardown abort runs again."""
+    jobs = []
+    for number, (script, ranks) in enumerate(CORPUS):
+        base = root / str(number)  # short: TMPDIR is in it (see conftest.py)
+        project = base / "project"
+        shutil.copytree(CORPUS_DIR, project)
+        env = {"TMPDIR": str(base)}
+        nproc = ("--nproc-per-node", str(ranks))
+        distdoctor = (sys.executable, "-m", "distdoctor")
+        forms = {
+            "torchrun": (*TORCHRUN, *nproc, script),
+            "run": (*distdoctor, "run", *nproc, "--deadline", "60", script),
+            "run --": (*distdoctor, "run", "--deadline", "60", "--", *TORCHRUN, *nproc,
+                       script),
+            "bootstrap": (*TORCHRUN, *nproc, "-m", "distdoctor.userjob", "--trace-dir",
+                          str(base / "traces"), script),
+            "analyze": (*distdoctor, "analyze", str(base / "traces")),
+        }
+        jobs.append(Job(script, tuple(
+            Step(form, command, str(project), env, retry_on=TEARDOWN_ABORT,
+                 tries=TEARDOWN_TRIES) for form, command in forms.items())))
+    return jobs
 
 
 @pytest.fixture(scope="module")
-def corpus_runs(tmp_path_factory):
-    """Every script under every form, two scripts at a time (each run spends most of its
-    time starting interpreters; nothing here is judged by time)."""
-    with ThreadPoolExecutor(2) as lanes:
-        runs = {script: lanes.submit(_forms, tmp_path_factory.mktemp(script[:-3]), script,
-                                     ranks) for script, ranks in CORPUS}
-        return {script: run.result() for script, run in runs.items()}
+def corpus_runs(lanes) -> dict[str, dict[str, StepResult]]:
+    return {script: lanes.result(script) for script, _ in CORPUS}
 
 
-@pytest.mark.timeout(600)  # the first test to ask pays for every run (module fixture)
+@pytest.mark.timeout(900)  # the first test to ask waits for every run
 def test_torchs_teardown_abort_stays_as_rare_as_torch_makes_it(corpus_runs):
-    assert len(TEARDOWN_RETRIES) <= MOST_RETRIES, TEARDOWN_RETRIES
+    retries = [(script, form) for script, forms in corpus_runs.items()
+               for form, done in forms.items() for _ in range(done.retries)]
+    assert len(retries) <= MOST_RETRIES, retries
 
 
-@pytest.mark.timeout(600)  # run alone, the first pays for every run (module fixture)
+@pytest.mark.timeout(900)  # run alone, the first waits for every run
 @pytest.mark.parametrize("script, ranks", CORPUS, ids=[s for s, _ in CORPUS])
 def test_a_feature_runs_under_distdoctor_as_under_torchrun(corpus_runs, script, ranks):
     forms = corpus_runs[script]
