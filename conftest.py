@@ -176,6 +176,17 @@ def pytest_collection_finish(session):
     session.config.add_cleanup(started.close)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """Beside pytest's slowest tests, the slowest background jobs (their time overlaps
+    the tests', so it is not in the tests' durations)."""
+    started = config.stash.get(LANES, None)
+    if started is None:
+        return
+    terminalreporter.write_sep("=", "slowest 10 background jobs (tests/lanes.py)")
+    for seconds, name in started.slowest(10):
+        terminalreporter.write_line(f"{seconds:.2f}s {name}")
+
+
 @pytest.fixture(scope="session")
 def lanes(request):
     """The session's background jobs (tests/lanes.py): ``lanes.result(name)``."""

@@ -62,6 +62,7 @@ class StepResult:
     stdout: str
     stderr: str
     retries: int = 0  # runs repeated for ``retry_on``
+    seconds: float = 0.0  # wall time, every run of it
 
 
 class Lanes:
@@ -74,11 +75,12 @@ class Lanes:
         self._jobs = {job.name: job for job in jobs}
         self._index = {job.name: i for i, job in enumerate(jobs)}
         self._done: set[int] = set()
+        self._partial = b""  # the runner's output after its last whole line
         self.runner = subprocess.Popen(
             [sys.executable, __file__, str(root)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, start_new_session=True)
+            stdout=subprocess.PIPE, start_new_session=True)
         assert self.runner.stdin is not None
-        self.runner.stdin.write(json.dumps([asdict(job) for job in jobs]) + "\n")
+        self.runner.stdin.write(json.dumps([asdict(job) for job in jobs]).encode() + b"\n")
         self.runner.stdin.flush()
 
     def job(self, name: str) -> Job:
@@ -90,16 +92,27 @@ class Lanes:
         index = self._index[name]
         end = time.monotonic() + timeout
         assert self.runner.stdout is not None
-        while index not in self._done:
-            ready, _, _ = select.select([self.runner.stdout], [], [],
-                                       max(0.0, end - time.monotonic()))
-            line = self.runner.stdout.readline() if ready else ""
-            if not line:
+        fd = self.runner.stdout.fileno()  # read raw: a buffered reader would hide lines
+        while index not in self._done:  # from select
+            ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
                 raise AssertionError(f"lane job {name} did not end within {timeout:g} s"
                                      if not ready else "the lane runner died")
-            self._done.add(int(line))
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            self._done.update(int(line) for line in lines)
         data = json.loads((self.root / f"{index}.json").read_text())
         return {step: StepResult(**result) for step, result in data.items()}
+
+    def slowest(self, count: int) -> list[tuple[float, str]]:
+        """(seconds, name) of the slowest jobs ended so far, slowest first."""
+        timed = []
+        for name, index in self._index.items():
+            path = self.root / f"{index}.json"
+            if index in self._done and path.exists():
+                steps = json.loads(path.read_text()).values()
+                timed.append((sum(step["seconds"] for step in steps), name))
+        return sorted(timed, reverse=True)[:count]
 
     def close(self) -> None:
         """Stop every job still running and remove the jobs' files."""
@@ -123,7 +136,7 @@ _stopping = threading.Event()
 
 
 def _run_step(step: dict) -> StepResult:
-    retries = 0
+    retries, began = 0, time.monotonic()
     while True:
         tag = uuid.uuid4().hex  # every process the step starts inherits it
         with _lock:  # no job starts once the runner is stopping
@@ -147,7 +160,7 @@ def _run_step(step: dict) -> StepResult:
                 _running.pop(process, None)
         retry = step["retry_on"] is not None and code != 0 and step["retry_on"] in err
         if not retry or retries + 1 >= step["tries"]:
-            return StepResult(code, out, err, retries)
+            return StepResult(code, out, err, retries, time.monotonic() - began)
         retries += 1
 
 
