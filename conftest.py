@@ -120,6 +120,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "tier(name): the test's tier, one of "
                             + ", ".join(TIERS) + " (conftest.py says what each means)")
+    config.addinivalue_line("markers", "timing: the test judges how long ranks take (a "
+                            "straggler's verdict): run last, once the background lanes are "
+                            "done (tests/lanes.py), not beside them")
 
 
 def tier_of(item) -> str | None:
@@ -139,8 +142,10 @@ def pytest_collection_modifyitems(config, items):
         kept = [item for item in items if tier_of(item) in wanted]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
-    # the tests reading background jobs last: the jobs run meanwhile (tests/lanes.py)
-    items.sort(key=lambda item: "lanes" in getattr(item, "fixturenames", ()))
+    # the tests reading background jobs last: the jobs run meanwhile (tests/lanes.py);
+    # after them, on a machine the lanes no longer load, the tests that judge times
+    items.sort(key=lambda item: (item.get_closest_marker("timing") is not None,
+                                 "lanes" in getattr(item, "fixturenames", ())))
 
 
 # Background lanes (tests/lanes.py): the jobs of the modules selected, started once the

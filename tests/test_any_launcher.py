@@ -305,3 +305,20 @@ def _ranks_spawned(tag: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_a_rank_no_new_read_reaches_keeps_its_reads_and_one_never_read_is_said():
+    """On a busy machine py-spy can fail on a rank at every read (it once timed out on
+    all four of a settling round, and attach ended in an IndexError): the rank keeps
+    the reads it had, and a rank never read is reported as such, not as a crash."""
+    from distdoctor.userjob import attach, pyspy
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid now names no process: every read of it fails
+    first = attach.Read(pyspy.Snapshot(gone.pid, (), (), ()), 0)
+    job = attach.Job(0, (attach.RankProcess(0, gone.pid, "test", {}),
+                         attach.RankProcess(1, gone.pid, "test", {})), 2,
+                     {0: (first,), 1: ()}, ())
+    assert attach.read_again(job, fresh=True).reads[0] == (first,)
+    ends = attach.evidence(job, {}).ends
+    assert ends[1].status == "hung" and "could not be read" in (ends[1].error or "")

@@ -174,6 +174,7 @@ def test_demo_of_one_fault_tells_the_lesson_in_order(capsys):
     assert f"spread {spread:.3g} at step 0" in printed
 
 
+@pytest.mark.timing  # its sweep judges the straggler cases
 def test_demo_all_sweeps_a_strategys_faults_and_ends_with_the_summary(capsys):
     """The sweep's mechanics on one strategy's faults (every one of the 53 cases is run,
     at N=2 and N=4, by the fault matrix; ``make demo`` runs them all through this path)."""

@@ -155,7 +155,11 @@ def _built(seed: int) -> MLP:
     return MLP(8, 16).requires_grad_(False)
 
 
-@pytest.mark.parametrize("fault_id, variant, strategy, world_size", CASES)
+# a straggler's verdict judges times: those cases run last, on a machine the background
+# lanes no longer load (conftest.py)
+@pytest.mark.parametrize("fault_id, variant, strategy, world_size", [
+    pytest.param(*case, marks=[pytest.mark.timing] if case[0] == "straggler" else [])
+    for case in CASES])
 def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, fault_id, variant,
                                                                  strategy, world_size):
     fault = faults.get(fault_id)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sources import line_of
 
-pytestmark = pytest.mark.tier("e2e")
+pytestmark = [pytest.mark.tier("e2e"), pytest.mark.timing]
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"

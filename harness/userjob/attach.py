@@ -247,8 +247,10 @@ def read_again(job: Job, fresh: bool = False) -> Job:
                 reads[process.rank].append(_read(process.pid))
             except pyspy.StackReadError:
                 pass  # ended meanwhile: its last read stands
+    # a rank no new read reached (py-spy failed on a busy machine, or it ended) keeps the
+    # reads it had: evidence() needs one at least
     return Job(job.launcher, job.ranks, job.world,
-               {r: tuple(s) for r, s in reads.items()}, job.notes)
+               {r: tuple(s) or job.reads[r] for r, s in reads.items()}, job.notes)
 
 
 def ask_flight_recorders(job: Job) -> tuple[dict[int, object], list[str]]:
@@ -338,6 +340,11 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
             events.append(())
             continue
         reads = job.reads[rank]
+        if not reads:  # never read at all: nothing to say where it is
+            ends.append(RankEnd(rank, "hung", at=0.0,
+                                error="its stacks could not be read (py-spy failed on it)"))
+            events.append(())
+            continue
         last = reads[-1].snapshot
         still = len({r.snapshot.key() for r in reads}) == 1 \
             and len({r.activity for r in reads}) == 1
