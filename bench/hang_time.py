@@ -70,9 +70,9 @@ RING = "collective_impls:ring_allreduce_send_first"
 
 def measure(path: str, ranks: int) -> tuple[float, float, str, str]:
     from distdoctor.models.calls import ranks_phrase
-    from distdoctor.userjob.launcher import run_script
-    from distdoctor.userjob.record import explain, script_record
-    from distdoctor.userjob.report import look_at, render
+    from distdoctor.userjob.launching.launcher import run_script
+    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.report import look_at, render
 
     result = run_script(path, [], ranks, DEADLINE, echo=False, light=True)
     record = script_record(result.ends, result.traces, result.wall_s, result.started, DEADLINE)

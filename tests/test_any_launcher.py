@@ -263,7 +263,7 @@ def test_attach_leaves_a_healthy_job_alone_even_when_its_stacks_repeat(distdocto
 def test_py_spy_s_refusal_and_odd_answers_become_one_line_or_nothing():
     """What attach says when ptrace is refused (root here cannot be refused: the message
     is checked as py-spy words it), and py-spy JSON of the wrong shape is skipped."""
-    from distdoctor.userjob import pyspy
+    from distdoctor.userjob.attaching import pyspy
 
     said = pyspy._why(42, "Error: Permission denied (os error 13)\n")
     assert said.count("\n") == 0 and "ptrace_scope=0" in said and "SYS_PTRACE" in said
@@ -311,7 +311,7 @@ def test_a_rank_no_new_read_reaches_keeps_its_reads_and_one_never_read_is_said()
     """On a busy machine py-spy can fail on a rank at every read (it once timed out on
     all four of a settling round, and attach ended in an IndexError): the rank keeps
     the reads it had, and a rank never read is reported as such, not as a crash."""
-    from distdoctor.userjob import attach, pyspy
+    from distdoctor.userjob.attaching import attach, pyspy
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid now names no process: every read of it fails

@@ -69,7 +69,8 @@ def argvs(draw) -> list[str]:
 @pytest.fixture
 def stop_before_ranks(monkeypatch):
     from distdoctor.launch import pool
-    from distdoctor.userjob import attach, command, launcher
+    from distdoctor.userjob.attaching import attach
+    from distdoctor.userjob.launching import command, launcher
 
     def would_run(*args, **kwargs):
         raise WouldRun

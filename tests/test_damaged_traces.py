@@ -223,7 +223,7 @@ def test_a_rank_that_noted_a_stall_then_went_on_and_aborted_is_judged_by_its_abo
     is the abort, read from the fatal signal's stacks (the second dump in its file), not
     a hang at the slow line."""
     from distdoctor.models.events import Ev
-    from distdoctor.userjob.traces import load
+    from distdoctor.userjob.reporting.traces import load
 
     call = {"ev": Ev.ENTER, "id": 1, "t": 2.0, "op": "all_reduce", "seq": 0,
             "group": [0, 1], "peer": None, "peers": [], "shapes": [[4]], "dtype": "float32",

@@ -226,7 +226,7 @@ def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
 
     from distdoctor import checks
     from distdoctor.launch.pool import shared_pool
-    from distdoctor.userjob.record import script_record
+    from distdoctor.userjob.reporting.record import script_record
 
     result = shared_pool(2, evidence=True).run(jobs.ddp_training, 3, deadline=60)
     record = script_record(result.raise_for_status().ends, result.traces, result.wall_s,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from distdoctor.analysis.waitfor import CONFIRM_S
-from distdoctor.userjob.dirwatch import TraceDirectory, read_proof, write_proof
+from distdoctor.userjob.watching.dirwatch import TraceDirectory, read_proof, write_proof
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -30,7 +30,7 @@ from distdoctor.models import (
     RunSpec,
     ThreadStack,
 )
-from distdoctor.userjob.report import look_at, render, report
+from distdoctor.userjob.reporting.report import look_at, render, report
 
 pytestmark = pytest.mark.tier("e2e")
 

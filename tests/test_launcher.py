@@ -108,8 +108,8 @@ def test_a_proven_hang_captures_every_thread_of_every_rank_then_kills(no_new_chi
 
 
 def test_rank_holding_the_gil_is_dumped_by_faulthandler_and_diagnosed_there(no_new_children):
-    from distdoctor.userjob.record import explain, script_record
-    from distdoctor.userjob.report import render
+    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.report import render
 
     result = launch(jobs.hold_the_gil, world_size=2, deadline=1.0)
     where = f"{jobs.__file__}:{line_number(JOBS, '# GIL-LINE')}"

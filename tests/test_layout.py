@@ -225,6 +225,34 @@ def test_the_layer_table_is_the_one_the_package_documents():
     assert documented == {k: v for k, v in LAYERS.items() if k != "__main__"}
 
 
+# userjob's module families (harness/userjob/__init__.py says the same): family -> the
+# families it may import
+USERJOB_FAMILIES = {"launching": {"inrank", "watching"}, "inrank": {"watching"},
+                    "watching": set(), "attaching": set(), "reporting": set()}
+
+
+def test_userjobs_families_import_only_what_their_table_allows():
+    """Launching, the in-rank hooks, the watcher, attach and the report each a family of
+    its own: a module of one reaching into another outside the table fails here."""
+    modules = module_files()
+    prefix = "distdoctor.userjob."
+    entry = prefix + "__main__"  # python -m distdoctor.userjob: the in-rank bootstrap
+    found = {name.removeprefix(prefix).split(".")[0] for name in modules
+             if name.startswith(prefix) and name != entry}
+    assert found == set(USERJOB_FAMILIES)
+    outside = []
+    for name, path in modules.items():
+        if not name.startswith(prefix) or name == entry:
+            continue
+        family = name.removeprefix(prefix).split(".")[0]
+        for target in imports_of(path, name, set(modules)):
+            if target.startswith(prefix):
+                other = target.removeprefix(prefix).split(".")[0]
+                if other != family and other not in USERJOB_FAMILIES[family]:
+                    outside.append(f"{name} -> {target}")
+    assert outside == []
+
+
 def test_no_module_imports_a_generic_top_level_name():
     """Everything imports ``distdoctor.*``: an import of a bare ``checks``, ``faults`` or
     ``harness`` would find a user's package of that name, or nothing once installed."""

@@ -9,7 +9,7 @@ import sysconfig
 
 import pytest
 
-from distdoctor.userjob.report import raising_line
+from distdoctor.userjob.reporting.report import raising_line
 
 pytestmark = pytest.mark.tier("unit")
 

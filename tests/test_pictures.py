@@ -100,7 +100,7 @@ def test_a_large_run_is_folded_and_says_so(tmp_path):
     rest into one block per rank, says so, and the page stays small."""
     from distdoctor.models import Call, Evidence, RankEnd, RankRecord, RunRecord, RunSpec
     from distdoctor.pictures import page, reports
-    from distdoctor.userjob.report import report
+    from distdoctor.userjob.reporting.report import report
 
     ranks = []
     for rank in range(16):

@@ -229,7 +229,7 @@ def test_the_arrivals_picture_shades_each_wait_and_counts_who_came_last():
 
 
 def test_an_undecided_straggler_is_said_as_such_and_the_run_stays_ok():
-    from distdoctor.userjob.report import render, report
+    from distdoctor.userjob.reporting.report import render, report
 
     record = timeline(4, 15, lambda r, n: 0.2 if r == 1 and n in (3, 9) else 0.0)
     said = report(record, tuple(straggler.check(record)), "train.py")

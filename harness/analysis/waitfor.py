@@ -24,7 +24,7 @@ saw) proves the call can never complete.
 Only ``enter``, ``wait``, ``done``, ``error`` and ``exit`` lines are read; everything else
 in the stream is skipped without parsing. A proof is believed once it has held unchanged
 for CONFIRM_S (``Confirmation``), by whichever watcher asks: the parent under ``distdoctor
-run`` and the plugin, or a rank's own watch under torchrun (userjob/dirwatch.py).
+run`` and the plugin, or a rank's own watch under torchrun (userjob/watching/dirwatch.py).
 
 The same graph after the fact, from a RunRecord's calls (``wait_edges``), is what the hang
 check judges and the pictures draw: one module says who waits for whom, live or later.

@@ -45,8 +45,8 @@ def add_commands(commands) -> None:
 def attach_command(args: argparse.Namespace) -> int:
     from distdoctor.cli.run import report_record
     from distdoctor.models.calls import ranks_phrase, relative_line
-    from distdoctor.userjob import attach
-    from distdoctor.userjob.record import script_record
+    from distdoctor.userjob.attaching import attach
+    from distdoctor.userjob.reporting.record import script_record
 
     started = time.monotonic()
     try:

@@ -21,7 +21,7 @@ def port_number(text: str) -> int:
 
 
 def _tee(text: str):
-    from distdoctor.userjob.output import parse_tee
+    from distdoctor.userjob.launching.output import parse_tee
 
     try:
         return parse_tee(text)
@@ -30,7 +30,7 @@ def _tee(text: str):
 
 
 def _ranks(text: str) -> frozenset[int]:
-    from distdoctor.userjob.output import parse_ranks
+    from distdoctor.userjob.launching.output import parse_ranks
 
     try:
         return parse_ranks(text)
@@ -138,9 +138,9 @@ def add_commands(commands) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from distdoctor.launch import procs
     from distdoctor.launch.store import AddressError, addresses, is_loopback
-    from distdoctor.userjob.launcher import ScriptStartError, run_script
-    from distdoctor.userjob.output import OutputSpec
-    from distdoctor.userjob.record import script_record
+    from distdoctor.userjob.launching.launcher import ScriptStartError, run_script
+    from distdoctor.userjob.launching.output import OutputSpec
+    from distdoctor.userjob.reporting.record import script_record
 
     if args.launch_command is not None:
         return launch_command(args)
@@ -180,7 +180,7 @@ def launch_command(args: argparse.Namespace) -> int:
     """``distdoctor run -- COMMAND``: the command's own launcher starts the ranks."""
     import shutil
 
-    from distdoctor.userjob.command import CommandStartError, run_command
+    from distdoctor.userjob.launching.command import CommandStartError, run_command
 
     argv = args.launch_command
     if not argv:
@@ -204,9 +204,9 @@ def launch_command(args: argparse.Namespace) -> int:
 def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     """One report per process group the command made (the hung one, or the first that
     failed, is the one --report and --html write), then the command's own end."""
-    from distdoctor.userjob.record import explain, script_record
-    from distdoctor.userjob.report import render
-    from distdoctor.userjob.traces import TraceError, load
+    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.report import render
+    from distdoctor.userjob.reporting.traces import TraceError, load
 
     how = (f"stopped by distdoctor (process group {result.groups.index(result.stopped_hung) + 1}"
            f" hung)" if result.stopped_hung is not None else f"exited with code {result.code}")
@@ -254,8 +254,8 @@ def _group_origin(job) -> str:
 
 
 def analyze_command(args: argparse.Namespace) -> int:
-    from distdoctor.userjob.record import script_record
-    from distdoctor.userjob.traces import TraceError, has_traces, load
+    from distdoctor.userjob.reporting.record import script_record
+    from distdoctor.userjob.reporting.traces import TraceError, has_traces, load
 
     if args.prefix is not None or not any(has_traces(d) for d in args.directories):
         return analyze_dumps(args)
@@ -316,8 +316,8 @@ def report_record(record, script: str, report_path: str | None, command: str = "
                   html: str | None = None) -> int:
     """Every detector on the record, the report printed, and written as JSON and HTML
     where asked; 0 when the run is clean, else 1."""
-    from distdoctor.userjob.record import explain
-    from distdoctor.userjob.report import render
+    from distdoctor.userjob.reporting.record import explain
+    from distdoctor.userjob.reporting.report import render
 
     result = explain(record, script, all_frames)
     print(render(result, command, partial), flush=True)

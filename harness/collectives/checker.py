@@ -175,7 +175,7 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
     its own timeout when it raised one; else, for a rank the pool stopped, from the last
     wait its transport reported ("waiting", what, peer) and the line its stack was at."""
     from distdoctor.models.record import user_frame
-    from distdoctor.userjob.report import raising_line
+    from distdoctor.userjob.reporting.report import raising_line
 
     waits = {}
     for end, emitted in zip(ends, events):
@@ -215,7 +215,7 @@ def rank_text(end, events) -> str:
     """What one rank that did not finish was doing: its error at the user's line, or, for a
     rank the pool stopped, where its stack was and whether it ever sent or received."""
     from distdoctor.models.record import seen_at_text
-    from distdoctor.userjob.report import raising_line
+    from distdoctor.userjob.reporting.report import raising_line
 
     if end.status not in STOPPED:
         where = raising_line(end.error) or ""

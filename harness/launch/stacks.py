@@ -32,7 +32,7 @@ _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # frames that only carry a job or a script to the user's code
 CARRIERS = frozenset({os.path.join(_HARNESS, "launch", "rank.py"),
                       os.path.join(_HARNESS, "userjob", "__main__.py"),
-                      os.path.join(_HARNESS, "userjob", "bootstrap.py"),
+                      os.path.join(_HARNESS, "userjob", "inrank", "bootstrap.py"),
                       runpy.__file__, "<frozen runpy>"})
 # the wrapper between user code and torch
 TRACER_FILE = os.path.join(_HARNESS, "trace", "tracer.py")

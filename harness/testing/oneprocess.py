@@ -117,8 +117,8 @@ def _batch_norm(record) -> bool:
 def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
     from distdoctor.models.calls import ranks_phrase
     from distdoctor.testing.verdict import RankFailure, relative_paths
-    from distdoctor.userjob.record import explain, script_record
-    from distdoctor.userjob.report import look_at
+    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.report import look_at
 
     when = "after build, before any step" if at == 0 else f"after step {at}"
     lines = [f"{ranks_phrase(sorted(parted))} of {n} part{'s' if len(parted) == 1 else ''} "

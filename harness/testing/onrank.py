@@ -120,7 +120,7 @@ def _tell(ctx, exc: BaseException, formatted: Callable[[Any], str]) -> None:
     from _pytest._code import ExceptionInfo
     from _pytest.outcomes import Skipped, XFailed
 
-    from distdoctor.userjob.report import raising_line
+    from distdoctor.userjob.reporting.report import raising_line
 
     info = ExceptionInfo.from_exception(exc)
     outcome = "skipped" if isinstance(exc, Skipped) else \

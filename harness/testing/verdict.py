@@ -18,8 +18,8 @@ from distdoctor.launch.results import JobResult
 from distdoctor.models import RankEnd
 from distdoctor.models.record import STOPPED, is_peer_echo, seen_at_text
 from distdoctor.testing.onrank import EVENT
-from distdoctor.userjob.record import explain, script_record
-from distdoctor.userjob.report import (
+from distdoctor.userjob.reporting.record import explain, script_record
+from distdoctor.userjob.reporting.report import (
     Cause,
     ReportRank,
     ScriptReport,

@@ -101,7 +101,7 @@ def fork_rank(argv: list[str], env: dict[str, str], stdout_fd: int, stderr_fd: i
             except OSError:
                 pass
         _make_fresh(env)
-        from distdoctor.userjob.bootstrap import main
+        from distdoctor.userjob.inrank.bootstrap import main
 
         main(argv)
     except BaseException:  # noqa: BLE001 (printed to the rank's stderr, which the launcher keeps)

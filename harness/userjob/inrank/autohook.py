@@ -242,7 +242,7 @@ def _open_group(rendezvous: str, init_line: str) -> None:
 
     from distdoctor.launch import procs
     from distdoctor.models.events import Ev
-    from distdoctor.userjob import bootstrap
+    from distdoctor.userjob.inrank import bootstrap
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if "tracer" in _state and not _state.get("ended"):
@@ -277,7 +277,7 @@ def _say_end(code: int, error: str | None = None) -> None:
     if _state.get("ended", True) or _state.get("pid") != os.getpid():
         return
     _state["ended"] = True
-    from distdoctor.userjob import bootstrap
+    from distdoctor.userjob.inrank import bootstrap
 
     bootstrap.say_exit(_state["tracer"], code, error)
 
@@ -325,12 +325,12 @@ def _at_exit() -> None:
 
 
 SITECUSTOMIZE = '''"""Written by distdoctor run -- COMMAND: trace the processes of COMMAND
-that become ranks (distdoctor.userjob.autohook), then run the sitecustomize this one
+that become ranks (distdoctor.userjob.inrank.autohook), then run the sitecustomize this one
 shadows, if any."""
 import sys
 
 try:
-    from distdoctor.userjob.autohook import install
+    from distdoctor.userjob.inrank.autohook import install
 except ImportError:  # a Python without distdoctor installed: its processes run untraced
     pass
 else:

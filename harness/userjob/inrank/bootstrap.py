@@ -265,7 +265,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     from distdoctor.analysis.waitfor import PROOF_SWITCH
     from distdoctor.models.jsoncodec import to_json
     from distdoctor.trace.lines import main_thread_seen
-    from distdoctor.userjob import dirwatch
+    from distdoctor.userjob.watching import dirwatch
 
     if world is None:
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
 from distdoctor.trace.evidence import evidence_from_events
-from distdoctor.userjob.report import ScriptReport, report
+from distdoctor.userjob.reporting.report import ScriptReport, report
 
 
 def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: float,

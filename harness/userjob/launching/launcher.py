@@ -31,8 +31,8 @@ from distdoctor.launch.results import JobResult
 from distdoctor.launch.store import LOOPBACK, is_loopback, master_store, pin_gloo_to_loopback
 from distdoctor.launch.watch import JobWatch, RankHandle
 from distdoctor.models import deadlines
-from distdoctor.userjob.forked import ForkedProcess, can_fork, fork_rank
-from distdoctor.userjob.output import OutputSpec, RankOutput
+from distdoctor.userjob.launching.forked import ForkedProcess, can_fork, fork_rank
+from distdoctor.userjob.launching.output import OutputSpec, RankOutput
 
 STORE_TIMEOUT = timedelta(seconds=300)  # torch's default for a TCPStore
 

@@ -37,7 +37,7 @@ from distdoctor.models import RankEnd
 from distdoctor.models.calls import TRACED_OPS
 from distdoctor.models.events import Ev
 from distdoctor.models.record import InFlight, is_user_frame, seen_most_first, user_frame
-from distdoctor.userjob import pyspy
+from distdoctor.userjob.attaching import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
 READ_GAP_S = 0.3

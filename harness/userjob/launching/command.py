@@ -23,7 +23,8 @@ from pathlib import Path
 
 from distdoctor.launch import tree
 from distdoctor.models.events import Ev
-from distdoctor.userjob import autohook, dirwatch
+from distdoctor.userjob.inrank import autohook
+from distdoctor.userjob.watching import dirwatch
 
 POLL_S = 0.05
 STACKS_WAIT_S = 5.0  # for a stalled or poked rank's stacks to reach its file

@@ -44,7 +44,7 @@ from distdoctor.models.record import (
     started_by,
     user_frame,
 )
-from distdoctor.userjob.stacktext import stack_text
+from distdoctor.userjob.reporting.stacktext import stack_text
 
 RUN_SCHEMA = "distdoctor.run.v5"
 # running: stopped while in its own code, in no traced call (a loop that never ends)
