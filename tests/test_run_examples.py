@@ -19,7 +19,7 @@ from pathlib import Path
 
 import proctable
 import pytest
-from sources import line_of
+from sources import line_number, line_of
 from torchrun_example import torchrun_example
 
 pytestmark = pytest.mark.tier("e2e")
@@ -497,6 +497,26 @@ def test_under_torchrun_a_hung_rank_says_so_and_exit_on_hang_ends_the_job(distdo
                f"now exits with code 124" in stderr for rank in (0, 1))
     done = distdoctor("analyze", str(tmp_path / "hang"))
     assert done.returncode == 1 and "p2p-cycle (ranks 0, 1)" in done.stdout
+
+
+def test_under_torchrun_a_rank_that_waited_once_past_its_deadline_is_judged_where_it_hangs(
+        distdoctor, tmp_path):
+    """Rank 0 waits 5 s for a peer slow once, past its 2 s deadline: its watch writes a
+    stall, sees the rank move on and says so, and writes the real hang (a metric only rank
+    0 reduces) where it happens. Under a CPU hog a rank waiting while its peer built DDP
+    was once judged by that first stall's samples, and the job was called hang-unknown."""
+    script = Path(__file__).parent / "launched" / "slow_once_then_metric.py"
+    _, stderr = torchrun_example(tmp_path / "traces", str(script), 2, hangs=True,
+                                 deadline=2.0)
+    assert "distdoctor: rank 0 moved on after" in stderr, stderr[-3000:]
+    report = tmp_path / "r.json"
+    done = distdoctor("analyze", str(tmp_path / "traces"), "--report", str(report))
+    cause = json.loads(report.read_text())["cause"]
+    assert done.returncode == 1 and (cause["kind"], cause["ranks"]) == (
+        "collective-mismatch", [0]), done.stdout
+    assert cause["where"].endswith(f":{line_number(script, '# BUG')}"), done.stdout
+    waited = line_number(script, "# WAITED")
+    assert f":{waited}" not in done.stdout.split("look at:")[-1].split("\n")[0], done.stdout
 
 
 def test_a_rank_spinning_in_its_own_code_is_located_not_called_blocked(distdoctor, tmp_path):

@@ -17,6 +17,23 @@ import proctable
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+def _still_stalled(trace_dir: Path, rank: int, example: str) -> bool:
+    """The rank's stacks are written since its watch last wrote a mark, at a stall it has
+    not moved past (no call after it in its trace): a rank that waited past its deadline
+    once, for a peer slow to start, stalls, moves on, and may stall again later."""
+    from distdoctor.launch.stacks import MARK
+
+    trace, stacks = (trace_dir / f"rank-{rank}{suffix}" for suffix in (".jsonl", ".stacks"))
+    if not (trace.exists() and stacks.exists()):
+        return False
+    events = trace.read_text().splitlines()
+    stalls = [i for i, line in enumerate(events) if line.startswith('{"ev":"stalled"')]
+    calls = [i for i, line in enumerate(events) if line.startswith('{"ev":"enter"')]
+    latest = stacks.read_text().rpartition(MARK)[2]
+    # a rank busy holding the GIL cannot note its stall: a peer's poke dumps its stacks
+    return (not stalls or stalls[-1] > max(calls, default=-1)) and example in latest
+
+
 def torchrun_example(trace_dir: Path, example: str, ranks: int, hangs: bool = False,
               flags: tuple[str, ...] = (), deadline: float = 2.0,
               env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -36,10 +53,8 @@ def torchrun_example(trace_dir: Path, example: str, ranks: int, hangs: bool = Fa
                                    stderr=err, start_new_session=True,
                                    env=dict(os.environ, TMPDIR=str(scratch),
                                             DISTDOCTOR_TEST_TAG=tag, **(env or {})))
-    stacks = [trace_dir / f"rank-{rank}.stacks" for rank in range(ranks)]
-
     def stalled() -> bool:
-        return all(path.exists() and example in path.read_text() for path in stacks)
+        return all(_still_stalled(trace_dir, rank, example) for rank in range(ranks))
 
     try:
         if not hangs:

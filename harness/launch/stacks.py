@@ -36,6 +36,9 @@ CARRIERS = frozenset({os.path.join(_HARNESS, "launch", "rank.py"),
                       runpy.__file__, "<frozen runpy>"})
 # the wrapper between user code and torch
 TRACER_FILE = os.path.join(_HARNESS, "trace", "tracer.py")
+# a line a rank's own watch writes into its stacks file before each stall's dump, and when
+# it moves past the stall: a reader keeps what follows the last one (older dumps are stale)
+MARK = "# distdoctor:"
 # faulthandler writes "line ???" where the frame's instruction carries no line
 _FAULTHANDLER_FRAME = re.compile(
     r'File "(?P<file>[^"]*)", line (?P<line>\d+|\?\?\?) in (?P<func>\S+)')

@@ -307,18 +307,35 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
                          seen=to_json(seen),
                          **({"proof": proven} if proven is not None else {}))
+            stalled_at = tracer.last_event  # moved on once it changes (see below)
             _write_history(directory, rank)  # first: stacks on disk mean the history is too
+            stack_file.write(f"{stacks.MARK} stalled at {now:.3f}\n")
+            stack_file.flush()
             faulthandler.dump_traceback(stack_file, all_threads=True)
             stack_file.flush()
             if not watched:
                 _say_stalled(limit, stack_file.name, exit_on_hang, proven,
                              started=bool(up_at))
             if watching is not None:  # a peer whose own watch could not run by now
-                time.sleep(dirwatch.POKE_AFTER_S)  # (busy holding the GIL) is asked
-                watching.poke_silent(os.getpid())
+                sizes = watching.trace_sizes()  # (busy holding the GIL) is asked
+                time.sleep(dirwatch.POKE_AFTER_S)
+                watching.poke_silent(os.getpid(), sizes)
             if exit_on_hang:
                 _exit(HANG_EXIT)
-            return
+            if watched or proven is not None:
+                return  # distdoctor's own call for the group, or a proof: final
+            # Quiet past the deadline is not yet a hang: a rank waiting for a peer that was
+            # slow once (DDP's first construction on a loaded machine) moves on. Once this
+            # one makes a call again, its stall is marked as passed and the watch starts
+            # over, so a later real hang is written down where it happens (the reader
+            # keeps only evidence of a stall the rank never moved past).
+            while tracer.last_event == stalled_at:
+                if stop.wait(dirwatch.POLL_S):
+                    return
+            moved = procs.now()
+            stack_file.write(f"{stacks.MARK} moved on at {moved:.3f}\n")
+            stack_file.flush()
+            _say_resumed(moved - (now - quiet))
 
     threading.Thread(target=watch, name="distdoctor-stall-watch", daemon=True).start()
     return stop
@@ -367,6 +384,13 @@ def _say_stalled(deadline: float, stack_path: str, exiting: bool,
            f"it started")
     sys.stderr.write(f"distdoctor: rank {rank} {why}; its stacks are in {stack_path}. {then}; "
                      f"then run 'distdoctor analyze {os.path.dirname(stack_path) or '.'}'\n")
+    sys.stderr.flush()
+
+
+def _say_resumed(quiet: float) -> None:
+    rank = os.environ.get("RANK", "?")
+    sys.stderr.write(f"distdoctor: rank {rank} moved on after {quiet:.1f} s quiet: it was "
+                     f"waiting, not hung (its stall above is void); still watching\n")
     sys.stderr.flush()
 
 

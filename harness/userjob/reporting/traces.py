@@ -138,7 +138,8 @@ def load(directories: list[str], run: str | None = None) -> Job:
             continue
         exit_event = next((e for e in reversed(trace.events) if e.get("ev") == Ev.EXIT), None)
         stack_file = trace.path.with_suffix(".stacks")
-        raw = stack_file.read_text(errors="replace") if stack_file.exists() else ""
+        raw = _latest_stacks(stack_file.read_text(errors="replace")
+                             if stack_file.exists() else "")
         stalled = _still_stalled(trace.events)
         if FATAL in raw:  # the fatal signal's dump is the last word (after any stall's)
             raw = raw[raw.rindex(FATAL):]
@@ -157,16 +158,18 @@ def load(directories: list[str], run: str | None = None) -> Job:
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
                                 raw_stack=raw))
         elif exit_event is None:
-            proof = next((e.get("proof") for e in trace.events
-                          if e.get("ev") == Ev.STALLED and isinstance(e.get("proof"), str)),
-                         None)
-            ends.append(RankEnd(rank, "hung", error=f"{PROVEN}: {proof}" if proof else
+            # what the rank wrote at a stall it later moved past is stale: its samples and
+            # Flight Recorder history tell where it waited then, not where it was stopped
+            last_stall = _last_stall(trace.events) if stalled else {}
+            proof = last_stall.get("proof")
+            ends.append(RankEnd(rank, "hung", error=f"{PROVEN}: {proof}"
+                                if isinstance(proof, str) else
                                 "its trace stops without an exit",
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
                                 raw_stack=raw or None,
                                 recorded=_flight(trace.path.with_name(
-                                    f"{DUMP_PREFIX}{rank}")),
-                                seen=_seen(trace.events)))
+                                    f"{DUMP_PREFIX}{rank}")) if stalled else (),
+                                seen=_seen(trace.events) if stalled else ()))
         elif exit_event.get("status") == "raised":
             error = exit_event.get("error")
             ends.append(RankEnd(rank, "raised", at=0.0,
@@ -185,9 +188,9 @@ def load(directories: list[str], run: str | None = None) -> Job:
                            if e.get("ev") == Ev.STALLED and isinstance(e.get("t"), (int, float))]
     for rank, end in enumerate(ends):
         if end.status == "hung" and stalls:
-            own = [e["t"] for e in events[rank] if e.get("ev") == Ev.STALLED
-                   and isinstance(e.get("t"), (int, float))]
-            ends[rank] = dataclasses.replace(end, at=(own or [max(stalls)])[0])
+            own = _last_stall(events[rank]).get("t") if _still_stalled(events[rank]) else None
+            ends[rank] = dataclasses.replace(
+                end, at=own if isinstance(own, (int, float)) else max(stalls))
     if any(end.status == "hung" for end in ends):
         for rank, end in enumerate(ends):
             if is_peer_echo(end):
@@ -201,6 +204,20 @@ def _still_stalled(events: tuple[dict, ...]) -> bool:
     what it did after, an abort included, is how it ended."""
     last = max((i for i, e in enumerate(events) if e.get("ev") == Ev.STALLED), default=None)
     return last is not None and not any(e.get("ev") == Ev.ENTER for e in events[last + 1:])
+
+
+def _last_stall(events: tuple[dict, ...]) -> dict:
+    return next((e for e in reversed(events) if e.get("ev") == Ev.STALLED), {})
+
+
+def _latest_stacks(raw: str) -> str:
+    """What follows the last mark the rank's watch wrote (before each stall's dump, and
+    when it moved past one): the dumps before it show where the rank waited then."""
+    from distdoctor.launch.stacks import MARK
+
+    lines = raw.splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.startswith(MARK)]
+    return "".join(lines[marks[-1] + 1:]) if marks else raw
 
 
 def _flight(path: Path) -> tuple:

@@ -74,11 +74,23 @@ class TraceDirectory:
                 self.offsets[rank] = offset + len(chunk)
         return True
 
-    def poke_silent(self, own: int) -> list[int]:
-        """Ask every rank of this run on this machine that has neither stalled nor ended
-        for its stacks (SIGUSR1: faulthandler writes them from its C handler, so a rank
-        whose own watch cannot run, busy in code that holds the GIL, answers too). The
-        ranks poked, by pid. Called once, by the node's watching rank as it stalls."""
+    def trace_sizes(self) -> dict[int, int]:
+        """How far each rank's trace has been written, to tell later which moved on."""
+        sizes = {}
+        for rank in self.offsets:
+            try:
+                sizes[rank] = os.path.getsize(self.directory / f"rank-{rank}.jsonl")
+            except OSError:
+                continue
+        return sizes
+
+    def poke_silent(self, own: int, sizes_before: dict[int, int]) -> list[int]:
+        """Ask every rank of this run on this machine that is silent (its trace has not
+        grown since ``sizes_before``), not stalled and not ended for its stacks (SIGUSR1:
+        faulthandler writes them from its C handler, so a rank whose own watch cannot run,
+        busy in code that holds the GIL, answers too). A rank still making calls is left
+        alone: it is working, and a dump would show where it passed, not where it waits.
+        The ranks poked, by pid. Called by the node's watching rank as it stalls."""
         host, poked = socket.gethostname(), []
         for rank in self.offsets:
             try:
@@ -87,7 +99,9 @@ class TraceDirectory:
             except OSError:
                 continue
             first = text.partition(b"\n")[0]
-            if not self._ours(first) or b'"ev":"stalled"' in text or b'"ev":"exit"' in text:
+            stalled = text.rfind(b'"ev":"stalled"') > text.rfind(b'"ev":"enter"')
+            if not self._ours(first) or stalled or b'"ev":"exit"' in text \
+                    or len(text) > sizes_before.get(rank, len(text)):
                 continue
             start = json.loads(first)
             pid = start.get("pid")
