@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 def score_with_teacher(teacher: nn.Module, x: torch.Tensor) -> float:
     with torch.no_grad():
-        for _ in range(10):
+        for _ in range(30):
             x = torch.tanh(teacher(x))
     return float(x.mean())
 
