@@ -238,3 +238,32 @@ def test_a_rank_that_noted_a_stall_then_went_on_and_aborted_is_judged_by_its_abo
     end = load([str(tmp_path)]).ends[0]
     assert (end.status, end.exitcode) == ("died", -6), end
     assert "line 22" in (end.raw_stack or "") and "line 11" not in (end.raw_stack or "")
+
+
+def test_a_rank_stopped_while_raising_from_a_peers_exit_waited_like_the_others(capsys,
+                                                                              hang_traces,
+                                                                              tmp_path):
+    """Seen under --exit-on-hang: rank 1's watch decided its stall while its send was open,
+    sampled where it was for 60 ms, and meanwhile rank 0 exited and the send failed; the
+    stall was written after the failure (its time before it), and torchrun's SIGTERM came
+    while the script was formatting its traceback, before any exit or stall stacks were
+    written. Its call failed only because its peer was gone: it waited like rank 0, and the
+    cycle stands (it was read as hang-unknown)."""
+    raced = tmp_path / "raced"
+    shutil.copytree(hang_traces, raced)
+    trace = raced / "rank-1.jsonl"
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    send = next(e for e in events if e["ev"] == "enter" and e["op"] == "send")
+    stall = next(e for e in events if e["ev"] == "stalled")
+    kept = events[:events.index(send) + 1]
+    failure = "RuntimeError('[pair.cc:553] Connection closed by peer [127.0.0.1]:13738.')"
+    kept += [{"ev": "error", "id": send["id"], "t": stall["t"] + 0.06, "error": failure},
+             stall]  # written last, timed first
+    trace.write_text("".join(json.dumps(e) + "\n" for e in kept))
+    (raced / "rank-1.stacks").write_text(
+        "Current thread 0x00007fc2a47c4b80 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/traceback.py", line 139 in format_exception\n'
+        '  File "/site/distdoctor/userjob/inrank/bootstrap.py", line 240 in _run_script\n')
+    code, out, err, report = analyze(capsys, raced)
+    assert code == 1 and (report["cause"]["kind"], report["cause"]["ranks"]) == (
+        "p2p-cycle", [0, 1]), out

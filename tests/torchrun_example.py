@@ -19,19 +19,19 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 def _still_stalled(trace_dir: Path, rank: int, example: str) -> bool:
     """The rank's stacks are written since its watch last wrote a mark, at a stall it has
-    not moved past (no call after it in its trace): a rank that waited past its deadline
-    once, for a peer slow to start, stalls, moves on, and may stall again later."""
+    not moved past (a rank that waited past its deadline once, for a peer slow to start,
+    stalls, moves on, and may stall again later)."""
     from distdoctor.launch.stacks import MARK
+    from distdoctor.trace.stalls import STALL_NOTED, still_stalled_in
 
     trace, stacks = (trace_dir / f"rank-{rank}{suffix}" for suffix in (".jsonl", ".stacks"))
     if not (trace.exists() and stacks.exists()):
         return False
-    events = trace.read_text().splitlines()
-    stalls = [i for i, line in enumerate(events) if line.startswith('{"ev":"stalled"')]
-    calls = [i for i, line in enumerate(events) if line.startswith('{"ev":"enter"')]
+    text = trace.read_bytes()
     latest = stacks.read_text().rpartition(MARK)[2]
     # a rank busy holding the GIL cannot note its stall: a peer's poke dumps its stacks
-    return (not stalls or stalls[-1] > max(calls, default=-1)) and example in latest
+    noted = STALL_NOTED in text
+    return (still_stalled_in(text) or not noted) and example in latest
 
 
 def torchrun_example(trace_dir: Path, example: str, ranks: int, hangs: bool = False,

@@ -303,7 +303,10 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
                     continue
             elif proven is None and quiet < limit:
                 continue
+            decided_on = tracer.last_event
             seen = main_thread_seen()  # where it is, sampled: a spinning rank moves
+            if tracer.last_event != decided_on:
+                continue  # its call ended while it was sampled (a peer gone): not stalled
             tracer.write(ev=Ev.STALLED, t=now, threads=thread_names(),
                          seen=to_json(seen),
                          **({"proof": proven} if proven is not None else {}))

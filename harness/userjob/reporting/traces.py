@@ -10,7 +10,6 @@ never mixed: the caller names the run, or is told which runs there are.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from distdoctor.models import RankEnd, Seen
 from distdoctor.models.events import Ev
 from distdoctor.models.jsoncodec import SchemaError, from_json
 from distdoctor.models.record import FATAL, is_peer_echo
+from distdoctor.trace.stalls import last_stall, still_stalled, stopped_raising
 
 NO_TRACE = "no trace: its node may have died before it wrote"
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
@@ -127,6 +127,12 @@ def load(directories: list[str], run: str | None = None) -> Job:
     notes = [f"{t.path}: {'lines' if len(t.unreadable) > 1 else 'line'} "
              f"{_lines(t.unreadable)} could not be read, skipped"
              for t in traces if t.unreadable]
+    # a hung rank stopped when it dumped its stacks: at its own stall, or, poked by a
+    # peer's watch (its own could not run), at the latest stall (the machine's clock,
+    # as the calls' times; analyze's job starts at 0)
+    latest_stall = max((e["t"] for trace in traces for e in trace.events
+                        if e.get("ev") == Ev.STALLED and isinstance(e.get("t"), (int, float))),
+                       default=None)
     ends: list[RankEnd] = []
     events: list[tuple[dict, ...]] = []
     for rank in range(world):
@@ -140,10 +146,14 @@ def load(directories: list[str], run: str | None = None) -> Job:
         stack_file = trace.path.with_suffix(".stacks")
         raw = _latest_stacks(stack_file.read_text(errors="replace")
                              if stack_file.exists() else "")
-        stalled = _still_stalled(trace.events)
+        stalled = still_stalled(trace.events)
         if FATAL in raw:  # the fatal signal's dump is the last word (after any stall's)
             raw = raw[raw.rindex(FATAL):]
-        if exit_event is None and not stalled and not raw.strip():
+        raising = stopped_raising(trace.events) if exit_event is None else None
+        if raising is not None and FATAL not in raw:
+            # its call failed and it was stopped (torchrun's SIGTERM) before it said so
+            ends.append(RankEnd(rank, "raised", at=0.0, error=raising))
+        elif exit_event is None and not stalled and not raw.strip():
             # a hung rank notes its stall and, stopped, dumps its stacks: this one went
             # with neither, as a SIGKILL, the OOM killer or a lost node takes a process
             ends.append(RankEnd(rank, "died", at=0.0, error=KILLED))
@@ -160,9 +170,10 @@ def load(directories: list[str], run: str | None = None) -> Job:
         elif exit_event is None:
             # what the rank wrote at a stall it later moved past is stale: its samples and
             # Flight Recorder history tell where it waited then, not where it was stopped
-            last_stall = _last_stall(trace.events) if stalled else {}
-            proof = last_stall.get("proof")
-            ends.append(RankEnd(rank, "hung", error=f"{PROVEN}: {proof}"
+            stall = last_stall(trace.events) if stalled else {}
+            proof, own = stall.get("proof"), stall.get("t")
+            ends.append(RankEnd(rank, "hung", at=own if isinstance(own, (int, float))
+                                else latest_stall, error=f"{PROVEN}: {proof}"
                                 if isinstance(proof, str) else
                                 "its trace stops without an exit",
                                 stacks=parse_faulthandler(raw, _thread_names(trace.events)),
@@ -181,33 +192,11 @@ def load(directories: list[str], run: str | None = None) -> Job:
         else:
             ends.append(RankEnd(rank, "finished"))
         events.append(trace.events)
-    # a hung rank stopped when it dumped its stacks: at its own stall, or, poked by a
-    # peer's watch (its own could not run), at the latest stall (the machine's clock,
-    # as the calls' times; analyze's job starts at 0)
-    stalls: list[float] = [e["t"] for trace in traces for e in trace.events
-                           if e.get("ev") == Ev.STALLED and isinstance(e.get("t"), (int, float))]
-    for rank, end in enumerate(ends):
-        if end.status == "hung" and stalls:
-            own = _last_stall(events[rank]).get("t") if _still_stalled(events[rank]) else None
-            ends[rank] = dataclasses.replace(
-                end, at=own if isinstance(own, (int, float)) else max(stalls))
     if any(end.status == "hung" for end in ends):
         for rank, end in enumerate(ends):
             if is_peer_echo(end):
                 ends[rank], events[rank] = _still_waiting(end, events[rank])
     return Job(tuple(ends), tuple(events), tuple(notes))
-
-
-def _still_stalled(events: tuple[dict, ...]) -> bool:
-    """Did the rank note a stall and make no call after it? A rank slow at one line (a
-    mesh forming on a loaded machine) notes a stall and dumps its stacks, then goes on:
-    what it did after, an abort included, is how it ended."""
-    last = max((i for i, e in enumerate(events) if e.get("ev") == Ev.STALLED), default=None)
-    return last is not None and not any(e.get("ev") == Ev.ENTER for e in events[last + 1:])
-
-
-def _last_stall(events: tuple[dict, ...]) -> dict:
-    return next((e for e in reversed(events) if e.get("ev") == Ev.STALLED), {})
 
 
 def _latest_stacks(raw: str) -> str:

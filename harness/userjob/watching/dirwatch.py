@@ -27,6 +27,7 @@ from pathlib import Path
 
 from distdoctor.analysis.waitfor import Confirmation, Deadlock, WaitFor
 from distdoctor.models.events import Ev
+from distdoctor.trace.stalls import still_stalled_in
 
 PROOF_FILE = "deadlock.json"
 STALL_FILE = "stalled.json"  # distdoctor's call, from outside: the group's deadline passed
@@ -99,8 +100,7 @@ class TraceDirectory:
             except OSError:
                 continue
             first = text.partition(b"\n")[0]
-            stalled = text.rfind(b'"ev":"stalled"') > text.rfind(b'"ev":"enter"')
-            if not self._ours(first) or stalled or b'"ev":"exit"' in text \
+            if not self._ours(first) or still_stalled_in(text) or b'"ev":"exit"' in text \
                     or len(text) > sizes_before.get(rank, len(text)):
                 continue
             start = json.loads(first)
