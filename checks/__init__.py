@@ -17,6 +17,9 @@ from distdoctor.analysis.distance import spread
 from distdoctor.analysis.replicas import Replicas, replicas_of
 from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
 
+# a mean's entry this small beside its largest is rounding, not a position to compare at
+NOT_ZERO = 1e-3
+
 
 def detectors() -> list[ModuleType]:
     """Every module in this package that defines ``check``, in name order."""
@@ -149,7 +152,7 @@ def synchronised(steps: list) -> bool:
     if not all(math.isfinite(m) for m in mean):
         return False
     scale = max((abs(m) for m in mean), default=0.0)
-    if sum(abs(m) > 1e-3 * scale for m in mean) < 2 or not scale:
+    if sum(abs(m) > NOT_ZERO * scale for m in mean) < 2 or not scale:
         return False
     return all(factor(s.applied.values, mean) is not None for s in steps)
 

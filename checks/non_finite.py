@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 
 from distdoctor.models import Finding, Fingerprint, RunRecord
-from distdoctor.models.calls import ranks_phrase
+from distdoctor.models.calls import first_few, ranks_phrase
 
 NAME = "non_finite"
+SHOWN_NAMES = 4  # tensors named where a value went non-finite; the rest counted
 FIX = ("find what made the value non-finite on the rank where it started, at the step "
        "named: a bad sample (check the batch for NaN/Inf), a log or division by zero in the "
        "loss, a learning rate that made the parameters blow up; guard the step with "
@@ -71,7 +72,7 @@ def check(record: RunRecord) -> list[Finding]:
 
 
 def _shown(names: list[str]) -> str:
-    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return first_few(names, SHOWN_NAMES)
 
 
 def _finite(gradient: Fingerprint | None) -> bool:

@@ -60,6 +60,8 @@ from distdoctor.models.calls import ranks_phrase, relative_line
 NAME = "straggler"
 FLOOR = 0.10  # the smallest share of the others' step reported
 MIN_WAIT_S = 0.005  # ... and the smallest wait a step
+NAMED_SHARE = 0.2  # a phase named as the cause holds this share of the largest excess
+NAMED_S = 1e-4  # ... and is at least this long a step (0.1 ms)
 MIN_STEPS = 12  # judged steps needed (the first, start-up, is never judged)
 RESAMPLES = 1000
 PHASE_TEXT = {"loader": "waiting for its data loader's next batch", "forward": "its forward",
@@ -163,7 +165,7 @@ def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],
               for kind in mine}
     shown = sorted((k for k, v in excess.items() if v > 0), key=lambda k: -excess[k])
     biggest = excess[shown[0]] if shown else 0.0
-    shown = [k for k in shown if excess[k] >= 0.2 * biggest and excess[k] * 1e3 >= 0.1]
+    shown = [k for k in shown if excess[k] >= NAMED_SHARE * biggest and excess[k] >= NAMED_S]
     if not shown:
         return ("no phase of its step is longer than the others' (its time goes "
                 "somewhere the phases do not cover)",

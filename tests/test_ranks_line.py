@@ -1,10 +1,14 @@
-"""How a run's rank endings read in one line: the root cause first, ranks in order."""
+"""How a run's rank endings read in one line: the root cause first, ranks in order; and
+how a list or a line too long to print whole is cut (one way, everywhere)."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.models.calls import clipped, first_few
 from distdoctor.text import ranks_line
 
 pytestmark = pytest.mark.tier("unit")
@@ -30,3 +34,19 @@ def test_ranks_that_ended_alike_are_listed_in_rank_order_root_cause_first():
 def test_a_clean_run_reads_as_all_finished():
     assert ranks_line(record(RankEnd(0, "finished"), RankEnd(1, "finished"))) == \
         "all 2 ranks finished"
+
+
+@given(items=st.lists(st.text(alphabet="abc", min_size=1, max_size=3), max_size=12),
+       shown=st.integers(1, 10))
+def test_a_long_list_names_its_first_few_and_counts_the_rest(items, shown):
+    said = first_few(items, shown)
+    named, _, rest = said.partition(" and ")
+    assert named.split(", ") == (items[:shown] or [""])
+    assert rest == (f"{len(items) - shown} more" if len(items) > shown else "")
+
+
+@given(text=st.text(max_size=300), most=st.integers(3, 250))
+def test_a_clipped_line_is_the_text_or_its_start_and_dots_within_the_limit(text, most):
+    short = clipped(text, most)
+    assert short == text if len(text) <= most else (
+        len(short) == most and short == text[:most - 3] + "...")

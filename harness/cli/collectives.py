@@ -7,6 +7,8 @@ import argparse
 from distdoctor.cli.args import DEADLINE, UsageError, count, seconds
 from distdoctor.collectives import KINDS, OPS
 
+MOST_RANKS = 16  # the largest world size check-collective starts on one machine
+
 
 def _sizes(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
@@ -14,8 +16,8 @@ def _sizes(text: str) -> tuple[int, int]:
         bounds = (int(low), int(high or low))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or N-M, got {text!r}") from None
-    if not 1 <= bounds[0] <= bounds[1] <= 16:
-        raise argparse.ArgumentTypeError(f"world sizes must be within 1-16, got {text}")
+    if not 1 <= bounds[0] <= bounds[1] <= MOST_RANKS:
+        raise argparse.ArgumentTypeError(f"world sizes must be within 1-{MOST_RANKS}, got {text}")
     return bounds
 
 

@@ -8,15 +8,17 @@ from pathlib import Path
 
 from distdoctor.cli.args import DEADLINE, UsageError, count, html_file, seconds
 
+MAX_PORT = 65535
+
 
 def port_number(text: str) -> int:
-    """A TCP port, 0 to 65535 (0: the OS picks one)."""
+    """A TCP port, 0 to MAX_PORT (0: the OS picks one)."""
     try:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-{MAX_PORT}")
     return port
 
 

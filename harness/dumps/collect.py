@@ -21,9 +21,11 @@ from distdoctor.dumps.files import DumpFile
 from distdoctor.dumps.job import Dumps
 from distdoctor.dumps.read import NotADump, RankRead, Shared, read
 from distdoctor.dumps.schema import Entry
+from distdoctor.models.calls import clipped
 from distdoctor.models.plaindata import NotPlainData
 
 PARALLEL_FROM = 256
+MOST_CHARS = 160  # of an error quoted from a damaged dump
 _CHUNK = 64
 _known: dict[bytes, object] = {}  # a worker's signatures already sent, and their programs
 
@@ -116,6 +118,5 @@ def _read_one(job: tuple[int, str], known: dict[bytes, object]) -> Outcome:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) < 160 else text[:157] + "..."
+    return clipped(str(exc), MOST_CHARS)
 

@@ -1,6 +1,7 @@
 """The one vocabulary of calls, as torch's flight_recorder keeps one of operations: which
 operations are point-to-point and which collective, which way a point-to-point call
-points, how a call and a set of ranks are written for a person.
+points, how a call and a set of ranks are written for a person (and a list or a line
+too long to print whole).
 
 Every reader of calls (the live wait-for graph, the hang and mismatch checks, the report,
 the pictures, check-collective) asks here, so that a send counted as point-to-point in one
@@ -12,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
 SENDS = frozenset({"send", "isend"})
 RECEIVES = frozenset({"recv", "irecv"})
@@ -90,6 +91,17 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     if holes and len(holes) <= 3 and len(ranks) >= 8 and len(runs) > 1:
         return f"ranks {ranks[0]}-{ranks[-1]} except {', '.join(map(str, holes))}"
     return "ranks " + ", ".join(runs)
+
+
+def first_few(items: Sequence[str], shown: int) -> str:
+    """'a, b, c and 5 more': the first ``shown`` of ``items``, and how many were left out."""
+    left = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {left} more" if left > 0 else "")
+
+
+def clipped(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters, "..." where it was cut."""
+    return text if len(text) <= most else text[:most - len("...")] + "..."
 
 
 def grouped(said: dict[int, str], sep: str = ": ") -> list[str]:

@@ -4,6 +4,7 @@ died, hung or stopped, with its traceback or stacks)."""
 from __future__ import annotations
 
 import os
+import signal
 import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -254,7 +255,7 @@ def aborted_in_collective(end: RankEnd) -> str | None:
     torch.distributed's collectives; None if it was not. Under gloo a rank is aborted in a
     collective when the sizes its peers sent do not match its own (their message goes to
     the launcher's stderr, which the traces do not hold)."""
-    if end.status != "died" or end.exitcode != -6:
+    if end.status != "died" or end.exitcode != -signal.SIGABRT:
         return None
     main = next((t for t in end.stacks if t.main), None)
     for frame in reversed(main.frames if main else ()):

@@ -14,6 +14,7 @@ from distdoctor.pictures.svg import COLOURS, SERIES, legend, line, polyline, rec
 
 W, H, LEFT, TOP, BOTTOM = 540, 240, 64, 30, 34
 FLOOR = 1e-12  # where zero is drawn on a log scale
+FLAT = 1e-12  # a series spanning less is drawn flat, across the middle
 
 
 def line_chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], label: str,
@@ -29,8 +30,8 @@ def line_chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], labe
     ys = [value(y) for _, y in points if math.isfinite(y)] or [0.0]
     x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
     y0, y1 = min(ys), max(ys)
-    if y1 - y0 < 1e-12:  # a flat series, drawn across the middle
-        pad = 1.0 if log else max(abs(y0) * 0.1, 1e-12)
+    if y1 - y0 < FLAT:  # a flat series, drawn across the middle
+        pad = 1.0 if log else max(abs(y0) * 0.1, FLAT)
         y0, y1 = y0 - pad, y1 + pad
 
     def at(x: float, y: float) -> tuple[float, float]:

@@ -24,6 +24,7 @@ from distdoctor.pipeline.simulate import (
 from distdoctor.text import ranks_line
 
 # which simulated schedule a real strategy runs (ZB-V has no simulator here)
+SAME_TIME = 1e-9  # two simulated times closer than this are one
 SIMULATED_AS = {"pipe-gpipe": "gpipe", "pipe-1f1b": "1f1b", "torch-pipe-gpipe": "gpipe",
                 "torch-pipe-1f1b": "1f1b", "torch-pipe-interleaved": "interleaved",
                 "torch-pipe-dualpipev": "dualpipev"}
@@ -50,7 +51,7 @@ def simulation_table(names: list[str], stages: int, micro: int, costs: Costs) ->
         bubbles = [timeline.bubble(r) for r in range(stages)]
         fraction = (f"{gpipe_bubble_fraction(stages, micro):.2%}"
                     if name in ("gpipe", "1f1b") else "-")
-        spread = (f"{bubbles[0]:.2f}" if max(bubbles) - min(bubbles) < 1e-9
+        spread = (f"{bubbles[0]:.2f}" if max(bubbles) - min(bubbles) < SAME_TIME
                   else f"{min(bubbles):.2f}-{max(bubbles):.2f}")
         rows.append(
             f"{name:<12}{timeline.makespan:>9.2f}{timeline.bubble_fraction:>9.2%}{fraction:>9}  "
@@ -58,7 +59,7 @@ def simulation_table(names: list[str], stages: int, micro: int, costs: Costs) ->
             f"{(form.formula if form else 'none published'):<24}"
             f"{max(timeline.peak_activations(r) for r in range(stages)):>9g}"
             f"{timeline.schedule.layout.param_copies:>6}x")
-        if form and abs(form.bubble - max(bubbles)) > 1e-9:
+        if form and abs(form.bubble - max(bubbles)) > SAME_TIME:
             notes.append(f"{name}: the closed form says {form.bubble:.2f} per rank, the "
                          f"simulated schedule idles {spread}: the formula's assumptions "
                          f"(uniform overlap) do not hold for these costs")

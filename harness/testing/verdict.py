@@ -16,6 +16,7 @@ from typing import Literal
 from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.launch.results import JobResult
 from distdoctor.models import RankEnd
+from distdoctor.models.calls import clipped
 from distdoctor.models.record import STOPPED, is_peer_echo, seen_at_text
 from distdoctor.testing.onrank import EVENT
 from distdoctor.userjob.reporting.record import explain, script_record
@@ -31,6 +32,7 @@ from distdoctor.userjob.reporting.report import (
 
 Status = Literal["passed", "failed", "skipped", "xfailed"]
 # the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
+MOST_CHARS = 200  # of a rank's exception line in a test's failure
 _EXPLAINING = ("p2p-cycle", "group-cycle", "collective-mismatch", "unused-parameters")
 
 
@@ -145,9 +147,9 @@ def relative_paths(text: str) -> str:
 
 
 def _short(headline: str) -> str:
-    """An exception line without gloo's boilerplate advice, at most 200 characters."""
+    """An exception line without gloo's boilerplate advice, at most ``MOST_CHARS``."""
     headline = headline.split(" This is typically caused by")[0]
-    return headline if len(headline) <= 200 else headline[:197] + "..."
+    return clipped(headline, MOST_CHARS)
 
 
 def _failed(end: RankEnd, account: dict | None, n: int) -> tuple[str, list[str]]:

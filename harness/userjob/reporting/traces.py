@@ -17,11 +17,13 @@ from pathlib import Path
 from distdoctor.analysis.waitfor import PROVEN
 from distdoctor.dumps.files import DUMP_PREFIX
 from distdoctor.models import RankEnd, Seen
+from distdoctor.models.calls import first_few
 from distdoctor.models.events import Ev
 from distdoctor.models.jsoncodec import SchemaError, from_json
 from distdoctor.models.record import FATAL, is_peer_echo
 from distdoctor.trace.stalls import last_stall, still_stalled, stopped_raising
 
+SHOWN_LINES = 8  # unreadable lines named in the note; the rest counted
 NO_TRACE = "no trace: its node may have died before it wrote"
 KILLED = ("its trace stops mid-run with no exit, no stall and no stacks: it was killed "
           "(SIGKILL, the OOM killer) or its node died")
@@ -278,5 +280,5 @@ def _listing(runs: dict) -> str:
 def _lines(numbers: tuple[int, ...]) -> str:
     known = [str(n) for n in numbers if n > 0]
     extra = len(numbers) - len(known)
-    return ", ".join(known[:8]) + (f" and {len(known) - 8} more" if len(known) > 8 else "") \
-        + (f"{' and ' if known else ''}{extra} that clashed with others" if extra else "")
+    return first_few(known, SHOWN_LINES) + (
+        f"{' and ' if known else ''}{extra} that clashed with others" if extra else "")
