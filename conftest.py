@@ -117,12 +117,33 @@ def pytest_addoption(parser):
                           + "; ".join(f"{name}: {what}" for name, what in TIERS.items()))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin is configured
 def pytest_configure(config):
+    _own_temporary_folder(config)
     config.addinivalue_line("markers", "tier(name): the test's tier, one of "
                             + ", ".join(TIERS) + " (conftest.py says what each means)")
     config.addinivalue_line("markers", "timing: the test judges how long ranks take (a "
                             "straggler's verdict): run last, once the background lanes are "
                             "done (tests/lanes.py), not beside them")
+
+
+def _own_temporary_folder(config) -> None:
+    """Every process the suite starts writes its temporary files into one folder of the
+    session's, removed when the session ends: torch's own torchrun leaves its
+    torchelastic_* folder behind (measured: after a clean 2-rank run too), and
+    multiprocessing's pymp-* folder stays when a process leaves by os._exit (our ranks
+    do, by design). pytest's own folders (tmp_path) stay where pytest keeps them, its last
+    three runs for a look after a failure: their base is fixed before TMPDIR moves."""
+    import tempfile
+
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # no tmp_path plugin to pin (-p no:tmpdir), or xdist's controller did it
+    factory.getbasetemp()
+    # short: a unix socket's path (multiprocessing's listener) must fit in 107 bytes
+    own = tempfile.mkdtemp(prefix="dd-")
+    os.environ["TMPDIR"], tempfile.tempdir = own, own
+    config.add_cleanup(lambda: shutil.rmtree(own, ignore_errors=True))
 
 
 def tier_of(item) -> str | None:
