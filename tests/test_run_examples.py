@@ -149,6 +149,43 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     assert "sync-every-microbatch" not in done.stdout
 
 
+# a group that can never form, proven from what each rank gave init_process_group as soon
+# as every rank waits in it (the deadline never comes); a rank that never called it is
+# named at the deadline, with where it was instead
+STARTUP = [("startup_world_size.py", 60.0, "world-size-mismatch", [0, 1],
+            "dist.init_process_group", "for a group of 4 (world_size=4 at "
+            "startup_world_size.py:{line}), but 2 ranks were started (WORLD_SIZE=2 as the "
+            "launcher set it): ranks 2, 3 never come"),
+           ("startup_rank_from_slurm.py", 60.0, "duplicate-rank", [0, 1],
+            "dist.init_process_group",
+            "ranks 0, 1 all ask for rank 0 (rank=0 at startup_rank_from_slurm.py:{line}, "
+            "while the launchers set RANK=0, 1)"),
+           ("startup_two_ports.py", 60.0, "split-rendezvous", [0, 1], "dist.init_process_group",
+            "rank 1 at 127.0.0.1:29511"),
+           ("startup_rank_waits_for_data.py", 2.0, "rank-never-joined", [1], "# BUG",
+            "rank 0 waits in init_process_group for rank 1, which never called it: rank 1 was "
+            "running <module> at startup_rank_waits_for_data.py:")]
+
+
+@pytest.mark.parametrize("example, deadline, kind, culprits, marker, says", STARTUP,
+                         ids=[s[0] for s in STARTUP])
+def test_a_group_that_never_forms_is_named_from_what_each_rank_gave_it(
+        distdoctor, tmp_path, example, deadline, kind, culprits, marker, says):
+    done, report = run_example(distdoctor, tmp_path, example, 2, deadline=deadline)
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == (kind, culprits), done.stdout
+    line = line_number(EXAMPLES / example, marker)
+    assert says.format(line=line) in cause["summary"], cause["summary"]
+    proven = deadline == DEADLINE  # the proof, not the deadline
+    assert ("declared at the deadline" in done.stdout) is not proven, done.stdout
+    waiting = [r for r in report["ranks"] if r["rank"] not in culprits or proven]
+    assert waiting and all(r["state"] == "blocked" and r["collective"].startswith(
+        "init_process_group (waiting for its group to form)") for r in waiting), done.stdout
+    if kind != "rank-never-joined":
+        assert cause["where"] == f"{example}:{line}", done.stdout
+
+
 @pytest.mark.parametrize("example, ranks, kind, culprits, marker, measured", [
     ("epoch_not_set.py", 2, "repeated-epoch-order", [0, 1], "# LOOP",
      {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
@@ -719,6 +756,10 @@ def test_replica_drift_is_measured_as_one_process_computes_it(distdoctor, tmp_pa
     ("fsdp_gather_on_rank0_aborts.py", 2, False, "collective-mismatch", [0]),
     ("eval_on_rank0_through_ddp.py", 2, True, "collective-mismatch", [0]),
     ("rank_busy_validation.py", 2, True, "busy-rank", [1]),
+    # a group that never forms: the in-rank watch proves it from the start-ups in the
+    # trace directory, with no deadline (start-up is judged by a long one)
+    ("startup_world_size.py", 2, True, "world-size-mismatch", [0, 1]),
+    ("startup_two_ports.py", 2, True, "split-rendezvous", [0, 1]),
 ])
 def test_each_invariant_case_under_a_real_torchrun_is_named_by_analyze(
         distdoctor, tmp_path, example, ranks, hangs, kind, culprits):

@@ -36,6 +36,7 @@ import json
 from dataclasses import dataclass, field
 
 from distdoctor.analysis.sequences import Made, agreement, parting_at
+from distdoctor.analysis.startup import never_forms, startup_of
 from distdoctor.models.calls import (
     BATCH,
     RECEIVES,
@@ -48,11 +49,13 @@ from distdoctor.models.calls import (
     relative_line,
 )
 from distdoctor.models.events import CALL_EVENTS, Ev
-from distdoctor.models.evidence import Call
+from distdoctor.models.evidence import Call, Startup
 from distdoctor.models.record import STOPPED, RankRecord, RunRecord
 
 _CALL_EVENTS = tuple(f'{{"ev":"{kind}"'.encode() for kind in CALL_EVENTS)  # as written
 _EXIT_EVENT = f'{{"ev":"{Ev.EXIT}"'.encode()
+_INIT_EVENT = f'{{"ev":"{Ev.INIT}"'.encode()  # a rank entering init_process_group
+_JOINED_EVENT = f'{{"ev":"{Ev.JOINED}"'.encode()  # ... and its group formed
 # Collectives gloo runs with one algorithm, so that one rank in each still completes (or
 # one side does): measured on torch 2.13 gloo, 2 ranks, every other pair of ops hangs, and
 # so do rooted ops with different roots. Shapes, dtypes and reduce ops are not compared: a
@@ -67,7 +70,8 @@ class Deadlock:
     """A proven hang: its kind, the stuck ranks, the open call of each (rank -> call id,
     to confirm it is still the same later) and a sentence."""
 
-    kind: str  # "cycle", "mismatch", "exited", or "parted" (a group's history differs)
+    kind: str  # "cycle", "mismatch", "exited", "parted" (a group's history differs), or
+    # "startup" (a group that can never form: analysis/startup.py)
     ranks: tuple[int, ...]
     calls: tuple[tuple[int, int], ...]
     text: str
@@ -123,6 +127,7 @@ class _Rank:
     events: int = 0  # call events read (and the end): a snapshot is current while it stands
     flight: dict | None = None  # the Flight Recorder's view (flight.in_flight), if read
     flight_at: int = -1  # ``events`` when it was read
+    startup: Startup | None = None  # inside init_process_group: what it gave it
 
 
 @dataclass
@@ -150,6 +155,9 @@ class WaitFor:
             if line.startswith(_EXIT_EVENT):  # a rank's own end, in a trace file
                 self._exit(rank, line)
                 continue
+            if line.startswith((_INIT_EVENT, _JOINED_EVENT)):
+                self._startup(state, line)
+                continue
             if line.startswith(_CALL_EVENTS):
                 try:
                     event = json.loads(line)
@@ -166,6 +174,18 @@ class WaitFor:
         except ValueError:
             return
         self.finished(rank, {"raised": "raised", "exited": "died"}.get(status, "finished"))
+
+    def _startup(self, state: _Rank, line: bytes) -> None:
+        """The rank entered init_process_group (what it gave it), or left it."""
+        state.events += 1
+        if line.startswith(_JOINED_EVENT):
+            state.startup = None
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return  # a torn line: the rank was killed mid-write
+        state.startup = startup_of(event) if isinstance(event, dict) else None
 
     def _history(self, rank: int, event: dict) -> None:
         """Keep what each member made at each number of the group until every member has
@@ -322,7 +342,8 @@ class WaitFor:
                     changed = True
         stuck -= ended
         if not stuck:
-            return self._flight_mismatch(blocked) or self._parted(blocked, known)
+            return self._flight_mismatch(blocked) or self._parted(blocked, known) or \
+                self._never_forms()
         calls = tuple((r, blocked[r]["id"]) for r in sorted(stuck))
         cycle = cycle_of({r: waits[r] & stuck for r in stuck if r not in mismatch})
         if cycle:
@@ -344,6 +365,20 @@ class WaitFor:
                         " and ".join(grouped(gone, " ")) + " while " + "; ".join(
                             f"{ranks_phrase(ranks)} wait{'s' * (len(ranks) == 1)} in {call}"
                             for call, ranks in inside.items()))
+
+    def _never_forms(self) -> Deadlock | None:
+        """Every rank of the job inside init_process_group (or ended), for a group their
+        start-ups prove can never form. A rank not yet in it may still come: no proof."""
+        waiting = {rank: state.startup for rank, state in self.ranks.items()
+                   if state.startup is not None and not state.finished}
+        if not waiting or any(state.startup is None and not state.finished
+                              for state in self.ranks.values()):
+            return None
+        found = never_forms(waiting, len(self.ranks))
+        if found is None:
+            return None
+        return Deadlock("startup", tuple(sorted(waiting)),
+                        tuple((rank, -1) for rank in sorted(waiting)), found.symptom)
 
     def _parted(self, blocked: dict[int, dict], waits: dict[int, set[int] | None]
                 ) -> Deadlock | None:

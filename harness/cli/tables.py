@@ -58,14 +58,17 @@ def hang_timing(record: RunRecord, printed_at: float) -> str | None:
     """For a hung run: when the ranks blocked, when the hang was declared, and how long
     until the diagnosis was printed (all measured on the machine-wide monotonic clock)."""
     hung = [r for r in record.ranks if r.end.status == "hung"]
-    entered = [c.entered for r in hung for c in r.evidence.calls if c.blocking]
+    joining = [r.evidence.startup.t for r in hung
+               if r.evidence.startup is not None and not r.evidence.startup.joined]
+    entered = [c.entered for r in hung for c in r.evidence.calls if c.blocking] + joining
     if not hung or not entered:
         return None
     blocked = max(entered)
     declared = record.started + max(r.end.at or 0.0 for r in hung)
     from distdoctor.analysis.waitfor import PROVEN
 
-    how = ("proven from the calls" if any((r.end.error or "").startswith(PROVEN) for r in hung)
+    proof = "the ranks' start-ups" if joining else "the calls"
+    how = (f"proven from {proof}" if any((r.end.error or "").startswith(PROVEN) for r in hung)
            else "declared at the deadline")
     return (f"hang: the last rank blocked {blocked - record.started:.2f} s into the run; the "
             f"hang was {how} {declared - blocked:.2f} s later (deadline "

@@ -34,6 +34,7 @@ from distdoctor.models.evidence import (
                                      PipeStepEvidence,
                                      StageCost,
                                      StageEvent,
+                                     Startup,
                                      StepEvidence,
 )
 from distdoctor.models.record import (
@@ -75,6 +76,7 @@ from distdoctor.models.verdict import (
 
 __all__ = [
     "Arrival", "AuxSkip", "Assessment", "GapSample", "Phase", "CauseKind", "BackwardEvidence",
+    "Startup",
     "BatchEvidence",
     "BufferEvidence", "OptimizerEvidence", "Call", "DDPForward",
     "Evidence",

@@ -47,6 +47,7 @@ TRACED_OPS: dict[str, tuple[str | None, str | None]] = {
     "new_group": (None, None),
 }
 NEW_GROUP = "new_group"
+INIT_GROUP = "init_process_group"  # the default group's start-up (trace/startup.py)
 
 
 

@@ -42,6 +42,10 @@ class Ev:
     ARRIVALS = "arrivals"
     # a user's rank: its start, its end, a stall (no call for a while)
     START = "start"
+    # init_process_group entered (what the rank gave it, and what its launcher set) and
+    # returned: a rank between the two is waiting for its group to form
+    INIT = "init"
+    JOINED = "joined"
     EXIT = "exit"
     STALLED = "stalled"
     INCOMPLETE = "incomplete"  # a recorder failed: its evidence stops here (see below)

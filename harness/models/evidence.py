@@ -372,6 +372,25 @@ class MemoryEvidence:
 
 
 @dataclass(frozen=True)
+class Startup:
+    """What a rank gave ``init_process_group`` and what its launcher set, and whether the
+    call returned (the group formed). Values only: never the whole environment."""
+
+    where: str  # the user's line that called it
+    backend: str | None
+    init_method: str | None  # scheme, host, port, path: no query string
+    rank: int | None  # as passed; None: taken from the environment (RANK)
+    world_size: int | None  # as passed; None: from the environment (WORLD_SIZE)
+    env: tuple[tuple[str, str], ...]  # the launcher's variables (LAUNCHER_VARIABLES), as set
+    store_given: bool = False  # a store object passed: its address is not ours to read
+    joined: bool = False
+    t: float = 0.0  # when it entered, on the machine's monotonic clock
+
+    def variable(self, name: str) -> str | None:
+        return dict(self.env).get(name)
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one rank recorded over a run."""
 
@@ -402,4 +421,5 @@ class Evidence:
     phases: tuple[Phase, ...] = ()  # loader waits, forwards, backwards, optimiser steps
     gap_samples: tuple[GapSample, ...] = ()  # its own code's lines, sampled in long gaps
     arrivals: tuple[Arrival, ...] = ()  # when it entered each collective (Flight Recorder)
+    startup: Startup | None = None  # its last init_process_group: arguments and return
     wall_offset: float | None = None  # wall-clock minus monotonic time on its machine

@@ -19,6 +19,7 @@ from distdoctor.trace.folds import (
     fold_optimizer,
     fold_phases,
 )
+from distdoctor.trace.startup import fold_startup
 
 # record tag -> Evidence field, for records that accumulate
 _SERIES = {Emit.BACKWARD: "backward", Emit.STEP: "steps", Emit.STAGE: "stages",
@@ -45,6 +46,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["phases"] = list(fold_phases(trace))
     fields["gap_samples"] = list(fold_gap_samples(trace))
     fields["arrivals"], fields["wall_offset"] = fold_arrivals(trace)
+    fields["startup"] = fold_startup(trace)
     ddp = [event for event in trace if event.get("ev") == Ev.DDP]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

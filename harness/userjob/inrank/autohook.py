@@ -254,7 +254,8 @@ def _open_group(rendezvous: str, init_line: str) -> None:
     faulthandler.enable(stack_file, all_threads=True)  # a fatal signal's stacks
     tracer = _state.get("tracer")
     if tracer is None:
-        tracer = bootstrap.install(fd, os.environ.get(HOOK_LIGHT) == "1", rank)
+        # (its init_process_group has returned: the hook itself wraps the next one)
+        tracer = bootstrap.install(fd, os.environ.get(HOOK_LIGHT) == "1", rank, startup=False)
         bootstrap.patch_os_exit(_say_end)
         atexit.register(_at_exit)
         _wrap_exit_and_excepthook()

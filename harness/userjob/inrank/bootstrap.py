@@ -196,16 +196,20 @@ def patch_os_exit(say: Callable[[int], None]) -> None:
     setattr(os, "_exit", _exit_said)  # noqa: B010 (a patch)
 
 
-def install(fd: int, light: bool = False, rank: int | None = None):
+def install(fd: int, light: bool = False, rank: int | None = None, startup: bool = True):
     """The tracer on ``fd`` (this rank's calls), DDP's parameter names and, unless
-    ``light``, the recorders of the silent bugs' evidence."""
+    ``light``, the recorders of the silent bugs' evidence. ``startup``: the script has not
+    yet called ``init_process_group``: record what it gives it (trace/startup.py)."""
     from distdoctor.trace import jobend
     from distdoctor.trace.recorders import install_recorders
+    from distdoctor.trace.startup import record_startup
     from distdoctor.trace.tracer import Tracer
 
     if rank is None:
         rank = int(os.environ.get("RANK", "-1"))
     tracer = Tracer(fd, rank).install()
+    if startup:
+        record_startup(tracer)
     jobend.before_teardown(tracer)
     tracer.record_ddp_parameters()
     if not light:

@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Literal
 
 from distdoctor.models import Call, CauseKind, Finding, RankRecord, RunRecord
-from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
+from distdoctor.models.calls import (
+    INIT_GROUP,
+    describe_call,
+    grouped,
+    ranks_phrase,
+    relative_line,
+)
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import (
     SIZE_MISMATCH,
@@ -168,6 +174,7 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
+    "world-size-mismatch", "duplicate-rank", "split-rendezvous", "rank-never-joined",
     "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "partial-step",
     "rank-exited-early",
     "busy-rank")
@@ -262,6 +269,14 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
     blocking = [c for c in calls if c.blocking]
     call = blocking[-1] if blocking else (calls[-1] if calls else None)
     running = started = None
+    joining = rank.evidence.startup is not None and not rank.evidence.startup.joined
+    if end.status in STOPPED and joining:  # before any call: waiting for its group
+        frame = user_frame(end.stacks)
+        running = f"{frame.function} at {frame.place}" if frame else None
+        started = started_by(frame) if frame else None
+        return ReportRank(rank.rank, "blocked", None, None, stack_text(end.stacks, end.raw_stack,
+                                                                   all_frames),
+                          running, f"{INIT_GROUP} (waiting for its group to form)", started, [])
     if end.status in STOPPED and not blocking:
         # its last traced call completed: it is in its own code, or in a collective torch
         # made itself (DDP's), which the Flight Recorder saw

@@ -1,0 +1,63 @@
+"""A group that never formed: ranks stopped inside ``init_process_group``.
+
+Every correct program's ranks leave ``init_process_group`` together, once each rank of
+the group has joined its rendezvous. Ranks stopped inside it were waiting for a group
+that did not form: analysis/startup.py proves the groups that never can (a world size
+other than the ranks started, one rank claimed twice, ranks at different rendezvous);
+otherwise a rank of the job that never called it is named, with where it was instead.
+"""
+
+from __future__ import annotations
+
+from distdoctor.analysis.startup import never_forms
+from distdoctor.models import Finding, RankRecord, RunRecord
+from distdoctor.models.calls import ranks_phrase, relative_line
+from distdoctor.models.record import STOPPED, user_frame
+
+NAME = "startup"
+
+
+def check(record: RunRecord) -> list[Finding]:
+    stopped = [r for r in record.ranks if r.end.status in STOPPED]
+    waiting = {r.rank: r.evidence.startup for r in stopped
+               if r.evidence.startup is not None and not r.evidence.startup.joined}
+    if not waiting:
+        return []
+    measured = {"waiting_in_init": sorted(waiting), "ranks_started": len(record.ranks)}
+    found = never_forms(waiting, len(record.ranks))
+    if found is not None:
+        return [Finding(check=NAME, fault=found.kind, symptom=found.symptom,
+                        cause="the group can never form: init_process_group returns on no "
+                              "rank until every rank of it has joined one rendezvous",
+                        fix=found.fix, fix_changes={}, ranks=found.ranks, measured=measured,
+                        headline=found.symptom.split(":")[0], kind=found.kind,
+                        where=found.where)]
+    elsewhere = [r for r in stopped if r.evidence.startup is None]
+    if not elsewhere:
+        return []  # every rank waits in it, and nothing recorded shows why: the deadline's
+    return [_never_joined(elsewhere, sorted(waiting), measured,
+                          tuple(s.where for s in waiting.values() if s.where))]
+
+
+def _never_joined(absent: list[RankRecord], waiting: list[int], measured: dict,
+                  lines: tuple[str, ...]) -> Finding:
+    """Ranks that wait in init_process_group for ranks of the job that never called it."""
+    said = []
+    for rank in absent:
+        frame = user_frame(rank.end.stacks)
+        said.append(f"rank {rank.rank} " + (
+            f"was running {frame.function} at {relative_line(frame.place)}" if frame
+            else "was in none of its own code the stacks show"))
+    places = tuple(relative_line(f.place) for r in absent if (f := user_frame(r.end.stacks)))
+    return Finding(
+        check=NAME, fault="rank-never-joined",
+        symptom=f"{ranks_phrase(waiting)} wait{'s' * (len(waiting) == 1)} in "
+                f"init_process_group for {ranks_phrase([r.rank for r in absent])}, which never "
+                f"called it: {'; '.join(said)}",
+        cause="a rank of the group never reached init_process_group (slow to load, or "
+              "stuck, before it), so the others wait for it",
+        fix="make every rank reach init_process_group: call it first, before loading data "
+            "or models, and look at where the missing ranks were",
+        fix_changes={}, ranks=tuple(r.rank for r in absent), measured=measured,
+        headline=f"{ranks_phrase([r.rank for r in absent])} never joined the group",
+        kind="rank-never-joined", where=places + lines)

@@ -1,0 +1,113 @@
+"""A group that can never form, judged from what each rank gave init_process_group: the
+causes it proves, the healthy start-ups it leaves alone, and the live proof's timing
+(only once every rank of the job waits in it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distdoctor.analysis.startup import never_forms, startup_of
+from distdoctor.analysis.waitfor import WaitFor
+from distdoctor.models import Startup
+
+pytestmark = pytest.mark.tier("unit")
+
+
+def joining(rank: int, world: int = 2, port: str = "29500", host: str = "127.0.0.1",
+            passed_rank: int | None = None, passed_world: int | None = None,
+            init_method: str | None = None, store: bool = False) -> Startup:
+    """A rank inside init_process_group, as a launcher of ``world`` ranks started it."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "MASTER_ADDR": host, "MASTER_PORT": port}
+    return startup_of({"ev": "init", "t": 1.0, "where": "/job/train.py:7", "backend": "gloo",
+                       "init_method": init_method, "rank": passed_rank,
+                       "world_size": passed_world, "store": store, "env": env})
+
+
+def test_healthy_start_ups_prove_nothing():
+    cases = [
+        {0: joining(0), 1: joining(1)},  # env:// from the launcher
+        {0: joining(0, passed_rank=0, passed_world=2), 1: joining(1, passed_rank=1,
+                                                                  passed_world=2)},
+        # one store, spelt two ways
+        {0: joining(0, host="localhost"), 1: joining(1, host="127.0.0.1")},
+        {0: joining(0, init_method="tcp://localhost:23456"),
+         1: joining(1, init_method="tcp://127.0.0.1:23456")},
+        {0: joining(0, init_method="file:///tmp/rdzv"),
+         1: joining(1, init_method="file:///tmp/rdzv")},
+        # a store object passed in: its address is not ours to compare
+        {0: joining(0, port="1", store=True), 1: joining(1, port="2", store=True)},
+        {0: joining(0)},  # rank 1 not in it yet: it may still come
+    ]
+    for waiting in cases:
+        assert never_forms(waiting, 2) is None, waiting
+
+
+def test_a_world_size_beyond_the_ranks_started_names_the_ranks_that_never_come():
+    found = never_forms({r: joining(r, passed_world=4) for r in (0, 1)}, 2)
+    assert found is not None and (found.kind, found.ranks) == ("world-size-mismatch", (0, 1))
+    assert "for a group of 4 (world_size=4 at" in found.symptom
+    assert "but 2 ranks were started (WORLD_SIZE=2 as the launcher set it): ranks 2, 3 " \
+           "never come" in found.symptom
+    assert 'world_size=int(os.environ["WORLD_SIZE"])' in found.fix
+    # the launcher's own WORLD_SIZE, larger than the ranks it started (another node missing)
+    found = never_forms({r: joining(r, world=3) for r in (0, 1)}, 2)
+    assert found is not None and "WORLD_SIZE=3 in its environment" in found.symptom
+    assert "rank 2 never comes" in found.symptom
+
+
+def test_one_rank_asked_for_twice_is_named_with_what_the_launcher_set():
+    found = never_forms({r: joining(r, passed_rank=0) for r in (0, 1)}, 2)
+    assert found is not None and (found.kind, found.ranks) == ("duplicate-rank", (0, 1))
+    assert "ranks 0, 1 all ask for rank 0 (rank=0 at" in found.symptom
+    assert "while the launchers set RANK=0, 1" in found.symptom
+    assert 'rank=int(os.environ["RANK"])' in found.fix
+
+
+def test_local_rank_passed_on_two_nodes_is_said_to_be_the_rank_within_each_node():
+    """Two nodes of two: global ranks 0-3, each node's LOCAL_RANK 0 and 1, passed as rank."""
+    waiting = {}
+    for rank in range(4):
+        local = rank % 2
+        startup = joining(local, world=4, passed_rank=local)
+        env = dict(startup.env, RANK=str(rank), LOCAL_RANK=str(local))
+        waiting[rank] = Startup(**{**startup.__dict__, "env": tuple(sorted(env.items()))})
+    found = never_forms(waiting, 4)
+    assert found is not None and found.kind == "duplicate-rank" and found.ranks == (0, 1, 2, 3)
+    assert "ranks 0, 2 all ask for rank 0; ranks 1, 3 all ask for rank 1" in found.symptom
+    assert "passed LOCAL_RANK, the rank within each node" in found.symptom
+
+
+def test_ranks_at_two_ports_wait_at_two_rendezvous():
+    found = never_forms({0: joining(0, port="29500"), 1: joining(1, port="29501")}, 2)
+    assert found is not None and (found.kind, found.ranks) == ("split-rendezvous", (0, 1))
+    assert "rank 0 at 127.0.0.1:29500; rank 1 at 127.0.0.1:29501" in found.symptom
+
+
+def line(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+def init_line(rank: int, world: int) -> bytes:
+    return line({"ev": "init", "t": 1.0, "where": "t.py:3", "backend": "gloo", "rank": rank,
+                 "world_size": world, "env": {"RANK": str(rank), "WORLD_SIZE": "2"}})
+
+
+def test_the_live_graph_proves_it_once_every_rank_waits_and_forgets_it_once_they_join():
+    graph = WaitFor([0, 1])
+    graph.feed(0, init_line(0, 4))
+    assert graph.proof() is None  # rank 1 may still come with its own start-up
+    graph.feed(1, init_line(1, 4))
+    proof = graph.proof()
+    assert proof is not None and (proof.kind, proof.ranks) == ("startup", (0, 1))
+    assert "ranks 2, 3 never come" in proof.text
+    healthy = WaitFor([0, 1])
+    for rank in (0, 1):
+        healthy.feed(rank, init_line(rank, 2))
+    assert healthy.proof() is None
+    joined = WaitFor([0, 1])
+    for rank in (0, 1):
+        joined.feed(rank, init_line(rank, 4) + line({"ev": "joined", "t": 2.0}))
+    assert joined.proof() is None  # (torch would not let it: the trace says they left it)
