@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -158,7 +159,7 @@ STARTUP = [("startup_world_size.py", 60.0, "world-size-mismatch", [0, 1],
             "launcher set it): ranks 2, 3 never come"),
            ("startup_rank_from_slurm.py", 60.0, "duplicate-rank", [0, 1],
             "dist.init_process_group",
-            "ranks 0, 1 all ask for rank 0 (rank=0 at startup_rank_from_slurm.py:{line}, "
+            "ranks 0, 1 both ask for rank 0 (rank=0 at startup_rank_from_slurm.py:{line}, "
             "while the launchers set RANK=0, 1)"),
            ("startup_two_ports.py", 60.0, "split-rendezvous", [0, 1], "dist.init_process_group",
             "rank 1 at 127.0.0.1:29511"),
@@ -412,10 +413,12 @@ def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
-def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
-    """Two torchrun agents on this machine, one rank each (--nnodes 2, a static rendezvous
-    on 127.0.0.1), as two machines would run them: rank 1's NaN is on node 1, and only
-    both directories together show it started there and reached rank 0 a step later."""
+def start_two_nodes(tmp_path: Path, example: str, per_node: int, trace_dirs: list[Path],
+                    flags: tuple[str, ...] = ()) -> tuple[list[subprocess.Popen], str]:
+    """Two torchrun agents on this machine (--nnodes 2, a static rendezvous on 127.0.0.1),
+    as two machines would run them, each with the in-rank bootstrap writing into its
+    ``trace_dirs`` entry (one folder each, or one shared, as on a shared filesystem); and
+    the tag every process they start inherits, to find leaks."""
     with socket.socket() as probe:  # a port free now, for the agents' rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -425,21 +428,38 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
         scratch.mkdir()
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
-             str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+             str(node), "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1",
              "--master-port", str(port), "-m", "distdoctor.userjob", "--trace-dir",
-             str(tmp_path / f"node{node}"), "nan_in_one_shard.py"],
+             str(trace_dirs[node]), *flags, example],
             cwd=EXAMPLES, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
             env=dict(os.environ, TMPDIR=str(scratch), GLOO_SOCKET_IFNAME="lo",
                      DISTDOCTOR_TEST_TAG=tag)))
+    return agents, tag
+
+
+def end_two_nodes(agents: list[subprocess.Popen], tag: str, stop: bool = False) -> list[int]:
+    """Their exit codes, once they end (``stop``: SIGTERM them now, as a user would);
+    every process they started is gone."""
     try:
-        assert [agent.wait(120) for agent in agents] == [0, 0]
+        if stop:
+            for agent in agents:
+                os.killpg(agent.pid, signal.SIGTERM)
+        return [agent.wait(120) for agent in agents]
     finally:
         for agent in agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait(30)
-    assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+        assert proctable.wait_all_exit(sorted(proctable.tagged(tag)), 10) == set()
+
+
+def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdoctor, tmp_path):
+    """One rank a node: rank 1's NaN is on node 1, and only both directories together
+    show it started there and reached rank 0 a step later."""
+    agents, tag = start_two_nodes(tmp_path, "nan_in_one_shard.py", 1,
+                                  [tmp_path / "node0", tmp_path / "node1"])
+    assert end_two_nodes(agents, tag) == [0, 0]
     assert [p.name for p in sorted((tmp_path / "node1").glob("*.jsonl"))] == ["rank-1.jsonl"]
     report_path = tmp_path / "r.json"
     done = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node1"),
@@ -449,6 +469,52 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
     assert (cause["measured"]["origin_ranks"], cause["measured"]["reached"]) == ([1], {"0": 4})
     again = distdoctor("analyze", str(tmp_path / "node0"), str(tmp_path / "node0"))
     assert again.returncode == 2 and "not one job's" in again.stderr
+
+
+def test_local_rank_passed_as_the_rank_on_two_nodes_is_proven_where_the_traces_meet(
+        distdoctor, tmp_path):
+    """Two nodes of two ranks writing into one folder (a shared filesystem): the node's
+    watching rank sees all four wait in init_process_group, two for each rank, and proves
+    it at once (start-up is otherwise judged by a two-minute deadline); with --exit-on-hang
+    torchrun ends by itself."""
+    shared = tmp_path / "traces"
+    agents, tag = start_two_nodes(tmp_path, "startup_local_rank_as_rank.py", 2,
+                                  [shared, shared], flags=("--exit-on-hang",))
+    assert all(code != 0 for code in end_two_nodes(agents, tag))
+    done = distdoctor("analyze", str(shared), "--report", str(tmp_path / "r.json"))
+    cause = json.loads((tmp_path / "r.json").read_text())["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("duplicate-rank", [0, 1, 2, 3]), done.stdout
+    assert "ranks 0, 2 both ask for rank 0; ranks 1, 3 both ask for rank 1" in \
+        cause["summary"] and "passed LOCAL_RANK, the rank within each node" in cause["summary"]
+    assert cause["where"] == example_line("startup_local_rank_as_rank.py", "# BUG")
+
+
+def test_local_rank_passed_as_the_rank_is_named_from_two_nodes_folders_together(
+        distdoctor, tmp_path):
+    """Each node its own folder, as two machines: neither node sees the other's ranks, so
+    nothing is proven there; stopped by the user once all four wait in init_process_group,
+    ``analyze`` of both folders names the cause."""
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    agents, tag = start_two_nodes(tmp_path, "startup_local_rank_as_rank.py", 2, folders)
+    traces = [folders[rank // 2] / f"rank-{rank}.jsonl" for rank in range(4)]
+
+    def all_waiting() -> bool:
+        return all(t.exists() and b'"ev":"init"' in t.read_bytes() for t in traces)
+
+    try:
+        give_up = time.monotonic() + 60
+        while not all_waiting() and time.monotonic() < give_up:
+            try:
+                agents[0].wait(0.05)  # returns at once if node 0 ended: it should not have
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        assert all_waiting(), [t.read_text() if t.exists() else None for t in traces]
+    finally:
+        end_two_nodes(agents, tag, stop=True)
+    done = distdoctor("analyze", *map(str, folders), "--report", str(tmp_path / "r.json"))
+    cause = json.loads((tmp_path / "r.json").read_text())["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("duplicate-rank", [0, 1, 2, 3]), done.stdout
 
 
 def test_under_torchrun_a_deadlock_is_proven_from_the_traces_long_before_the_deadline(

@@ -61,7 +61,7 @@ def test_a_world_size_beyond_the_ranks_started_names_the_ranks_that_never_come()
 def test_one_rank_asked_for_twice_is_named_with_what_the_launcher_set():
     found = never_forms({r: joining(r, passed_rank=0) for r in (0, 1)}, 2)
     assert found is not None and (found.kind, found.ranks) == ("duplicate-rank", (0, 1))
-    assert "ranks 0, 1 all ask for rank 0 (rank=0 at" in found.symptom
+    assert "ranks 0, 1 both ask for rank 0 (rank=0 at" in found.symptom
     assert "while the launchers set RANK=0, 1" in found.symptom
     assert 'rank=int(os.environ["RANK"])' in found.fix
 
@@ -76,7 +76,7 @@ def test_local_rank_passed_on_two_nodes_is_said_to_be_the_rank_within_each_node(
         waiting[rank] = Startup(**{**startup.__dict__, "env": tuple(sorted(env.items()))})
     found = never_forms(waiting, 4)
     assert found is not None and found.kind == "duplicate-rank" and found.ranks == (0, 1, 2, 3)
-    assert "ranks 0, 2 all ask for rank 0; ranks 1, 3 all ask for rank 1" in found.symptom
+    assert "ranks 0, 2 both ask for rank 0; ranks 1, 3 both ask for rank 1" in found.symptom
     assert "passed LOCAL_RANK, the rank within each node" in found.symptom
 
 

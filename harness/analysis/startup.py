@@ -113,7 +113,8 @@ def _one_rank_twice(waiting: Mapping[int, Startup]) -> NeverForms | None:
     if not twice:
         return None
     blamed = sorted(r for ranks in twice.values() for r in ranks)
-    said = "; ".join(f"{ranks_phrase(ranks)} all ask for rank {claimed}"
+    said = "; ".join(f"{ranks_phrase(ranks)} {'both' if len(ranks) == 2 else 'all'} ask "
+                     f"for rank {claimed}"
                      for claimed, ranks in twice.items())
     passed = [waiting[r] for r in blamed if waiting[r].rank is not None]
     how = f" (rank={passed[0].rank} at {relative_line(passed[0].where)}" \
