@@ -110,6 +110,29 @@ def test_run_torchrun_as_a_command_traces_a_group_formed_by_init_device_mesh(
         (0, "all_reduce"), (1, "barrier")]
 
 
+@pytest.mark.parametrize("example, kind, says", [
+    ("startup_world_size.py", "world-size-mismatch", "ranks 2, 3 never come"),
+    ("startup_two_ports.py", "split-rendezvous", ":29511"),  # (torchrun's host: localhost)
+])
+def test_a_group_that_never_forms_under_torchrun_is_named_not_waited_on(
+        distdoctor, tmp_path, example, kind, says):
+    """A rank is traced once init_process_group returns, and in a group that never forms
+    it never does: each rank's note of what it gave the call proves it once both wait in
+    it (without it the command waited out torch's 30-minute timeout, even past the
+    deadline, which counts from a group's first call)."""
+    done, report = run_command(distdoctor, tmp_path, sys.executable, "-m",
+                               "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               "2", example)
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == (kind, [0, 1]), done.stdout
+    assert says in cause["summary"]
+    assert cause["where"] == line_of(EXAMPLES / example, "dist.init_process_group", EXAMPLES)
+    assert "stopped by distdoctor (process group 1 hung)" in done.stdout
+    assert [(r["rank"], r["state"]) for r in report["ranks"]] == [(0, "blocked"),
+                                                                  (1, "blocked")]
+
+
 def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecustomize(
         distdoctor, tmp_path, monkeypatch):
     """The hook costs a process nothing until init_process_group, and the user's own

@@ -11,6 +11,7 @@ import pytest
 from distdoctor.analysis.startup import never_forms, startup_of
 from distdoctor.analysis.waitfor import WaitFor
 from distdoctor.models import Startup
+from distdoctor.userjob.watching.joining import JOINING, Waiting, judge, waiting
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -41,8 +42,8 @@ def test_healthy_start_ups_prove_nothing():
         {0: joining(0, port="1", store=True), 1: joining(1, port="2", store=True)},
         {0: joining(0)},  # rank 1 not in it yet: it may still come
     ]
-    for waiting in cases:
-        assert never_forms(waiting, 2) is None, waiting
+    for inside in cases:
+        assert never_forms(inside, 2) is None, inside
 
 
 def test_a_world_size_beyond_the_ranks_started_names_the_ranks_that_never_come():
@@ -111,3 +112,45 @@ def test_the_live_graph_proves_it_once_every_rank_waits_and_forgets_it_once_they
     for rank in (0, 1):
         joined.feed(rank, init_line(rank, 4) + line({"ev": "joined", "t": 2.0}))
     assert joined.proof() is None  # (torch would not let it: the trace says they left it)
+
+
+def note(pid: int, rank: str | None, world: str | None, passed_world: int | None = None,
+         since: float = 10.0) -> Waiting:
+    env = {k: v for k, v in (("RANK", rank), ("WORLD_SIZE", world), ("MASTER_ADDR", "h"),
+                             ("MASTER_PORT", "1")) if v is not None}
+    return Waiting(pid, {"ev": "init", "t": since, "where": "t.py:3", "rank": None,
+                         "world_size": passed_world, "env": env, "pid": pid}, since)
+
+
+def test_notes_of_a_group_that_never_forms_stop_the_command_at_once():
+    found = [note(11, "0", "2", passed_world=4), note(12, "1", "2", passed_world=4)]
+    hung = judge(found, now=10.5, limit=120)
+    assert hung is not None and hung.world == 2 and sorted(hung.ranks) == [0, 1]
+    assert hung.proof is not None and "ranks 2, 3 never come" in hung.proof
+
+
+def test_notes_of_a_healthy_start_up_wait_for_the_start_up_deadline():
+    healthy = [note(11, "0", "2"), note(12, "1", "2")]
+    assert judge(healthy, now=10.5, limit=120) is None
+    assert judge(healthy[:1], now=10.5, limit=120) is None  # rank 1 may still come
+    late = judge(healthy[:1], now=131.0, limit=120)  # past it: judged, nothing proven
+    assert late is not None and late.proof is None and late.world == 2
+    assert list(late.ranks) == [0]
+
+
+def test_notes_without_the_launchers_numbering_are_numbered_by_pid_and_prove_nothing():
+    """mp.spawn's children (no RANK in their environment): their count is not known."""
+    spawned = [note(22, None, None, passed_world=4), note(21, None, None, passed_world=4)]
+    assert judge(spawned, now=10.5, limit=120) is None
+    late = judge(spawned, now=200.0, limit=120)
+    assert late is not None and [w.pid for w in late.ranks.values()] == [21, 22]
+
+
+def test_a_note_of_a_process_gone_is_stale(tmp_path):
+    folder = tmp_path / JOINING
+    folder.mkdir()
+    for pid in (11, 12):
+        (folder / f"h-{pid}.json").write_text(json.dumps(note(pid, str(pid - 11), "2").event))
+    (folder / "h-13.json").write_text("{not json")
+    assert [w.pid for w in waiting(tmp_path, lambda: [11, 99])] == [11]
+    assert waiting(tmp_path / "none", lambda: []) == []

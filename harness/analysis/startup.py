@@ -166,7 +166,7 @@ def _store_key(place: str) -> str:
 
 
 def _lines(startups: list[Startup]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(s.where for s in startups if s.where))
+    return tuple(dict.fromkeys(relative_line(s.where) for s in startups if s.where))
 
 
 def _integer(text: str | None) -> int | None:

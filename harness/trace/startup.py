@@ -51,9 +51,7 @@ def _wrap(tracer: Any, original: Callable) -> Callable:
         from distdoctor.trace.tracer import incomplete, user_line
 
         try:
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            tracer.write(ev=Ev.INIT, t=time.monotonic(), where=user_line(),
-                         **_described(bound))
+            tracer.write(**init_event(signature, args, kwargs, user_line()))
         # The arguments are torch's to judge: a start-up we cannot read is said, not fatal.
         except Exception as exc:  # noqa: BLE001
             incomplete("the start-up's arguments", exc)
@@ -65,6 +63,13 @@ def _wrap(tracer: Any, original: Callable) -> Callable:
     setattr(init_process_group, _OURS, True)
     init_process_group.__doc__ = original.__doc__
     return init_process_group
+
+
+def init_event(signature: inspect.Signature, args: tuple, kwargs: dict, where: str) -> dict:
+    """The Ev.INIT event of a call of init_process_group with these arguments, made at
+    ``where`` (the user's line), now."""
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    return {"ev": Ev.INIT, "t": time.monotonic(), "where": where, **_described(bound)}
 
 
 def _described(bound: dict) -> dict:

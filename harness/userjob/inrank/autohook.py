@@ -108,14 +108,22 @@ class _Patching(importlib.abc.Loader):
 def _patch_init(distributed) -> None:
     """``init_process_group`` makes the process a traced rank of a new group (again after a
     ``destroy_process_group``, which ends the rank's part in the group before)."""
+    import inspect  # here: every Python of the command imports this module
+
     from torch.distributed import distributed_c10d as c10d
 
     init, destroy = c10d.init_process_group, c10d.destroy_process_group
     if getattr(init, "_distdoctor", False):
         return
+    signature = inspect.signature(init)
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = init(*args, **kwargs)
+        note = _note_joining(signature, args, kwargs)
+        try:
+            result = init(*args, **kwargs)
+        finally:
+            if note is not None:
+                note.unlink(missing_ok=True)
         try:
             _open_group(_rendezvous(args, kwargs), _init_line())
         except Exception as exc:  # noqa: BLE001 (said on stderr; the user job runs on)
@@ -196,6 +204,31 @@ def _rendezvous(args: tuple, kwargs: dict) -> str:
         return f"{type(store).__name__}:{':'.join(where) or id(store)}"
     return "env://" + ":".join(os.environ.get(k, "?") for k in ("MASTER_ADDR", "MASTER_PORT",
                                                                "TORCHELASTIC_RUN_ID"))
+
+
+def _note_joining(signature: Any, args: tuple, kwargs: dict) -> Path | None:
+    """Write what this process gives init_process_group where ``distdoctor run --`` reads
+    it while the call waits (a group that can never form never returns to be traced):
+    the file, or None if it could not be written (said once; the job goes on)."""
+    import json
+    import socket
+
+    from distdoctor.trace.startup import init_event
+    from distdoctor.userjob.watching.joining import JOINING
+
+    try:
+        folder = Path(os.environ[HOOK_DIR]) / JOINING
+        folder.mkdir(exist_ok=True)
+        event = init_event(signature, args, kwargs, _init_line())
+        event.update(pid=os.getpid(), host=socket.gethostname())
+        note = folder / f"{socket.gethostname()}-{os.getpid()}.json"
+        written = note.with_suffix(".part")
+        written.write_text(json.dumps(event))
+        os.replace(written, note)  # read whole or not at all
+        return note
+    except Exception as exc:  # noqa: BLE001 (said on stderr; the user job runs on)
+        sys.stderr.write(f"distdoctor: this rank's start-up is not recorded ({exc!r})\n")
+        return None
 
 
 def _init_line() -> str:

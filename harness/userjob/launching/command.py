@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.launch import tree
+from distdoctor.models import deadlines
 from distdoctor.models.events import Ev
 from distdoctor.userjob.inrank import autohook
-from distdoctor.userjob.watching import dirwatch
+from distdoctor.userjob.watching import dirwatch, joining
 
 POLL_S = 0.05
 STACKS_WAIT_S = 5.0  # for a stalled or poked rank's stacks to reach its file
@@ -188,6 +189,14 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                          and g.hung(now, deadline)),
                         None)
             if hung is not None:
+                break
+            # ranks inside init_process_group trace nothing yet: a group that never forms
+            # is judged from their notes (start-up by its own, longer deadline)
+            stuck = joining.judge(joining.waiting(traces, members), now,
+                                  max(deadline, deadlines.START_S))
+            if stuck is not None:
+                hung = joining.write_group(traces, stuck, now)
+                groups[hung] = _Group(hung)
                 break
             if code is not None and not _ranks_alive(groups, members()):
                 break
