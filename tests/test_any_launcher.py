@@ -296,6 +296,27 @@ def test_py_spy_s_refusal_and_odd_answers_become_one_line_or_nothing():
     assert [(f.function, f.line) for f in odd.threads[0].frames] == [("run", 0)]
 
 
+def test_a_launcher_read_while_it_imports_torch_distributed_is_no_rank():
+    """attach polled a starting torchrun: its agent, read while importing torch.distributed,
+    looked like a rank, and attach took it for one rank of a job and widened its search to
+    the test runner's other children (another test's ranks were reported). A thread inside
+    an import is not in torch.distributed's communication; one in a collective is."""
+    from distdoctor.models.record import Frame, ThreadStack
+    from distdoctor.userjob.attaching import attach
+    from distdoctor.userjob.attaching.pyspy import Snapshot
+
+    def snapshot(*files: str) -> Snapshot:
+        frames = tuple(Frame(file, 1, "f") for file in files)
+        return Snapshot(1, (ThreadStack("MainThread", True, frames),), ((),), (True,))
+
+    site = "/venv/lib/python3.11/site-packages/torch/distributed/"
+    importing = snapshot("/venv/lib/python3.11/runpy.py", "<frozen importlib._bootstrap>",
+                         "<frozen importlib._bootstrap_external>", site + "__init__.py",
+                         site + "distributed_c10d.py")
+    waiting = snapshot("train.py", site + "c10d_logger.py", site + "distributed_c10d.py")
+    assert not attach._in_distributed(importing) and attach._in_distributed(waiting)
+
+
 def test_ctrl_c_stops_the_commands_whole_tree(tmp_path):
     """The command runs in a process group of its own (a terminal's Ctrl-C reaches
     distdoctor alone); distdoctor then stops every process the command started, ranks

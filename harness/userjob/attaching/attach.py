@@ -45,7 +45,10 @@ DUMP_WAIT_S = 15.0  # for a rank's Flight Recorder dump after its pipe was writt
 # rank's first dump with stack traces takes 4 s here: torch sets up its symbolizer)
 PIPE_VARIABLES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
 DUMP_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-_WANTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", *PIPE_VARIABLES, *DUMP_VARIABLES,
+# what every rank of one job shares: its rendezvous, as its launcher set it
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_WANTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", *RENDEZVOUS_VARIABLES, *PIPE_VARIABLES,
+           *DUMP_VARIABLES,
            "XDG_CACHE_HOME", "HOME", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 _DDP = os.path.join("nn", "parallel", "distributed.py")
@@ -116,9 +119,14 @@ def find(pid: int) -> Job:
     links = tree.parents()
     ranks, reads = _ranks_under(pid, links)
     if ranks and [r.pid for r in ranks] == [pid] and links.get(pid, 1) > 1:
-        siblings, sibling_reads = _ranks_under(links[pid], links)  # PID is one rank
+        # PID is one rank: its job is the ranks beside it that share its rendezvous (its
+        # parent's other children may be other jobs: a test runner's, a shell's)
+        own = _rendezvous(ranks[0].env)
+        siblings, sibling_reads = _ranks_under(links[pid], links)
+        siblings = [r for r in siblings if _rendezvous(r.env) == own]
         if len(siblings) > 1:
-            ranks, reads, pid = siblings, sibling_reads, links[pid]
+            ranks, pid = siblings, links[pid]
+            reads = {r.pid: sibling_reads[r.pid] for r in siblings}
     if not ranks:
         raise AttachError(f"process {pid} and its children have no rank of a "
                           f"torch.distributed job (none has RANK in its environment or is "
@@ -189,9 +197,22 @@ def _number(env: dict[str, str], snapshot: pyspy.Snapshot) -> tuple[int | None, 
 
 def _in_distributed(snapshot: pyspy.Snapshot) -> bool:
     """Is the process inside torch.distributed's communication (not its launchers: the
-    torchrun agent runs in torch/distributed/elastic and run.py)?"""
+    torchrun agent runs in torch/distributed/elastic and run.py; nor importing it: a
+    launcher read as it starts is inside torch/distributed/__init__.py)?"""
     return any((_TORCH_DISTRIBUTED in f.file and not any(part in f.file for part in _LAUNCHERS))
-               or _DDP in f.file for t in snapshot.threads for f in t.frames)
+               or _DDP in f.file for t in snapshot.threads if not _importing(t)
+               for f in t.frames)
+
+
+def _importing(thread) -> bool:
+    return any(f.file.startswith("<frozen importlib") for f in thread.frames)
+
+
+def _rendezvous(env: dict[str, str]) -> tuple[str, ...] | None:
+    """The rendezvous a rank's launcher set in its environment, or None (mp.spawn's
+    children, whose script sets it in os.environ: /proc shows what they started with)."""
+    found = tuple(env.get(name, "") for name in RENDEZVOUS_VARIABLES)
+    return found if any(found) else None
 
 
 def _spawned(launcher: int, links: dict[int, int]) -> int:
