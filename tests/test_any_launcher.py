@@ -226,6 +226,27 @@ def test_attach_names_a_hung_plain_torchrun_job_and_leaves_it_running(distdoctor
         job.stop()
 
 
+def test_attach_names_a_group_that_never_forms_from_the_stacks_and_the_environment(
+        distdoctor, tmp_path):
+    """Both ranks inside init_process_group: what each gave it is read from that frame's
+    locals (py-spy, without stopping it) and the launcher's variables from /proc, and the
+    same check as run's names the cause; the job is left running."""
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "startup_world_size.py"], tmp_path)
+    try:
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        cause = report["cause"]
+        assert (cause["kind"], cause["ranks"]) == ("world-size-mismatch", [0, 1]), done.stdout
+        assert "ranks 2, 3 never come" in cause["summary"]
+        assert cause["where"] == line_of(EXAMPLES / "startup_world_size.py",
+                                         "dist.init_process_group", EXAMPLES)
+        assert "sequences parted" not in done.stdout  # no collective sequence yet
+        assert job.process.poll() is None
+    finally:
+        job.stop()
+
+
 def test_attach_names_a_hung_mp_spawn_job_from_the_ranks_stacks(distdoctor, tmp_path):
     script = EXAMPLES / "selflaunch" / "spawn_metric_on_rank0.py"
     job = Job([sys.executable, "selflaunch/spawn_metric_on_rank0.py"], tmp_path)

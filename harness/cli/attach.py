@@ -45,6 +45,7 @@ def add_commands(commands) -> None:
 def attach_command(args: argparse.Namespace) -> int:
     from distdoctor.cli.run import report_record
     from distdoctor.models.calls import ranks_phrase, relative_line
+    from distdoctor.models.events import Ev
     from distdoctor.userjob.attaching import attach
     from distdoctor.userjob.reporting.record import script_record
 
@@ -80,13 +81,16 @@ def attach_command(args: argparse.Namespace) -> int:
               f"{time.monotonic() - started:.1f} s)")
         code = 0
     else:
-        if not dumps:
+        joining = all(events[r] and events[r][-1].get("ev") == Ev.INIT for r in reading.waiting)
+        if not dumps and not joining:  # (a group still forming has no sequence yet)
             print("distdoctor attach: read from the ranks' stacks alone (no Flight Recorder "
                   "dump): where the ranks wait is certain, where their sequences parted "
                   "before is not", flush=True)
         record = script_record(ends, events, 0.0, 0.0, 0.0)
-        places = {(trace[-1]["op"], trace[-1]["where"]) for trace in events if trace}
-        if not dumps and len(places) == 1 and all(events):
+        places = {(trace[-1]["op"], trace[-1]["where"]) for trace in events
+                  if trace and trace[-1].get("ev") == Ev.ENTER}
+        if not dumps and len(places) == 1 and all(events) and \
+                all(trace[-1].get("ev") == Ev.ENTER for trace in events):
             op, where = places.pop()
             print(f"distdoctor attach: every rank waits in {op} at the same line, "
                   f"{relative_line(where)}, and it does not complete: their collective "

@@ -77,7 +77,7 @@ def _described(bound: dict) -> dict:
     backend, method = bound.get("backend"), bound.get("init_method")
     rank, world = bound.get("rank"), bound.get("world_size")
     return {"backend": str(backend) if backend is not None else None,
-            "init_method": _address(method) if isinstance(method, str) else None,
+            "init_method": init_address(method) if isinstance(method, str) else None,
             "rank": rank if isinstance(rank, int) and rank >= 0 else None,
             "world_size": world if isinstance(world, int) and world > 0 else None,
             "store": bound.get("store") is not None,
@@ -85,7 +85,7 @@ def _described(bound: dict) -> dict:
                     if name in os.environ}}
 
 
-def _address(method: str) -> str:
+def init_address(method: str) -> str:
     """A rendezvous URL without its query (``tcp://h:p?world_size=2`` keeps ``tcp://h:p``)."""
     parts = urlsplit(method)
     return f"{parts.scheme}://{parts.netloc}{parts.path}" if parts.scheme else method

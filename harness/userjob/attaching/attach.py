@@ -34,9 +34,10 @@ from pathlib import Path
 from distdoctor.dumps.read import load
 from distdoctor.launch import tree
 from distdoctor.models import RankEnd
-from distdoctor.models.calls import TRACED_OPS
+from distdoctor.models.calls import INIT_GROUP, TRACED_OPS
 from distdoctor.models.events import Ev
 from distdoctor.models.record import InFlight, is_user_frame, seen_most_first, user_frame
+from distdoctor.trace.startup import LAUNCHER_VARIABLES, init_address
 from distdoctor.userjob.attaching import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
@@ -47,8 +48,7 @@ PIPE_VARIABLES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_F
 DUMP_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 # what every rank of one job shares: its rendezvous, as its launcher set it
 RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-_WANTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", *RENDEZVOUS_VARIABLES, *PIPE_VARIABLES,
-           *DUMP_VARIABLES,
+_WANTED = (*LAUNCHER_VARIABLES, *RENDEZVOUS_VARIABLES, *PIPE_VARIABLES, *DUMP_VARIABLES,
            "XDG_CACHE_HOME", "HOME", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 _DDP = os.path.join("nn", "parallel", "distributed.py")
@@ -384,7 +384,12 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
                             "rank": rank, "async_op": False},)
         elif waiting is not None:
             in_flight = (InFlight(None, -1, waiting[0]),)
-        if waiting is not None:
+        # still waiting for its group to form: judged below, only if no rank of the job
+        # moves (one still importing or loading may yet join: attach has no deadline)
+        joining = _joining(last, by_rank[rank].env) if still and waiting is None else None
+        if joining is not None:
+            call_events = (joining,)
+        if waiting is not None or joining is not None:
             waiting_ranks.append(rank)
         ends.append(RankEnd(rank, "hung", at=0.0,
                             error="its stacks did not move across the reads" if still else
@@ -395,6 +400,11 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
                                 [user_frame(r.snapshot.threads) for r in reads])))
         events.append(call_events)
     notes = []
+    if moving:  # a start-up is judged only with every rank of the job still
+        joined = [r for r, e in enumerate(events) if e and e[-1].get("ev") == Ev.INIT]
+        for rank in joined:
+            events[rank] = ()
+        waiting_ranks = [r for r in waiting_ranks if r not in joined]
     if moving:
         notes.append(f"rank{'s' * (len(moving) > 1)} {', '.join(map(str, moving))} moved "
                      f"between the reads ({READS} reads, {READ_GAP_S:g} s apart): running")
@@ -428,6 +438,41 @@ def _waiting_in(snapshot: pyspy.Snapshot) -> tuple[str, int | None, str, bool] |
            in f.file for f in main.frames):
         return "allreduce", None, where, True
     return None
+
+
+def _joining(snapshot: pyspy.Snapshot, env: dict[str, str]) -> dict | None:
+    """An Ev.INIT event, as the tracer writes it, for a rank whose main thread is inside
+    init_process_group: its arguments from that frame's locals (py-spy reads them without
+    stopping the rank), the launcher's variables from /proc; None when it is not."""
+    main = next((t for t in snapshot.threads if t.main), None)
+    if main is None:
+        return None
+    index = snapshot.threads.index(main)
+    frame_locals = snapshot.locals[index] if index < len(snapshot.locals) else ()
+    for position, frame in enumerate(main.frames):
+        if frame.file.endswith(_C10D) and frame.function == INIT_GROUP:
+            names = frame_locals[position] if position < len(frame_locals) else {}
+            own = [f for f in main.frames if is_user_frame(f)]
+            method = _text(names.get("init_method"))
+            rank, world = _signed(names.get("rank")), _signed(names.get("world_size"))
+            return {"ev": Ev.INIT, "t": 0.0, "where": own[-1].place if own else "",
+                    "backend": _text(names.get("backend")),
+                    "init_method": init_address(method) if method else None,
+                    "rank": rank if rank is not None and rank >= 0 else None,
+                    "world_size": world if world is not None and world > 0 else None,
+                    "env": {k: v for k, v in env.items() if k in LAUNCHER_VARIABLES}}
+    return None
+
+
+def _text(value: str | None) -> str | None:
+    """A string local as py-spy shows it ('gloo', quoted), or None."""
+    if value and len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return None
+
+
+def _signed(value: str | None) -> int | None:
+    return int(value) if value and re.fullmatch(r"-?\d+", value) else None
 
 
 def _seq_from(history, op: str) -> int:
