@@ -58,6 +58,8 @@ CORPUS = [
     ("dp_tp_subgroups.py", (), 4),
     ("replicate_groups.py", (), 4),
     ("slow_start_one_rank.py", (), 2),  # start-up judged apart from the job's deadline
+    ("init_methods.py", ("tcp",), 2),  # the start-up read as it is: nothing wrong in it
+    ("init_methods.py", ("file",), 2),
 ]
 
 
@@ -82,7 +84,8 @@ def test_healthy_code_reports_ok(distdoctor, monkeypatch, script, args, ranks):
 # rank's trace) or threads of their own. The other shapes return as under distdoctor run.
 TORCHRUN = [("exit_os_exit.py", ()), ("exit_destroy_then_os_exit.py", ()),
             ("exit_sys_exit.py", ()), ("daemon_thread.py", ()), ("dataloader_workers.py", ()),
-            ("dataloader_workers.py", ("persistent",)), ("checkpoint_save_load.py", ())]
+            ("dataloader_workers.py", ("persistent",)), ("checkpoint_save_load.py", ()),
+            ("init_methods.py", ("tcp",))]
 
 
 def lane_jobs(root: Path) -> list[Job]:
