@@ -47,7 +47,8 @@ def _never_joined(absent: list[RankRecord], waiting: list[int], measured: dict,
         frame = user_frame(rank.end.stacks)
         said.append(f"rank {rank.rank} " + (
             f"was running {frame.function} at {relative_line(frame.place)}" if frame
-            else "was in none of its own code the stacks show"))
+            else "was in none of its own code the stacks show" if rank.end.stacks
+            else "has no stacks on record"))
     places = tuple(relative_line(f.place) for r in absent if (f := user_frame(r.end.stacks)))
     return Finding(
         check=NAME, fault="rank-never-joined",

@@ -154,3 +154,12 @@ def test_a_note_of_a_process_gone_is_stale(tmp_path):
     (folder / "h-13.json").write_text("{not json")
     assert [w.pid for w in waiting(tmp_path, lambda: [11, 99])] == [11]
     assert waiting(tmp_path / "none", lambda: []) == []
+
+
+def test_a_count_without_the_launchers_world_size_says_what_was_counted():
+    """mp.spawn's children judged at the start-up deadline: no WORLD_SIZE to quote."""
+    bare = {r: startup_of({"ev": "init", "t": 1.0, "where": "t.py:3", "world_size": 4,
+                           "rank": r, "env": {}}) for r in (0, 1)}
+    found = never_forms(bare, 2)
+    assert found is not None and "2 ranks were started (no launcher's WORLD_SIZE: the " \
+        "processes that entered the call): ranks 2, 3 never come" in found.symptom

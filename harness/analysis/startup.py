@@ -92,12 +92,15 @@ def _world_size(waiting: Mapping[int, Startup], started: int) -> NeverForms | No
     how = f"world_size={world} at {relative_line(passed[0].where)}" if passed else \
         f"WORLD_SIZE={world} in its environment"
     absent = list(range(started, world))
+    launcher = any(s.variable("WORLD_SIZE") == str(started) for s in waiting.values())
+    counted = f"WORLD_SIZE={started} as the launcher set it" if launcher else \
+        "no launcher's WORLD_SIZE: the processes that entered the call"
     return NeverForms(
         "world-size-mismatch", tuple(sorted(over)),
         f"{ranks_phrase(over)} wait{'s' * (len(over) == 1)} in init_process_group for a "
         f"group of {world} ({how}), but {started} rank{'s' * (started != 1)} "
-        f"{'were' if started != 1 else 'was'} started (WORLD_SIZE={started} as the "
-        f"launcher set it): {ranks_phrase(absent)} never come{'s' * (len(absent) == 1)}",
+        f"{'were' if started != 1 else 'was'} started ({counted}): "
+        f"{ranks_phrase(absent)} never come{'s' * (len(absent) == 1)}",
         'take the group\'s size from the launcher: world_size=int(os.environ["WORLD_SIZE"])'
         ' (or pass neither rank nor world_size: init_process_group reads them from the '
         'environment)', _lines(passed))
