@@ -153,9 +153,12 @@ def evidence_overhead(ranks: int, steps: int, repeats: int = 9) -> None:
         for repeat in range(repeats):  # alternate which goes first, so drift hits both alike
             for mode in (("full", "light") if repeat % 2 == 0 else ("light", "full")):
                 light = ["--light"] if mode == "light" else []
-                subprocess.run([sys.executable, "-m", "distdoctor", "run", "--nproc-per-node",
-                                str(ranks), *light, script, out, str(steps)], check=True,
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                command = [sys.executable, "-m", "distdoctor", "run", "--nproc-per-node",
+                           str(ranks), *light, script, out, str(steps)]
+                done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+                if done.returncode != 0:  # say why: the report is in its output
+                    raise SystemExit(f"{' '.join(command[1:])} exited with {done.returncode}:"
+                                     f"\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
                 with open(out) as f:
                     cpu[mode].append(float(f.read()))
     full, light = (statistics.median(cpu[m]) for m in ("full", "light"))
