@@ -163,3 +163,30 @@ def test_a_count_without_the_launchers_world_size_says_what_was_counted():
     found = never_forms(bare, 2)
     assert found is not None and "2 ranks were started (no launcher's WORLD_SIZE: the " \
         "processes that entered the call): ranks 2, 3 never come" in found.symptom
+
+
+def test_a_rank_whose_store_went_away_while_it_joined_waited_like_the_others(tmp_path,
+                                                                            capsys):
+    """Seen on two nodes with --exit-on-hang: node 0's ranks saw the proof and left, its
+    agent (hosting the store) stopped, and node 1's rank 2, still inside the call, raised
+    the store client's error. It waited like the rest: the cause covers all four."""
+    from distdoctor.cli.main import main
+
+    lost = ("Traceback (most recent call last):\ntorch.distributed.DistNetworkError: Failed "
+            "to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+            "shutdown or crash?")
+    for rank in range(4):
+        local = rank % 2
+        events = [{"ev": "start", "t": 0.0, "run": "r", "rank": rank, "world": 4},
+                  {"ev": "init", "t": 1.0, "where": "train.py:9", "rank": local,
+                   "world_size": 4, "env": {"RANK": str(rank), "LOCAL_RANK": str(local),
+                                            "WORLD_SIZE": "4"}},
+                  {"ev": "exit", "t": 2.0, "status": "raised", "error": lost, "code": 1}
+                  if rank == 2 else {"ev": "stalled", "t": 2.0, "proof": "ranks ..."}]
+        (tmp_path / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n"
+                                                             for e in events))
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path), "--report", str(report)]) == 1
+    cause = json.loads(report.read_text())["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("duplicate-rank", [0, 1, 2, 3]), \
+        capsys.readouterr().out

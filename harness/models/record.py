@@ -237,8 +237,10 @@ class RankEnd:
 
 
 # What gloo raises on a rank whose peer failed: the symptom, never the cause.
+# a peer (or the store's host) went away: gloo's pairs, and the store's client (a rank
+# still inside init_process_group when the rank hosting its store exited)
 _PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer",
-                          "Broken pipe")
+                          "Broken pipe", "Connection was likely closed")
 
 
 SIZE_MISMATCH = "Received data size doesn't match expected size"  # gloo's, as it aborts
