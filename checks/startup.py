@@ -30,7 +30,7 @@ def check(record: RunRecord) -> list[Finding]:
                         cause="the group can never form: init_process_group returns on no "
                               "rank until every rank of it has joined one rendezvous",
                         fix=found.fix, fix_changes={}, ranks=found.ranks, measured=measured,
-                        headline=found.symptom.split(":")[0], kind=found.kind,
+                        headline=found.headline, kind=found.kind,
                         where=found.where)]
     elsewhere = [r for r in stopped if r.evidence.startup is None]
     if not elsewhere:
@@ -42,14 +42,15 @@ def check(record: RunRecord) -> list[Finding]:
 def _never_joined(absent: list[RankRecord], waiting: list[int], measured: dict,
                   lines: tuple[str, ...]) -> Finding:
     """Ranks that wait in init_process_group for ranks of the job that never called it."""
-    said = []
+    said, places = [], []
     for rank in absent:
         frame = user_frame(rank.end.stacks)
+        if frame is not None:
+            places.append(relative_line(frame.place))
         said.append(f"rank {rank.rank} " + (
-            f"was running {frame.function} at {relative_line(frame.place)}" if frame
+            f"was running {frame.function} at {places[-1]}" if frame
             else "was in none of its own code the stacks show" if rank.end.stacks
             else "has no stacks on record"))
-    places = tuple(relative_line(f.place) for r in absent if (f := user_frame(r.end.stacks)))
     return Finding(
         check=NAME, fault="rank-never-joined",
         symptom=f"{ranks_phrase(waiting)} wait{'s' * (len(waiting) == 1)} in "
@@ -61,4 +62,4 @@ def _never_joined(absent: list[RankRecord], waiting: list[int], measured: dict,
             "or models, and look at where the missing ranks were",
         fix_changes={}, ranks=tuple(r.rank for r in absent), measured=measured,
         headline=f"{ranks_phrase([r.rank for r in absent])} never joined the group",
-        kind="rank-never-joined", where=places + lines)
+        kind="rank-never-joined", where=(*places, *lines))

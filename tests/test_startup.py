@@ -49,6 +49,7 @@ def test_healthy_start_ups_prove_nothing():
 def test_a_world_size_beyond_the_ranks_started_names_the_ranks_that_never_come():
     found = never_forms({r: joining(r, passed_world=4) for r in (0, 1)}, 2)
     assert found is not None and (found.kind, found.ranks) == ("world-size-mismatch", (0, 1))
+    assert found.headline == "a group of 4, 2 ranks started"  # (it was cut at a file:line)
     assert "for a group of 4 (world_size=4 at" in found.symptom
     assert "but 2 ranks were started (WORLD_SIZE=2 as the launcher set it): ranks 2, 3 " \
            "never come" in found.symptom

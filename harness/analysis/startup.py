@@ -31,6 +31,7 @@ class NeverForms:
 
     kind: CauseKind
     ranks: tuple[int, ...]
+    headline: str  # the key fact in a few words, for tables
     symptom: str
     fix: str
     where: tuple[str, ...]
@@ -61,6 +62,11 @@ def expected_world(startup: Startup) -> int | None:
 def claimed_rank(startup: Startup) -> int | None:
     """The rank it asks for: its ``rank``, else its launcher's RANK."""
     return startup.rank if startup.rank is not None else _integer(startup.variable("RANK"))
+
+
+def launcher_numbering(startup: Startup) -> tuple[int | None, int | None]:
+    """(RANK, WORLD_SIZE) as the rank's launcher set them, whatever it passed."""
+    return _integer(startup.variable("RANK")), _integer(startup.variable("WORLD_SIZE"))
 
 
 def rendezvous(startup: Startup) -> str | None:
@@ -97,6 +103,7 @@ def _world_size(waiting: Mapping[int, Startup], started: int) -> NeverForms | No
         "no launcher's WORLD_SIZE: the processes that entered the call"
     return NeverForms(
         "world-size-mismatch", tuple(sorted(over)),
+        f"a group of {world}, {started} rank{'s' * (started != 1)} started",
         f"{ranks_phrase(over)} wait{'s' * (len(over) == 1)} in init_process_group for a "
         f"group of {world} ({how}), but {started} rank{'s' * (started != 1)} "
         f"{'were' if started != 1 else 'was'} started ({counted}): "
@@ -124,6 +131,7 @@ def _one_rank_twice(waiting: Mapping[int, Startup]) -> NeverForms | None:
         f"{_as_set(waiting, blamed)})" if passed else ""
     return NeverForms(
         "duplicate-rank", tuple(blamed),
+        f"rank{'s' * (len(twice) > 1)} {', '.join(map(str, twice))} asked for twice",
         f"{said}{how}: a rank is taken once, so the group never fills",
         'pass the global rank the launcher set: rank=int(os.environ["RANK"]), not '
         "LOCAL_RANK (the processes of one node, for the device) nor another launcher's "
@@ -154,6 +162,7 @@ def _split_rendezvous(waiting: Mapping[int, Startup]) -> NeverForms | None:
         return None
     return NeverForms(
         "split-rendezvous", tuple(sorted(known)),
+        f"{len({_store_key(p) for p in known.values()})} rendezvous for one group",
         "the ranks wait at different rendezvous, each for a group that never fills: "
         + "; ".join(grouped({r: f"at {place}" for r, place in known.items()}, " ")),
         "give every rank one rendezvous: the same MASTER_ADDR and MASTER_PORT (torchrun: "

@@ -155,9 +155,6 @@ class WaitFor:
             if line.startswith(_EXIT_EVENT):  # a rank's own end, in a trace file
                 self._exit(rank, line)
                 continue
-            if line.startswith((_INIT_EVENT, _JOINED_EVENT)):
-                self._startup(state, line)
-                continue
             if line.startswith(_CALL_EVENTS):
                 try:
                     event = json.loads(line)
@@ -166,6 +163,8 @@ class WaitFor:
                 self._event(state, event)
                 if event["ev"] == Ev.ENTER and collective(event):
                     self._history(rank, event)
+            elif line.startswith((_INIT_EVENT, _JOINED_EVENT)):  # once or twice a run
+                self._startup(state, line)
 
     def _exit(self, rank: int, line: bytes) -> None:
         """A trace file's last word (written by the rank under torchrun): it ended."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from distdoctor.analysis.startup import startup_of
@@ -69,23 +69,24 @@ def init_event(signature: inspect.Signature, args: tuple, kwargs: dict, where: s
     """The Ev.INIT event of a call of init_process_group with these arguments, made at
     ``where`` (the user's line), now."""
     bound = signature.bind_partial(*args, **kwargs).arguments
-    return {"ev": Ev.INIT, "t": time.monotonic(), "where": where, **_described(bound)}
+    return {"ev": Ev.INIT, "t": time.monotonic(), "where": where,
+            **init_fields(bound, os.environ)}
 
 
-def _described(bound: dict) -> dict:
-    """The arguments that decide which group forms, as plain values."""
+def init_fields(bound: Mapping[str, Any], env: Mapping[str, str]) -> dict:
+    """The arguments that decide which group forms, as plain values, and the launcher's
+    variables among ``env`` (the rank's own, or read from /proc by attach)."""
     backend, method = bound.get("backend"), bound.get("init_method")
     rank, world = bound.get("rank"), bound.get("world_size")
     return {"backend": str(backend) if backend is not None else None,
-            "init_method": init_address(method) if isinstance(method, str) else None,
+            "init_method": _address(method) if isinstance(method, str) else None,
             "rank": rank if isinstance(rank, int) and rank >= 0 else None,
             "world_size": world if isinstance(world, int) and world > 0 else None,
             "store": bound.get("store") is not None,
-            "env": {name: os.environ[name] for name in LAUNCHER_VARIABLES
-                    if name in os.environ}}
+            "env": {name: env[name] for name in LAUNCHER_VARIABLES if name in env}}
 
 
-def init_address(method: str) -> str:
+def _address(method: str) -> str:
     """A rendezvous URL without its query (``tcp://h:p?world_size=2`` keeps ``tcp://h:p``)."""
     parts = urlsplit(method)
     return f"{parts.scheme}://{parts.netloc}{parts.path}" if parts.scheme else method

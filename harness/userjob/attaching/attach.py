@@ -37,7 +37,7 @@ from distdoctor.models import RankEnd
 from distdoctor.models.calls import INIT_GROUP, TRACED_OPS
 from distdoctor.models.events import Ev
 from distdoctor.models.record import InFlight, is_user_frame, seen_most_first, user_frame
-from distdoctor.trace.startup import LAUNCHER_VARIABLES, init_address
+from distdoctor.trace.startup import LAUNCHER_VARIABLES, init_fields
 from distdoctor.userjob.attaching import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
@@ -453,14 +453,12 @@ def _joining(snapshot: pyspy.Snapshot, env: dict[str, str]) -> dict | None:
         if frame.file.endswith(_C10D) and frame.function == INIT_GROUP:
             names = frame_locals[position] if position < len(frame_locals) else {}
             own = [f for f in main.frames if is_user_frame(f)]
-            method = _text(names.get("init_method"))
-            rank, world = _signed(names.get("rank")), _signed(names.get("world_size"))
+            bound = {"backend": _text(names.get("backend")),
+                     "init_method": _text(names.get("init_method")),
+                     "rank": _signed(names.get("rank")),
+                     "world_size": _signed(names.get("world_size"))}
             return {"ev": Ev.INIT, "t": 0.0, "where": own[-1].place if own else "",
-                    "backend": _text(names.get("backend")),
-                    "init_method": init_address(method) if method else None,
-                    "rank": rank if rank is not None and rank >= 0 else None,
-                    "world_size": world if world is not None and world > 0 else None,
-                    "env": {k: v for k, v in env.items() if k in LAUNCHER_VARIABLES}}
+                    **init_fields(bound, env)}
     return None
 
 

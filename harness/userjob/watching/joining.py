@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from distdoctor.analysis.startup import never_forms, startup_of
+from distdoctor.analysis.startup import launcher_numbering, never_forms, startup_of
 from distdoctor.models.events import Ev
 
 JOINING = "joining"  # the notes' folder, under the command's trace folder
@@ -82,7 +82,7 @@ def judge(found: list[Waiting], now: float, limit: float) -> Hung | None:
 def _numbering(found: list[Waiting]) -> tuple[dict[int, Waiting], int, bool]:
     """The launcher's numbering (RANK, WORLD_SIZE), where every note has one that fits;
     else the processes in pid order, as many as there are."""
-    numbers = [_launcher(w.event) for w in found]
+    numbers = [launcher_numbering(startup_of(w.event)) for w in found]
     worlds = {world for _, world in numbers}
     ranks = [rank for rank, _ in numbers]
     if None not in ranks and len(worlds) == 1 and None not in worlds \
@@ -92,12 +92,6 @@ def _numbering(found: list[Waiting]) -> tuple[dict[int, Waiting], int, bool]:
             return {r: w for r, w in zip(ranks, found) if r is not None}, world, True
     ordered = sorted(found, key=lambda w: w.pid)
     return dict(enumerate(ordered)), len(ordered), False
-
-
-def _launcher(event: dict) -> tuple[int | None, int | None]:
-    env = event.get("env")
-    env = env if isinstance(env, dict) else {}
-    return _integer(env.get("RANK")), _integer(env.get("WORLD_SIZE"))
 
 
 def write_group(traces: Path, hung: Hung, now: float) -> Path:
@@ -118,9 +112,3 @@ def write_group(traces: Path, hung: Hung, now: float) -> Path:
             "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
     return directory
 
-
-def _integer(value: object) -> int | None:
-    try:
-        return int(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
