@@ -280,3 +280,34 @@ def abort_slowly_after_a_peer_raises(ctx) -> None:
     sys.stderr.flush()
     time.sleep(2.0)  # longer than the error grace: the watch has begun to stop it
     os.abort()
+
+
+def load_slow_modules(count: int, each_s: float) -> int:
+    """Import ``count`` fresh modules that each take ``each_s`` to load (what DDP's first
+    construction does on a loaded machine, where its 800 imports take seconds): a rank
+    that is moving the whole time, yet makes no call. How many modules it loaded."""
+    import importlib
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        sys.path.insert(0, folder)
+        try:
+            names = [f"slow_module_{os.getpid()}_{n}" for n in range(count)]
+            for name in names:
+                with open(os.path.join(folder, f"{name}.py"), "w") as module:
+                    module.write(f"import time\ntime.sleep({each_s})\n")
+            importlib.invalidate_caches()
+            for name in names:
+                importlib.import_module(name)
+        finally:
+            sys.path.remove(folder)
+    return count
+
+
+def all_reduce_after_slow_imports(ctx, count: int, each_s: float) -> float:
+    """Load code for count * each_s seconds with no call, then one all-reduce."""
+    load_slow_modules(count, each_s)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return float(x)

@@ -168,6 +168,17 @@ def test_slow_ranks_waiting_on_each_other_are_never_called_deadlocked(no_new_chi
     assert result.values == ([5.0] * 4, [4.0] * 4)  # 2 after the sum, +1 a round trip
 
 
+def test_a_rank_loading_code_past_the_deadline_is_moving_not_hung(no_new_children):
+    """Both ranks import fresh modules for 2.4 s, a deadline of 1 s, with no call between
+    (DDP's first construction under a CPU hog once read as a hang): the module count
+    grows, so the job runs on and finishes. A rank that stops loading is still stopped at
+    the deadline (the spinning and blocked ranks' tests)."""
+    result = launch(jobs.all_reduce_after_slow_imports, 12, 0.2, world_size=2, deadline=1.0)
+    assert [e.status for e in result.ends] == ["finished", "finished"], result.ends
+    assert result.values == (2.0, 2.0)
+    assert result.wall_s >= 12 * 0.2  # it did outlast its deadline
+
+
 def test_a_straggler_in_ddp_is_never_called_deadlocked(no_new_children):
     """The others wait in a loss all-reduce while the last rank sleeps: the watch asks the
     Flight Recorder (DDP's collectives are made from C++) and must find nothing to prove."""

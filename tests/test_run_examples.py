@@ -561,6 +561,19 @@ def test_under_torchrun_a_rank_starting_late_is_not_called_hung(distdoctor, tmp_
         done.stdout
 
 
+def test_under_torchrun_a_rank_loading_code_past_its_deadline_is_not_called_hung(
+        distdoctor, tmp_path):
+    """After joining, both ranks import fresh modules for 2.4 s before their first call,
+    with a 1 s deadline: each rank's own watch sees its module count grow (DDP's first
+    construction under a CPU hog once read as a hang this way)."""
+    script = Path(__file__).parent / "launched" / "imports_slowly.py"
+    code, stderr = torchrun_example(tmp_path / "loads", str(script), 2, deadline=1.0)
+    assert code == 0 and "distdoctor: rank" not in stderr, stderr[-3000:]
+    done = distdoctor("analyze", str(tmp_path / "loads"))
+    assert done.returncode == 0 and done.stdout.startswith("distdoctor analyze: OK"), \
+        done.stdout
+
+
 def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor, tmp_path):
     torchrun_example(tmp_path / "hang", "p2p_cycle.py", 2, hangs=True)
     done = distdoctor("analyze", str(tmp_path / "hang"), "--report", str(tmp_path / "r.json"))

@@ -80,12 +80,15 @@ def serve_stacks(conn: Connection) -> threading.Thread:
     """Answer every request on ``conn``, until the parent hangs up: "stacks" with this
     process's stacks, "collectives" with the collectives it has in flight, "history" with
     every collective its Flight Recorder holds (live.py), "seen" with the lines its main
-    thread is seen at over several samples (a rank spinning in its own code moves).
-    Each answer carries its request's serial number, so a late one is told from the next."""
+    thread is seen at over several samples (a rank spinning in its own code moves),
+    "loaded" with how many modules it has loaded (trace/loading.py). Each answer carries
+    its request's serial number, so a late one is told from the next."""
     from distdoctor.dumps.live import history, in_flight
     from distdoctor.trace.lines import main_thread_seen
+    from distdoctor.trace.loading import modules_loaded
 
-    answers = {"collectives": in_flight, "history": history, "seen": main_thread_seen}
+    answers = {"collectives": in_flight, "history": history, "seen": main_thread_seen,
+               "loaded": modules_loaded}
 
     def loop() -> None:
         while True:

@@ -1,6 +1,7 @@
 """The parent's watch over one job: read every rank until each has ended or been stopped.
 
-Progress is any message from a rank. With no progress from any running rank for
+Progress is any message from a rank, or a rank loading code (its module count grows:
+trace/loading.py). With no progress from any running rank for
 ``deadline`` seconds, every running rank's stacks are taken and it is killed ("hung"). After
 the first rank raises or dies, the others get ``error_grace`` seconds to end by themselves,
 then the same ("stopped"). Each rank's stderr and trace pipes are read as they come, so a
@@ -35,6 +36,7 @@ FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is no
 HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
 ABORT_WAIT_S = 5.0  # for a rank that began to abort to end: its dump, then the signal
 SEEN_TIMEOUT = 1.0  # a dozen samples 5 ms apart, each waiting its turn at the GIL
+LOADED_TIMEOUT = 0.25  # a module count: one len(), once the stack thread has the GIL
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end
 TRACE_REST = 0.05  # seconds a trace pipe is left alone after a read: one wake-up per call
@@ -85,6 +87,8 @@ class JobWatch:
         self.prove = os.environ.get(PROOF_SWITCH, "1") != "0"
         self.confirm = Confirmation()  # a proof, until it has held long enough
         self.last_line = self.started  # when a trace line was last read, from any rank
+        self.loaded: dict[int, int] = {}  # each rank's module count when last asked ...
+        self.counted = float("-inf")  # ... at this moment
         self.asked = float("-inf")  # when the Flight Recorder was last asked for
         self.resting: dict[int, float] = {}  # trace fd -> when it may be read again
         self.streams: dict[int, tuple[int, Any]] = {}  # fd -> (rank, reader), while open
@@ -111,7 +115,10 @@ class JobWatch:
                 self._ask_flight(running)
             if self._proven(running):
                 break
-            timeout = min(self._time_left(running), max(0.0, flight_due - procs.now()))
+            if self._count_due(running) <= procs.now():
+                self._count_modules(running)
+            timeout = min(self._time_left(running), max(0.0, flight_due - procs.now()),
+                          max(0.0, self._count_due(running) - procs.now()))
             due = self.confirm.due()
             if due is not None:
                 timeout = min(timeout, max(0.0, due - procs.now()))
@@ -126,8 +133,10 @@ class JobWatch:
                     continue  # a trace pipe's rest is over: watch it again
                 self._read_streams(list(self.streams))  # calls entered since the last look
                 if self._time_left(running) > 0 or self.first_error is None and (
-                        self.confirm.due() is not None or self._flight_due() <= procs.now()):
-                    continue  # progress after all, a proof being confirmed, or a question
+                        self.confirm.due() is not None or self._flight_due() <= procs.now()
+                        or self._count_modules(running) and self._time_left(running) > 0):
+                    continue  # progress after all (a call, or code loaded), a proof being
+                    # confirmed, or a question
                 # (an error grace ends when it ends, whatever proof is being confirmed)
                 self._stop(running, "stopped" if self.first_error is not None else "hung")
                 break
@@ -171,6 +180,28 @@ class JobWatch:
         self._stop(running, "hung" if self.first_error is None else "stopped",
                    f"{PROVEN}: {proof.text}")
         return True
+
+    def _count_due(self, running: list[RankHandle]) -> float:
+        """When to read the ranks' module counts: halfway through a quiet deadline, so
+        that at its end a rank still loading code is told from one that stopped."""
+        latest = max(self.last_progress[h.rank] for h in running)
+        if self.first_error is not None or self.counted >= latest:
+            return float("inf")
+        return latest + self.deadline / 2
+
+    def _count_modules(self, running: list[RankHandle]) -> bool:
+        """Read each rank's module count; a rank whose count changed since it was last
+        read has made progress now. Whether any had."""
+        counts = stacks.ask([h.ctrl for h in running], "loaded", LOADED_TIMEOUT)
+        now = self.counted = procs.now()
+        moved = False
+        for index, count in counts.items():
+            rank = running[index].rank
+            if self.loaded.get(rank, count) != count:
+                self.last_progress[rank] = now
+                moved = True
+            self.loaded[rank] = count
+        return moved
 
     def _flight_due(self) -> float:
         """When to ask the Flight Recorder next (inf: no need)."""

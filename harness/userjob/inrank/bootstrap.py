@@ -269,6 +269,7 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
     from distdoctor.analysis.waitfor import PROOF_SWITCH
     from distdoctor.models.jsoncodec import to_json
     from distdoctor.trace.lines import main_thread_seen
+    from distdoctor.trace.loading import LoadWatch
     from distdoctor.userjob.watching import dirwatch
 
     if world is None:
@@ -279,16 +280,19 @@ def watch_for_stalls(tracer, deadline: float, stack_file, exit_on_hang: bool,
 
     stop = threading.Event()
     up_at: list[float] = []  # when the rank was first seen in its process group
+    loads = LoadWatch(procs.now())  # loading code is moving (trace/loading.py)
 
     def quiet_and_limit(now: float) -> tuple[float, float]:
         """Seconds the rank has made no call, and the limit they are judged by. Until
         init_process_group returns, the rank may wait for peers still importing torch
         (seconds each on a busy machine): start-up is judged by deadlines.START_S, never
-        by a job's shorter deadline."""
+        by a job's shorter deadline. After, a rank loading code (DDP's first construction)
+        is moving as much as one making calls."""
+        loaded = loads.note(now)
         if not up_at and _in_process_group():
             up_at.append(now)
         if up_at:
-            return now - max(tracer.last_event, up_at[0]), deadline
+            return now - max(tracer.last_event, up_at[0], loaded), deadline
         return now - tracer.started, max(deadline, deadlines.START_S)
 
     def watch() -> None:
