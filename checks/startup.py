@@ -5,11 +5,14 @@ the group has joined its rendezvous. Ranks stopped inside it were waiting for a 
 that did not form: analysis/startup.py proves the groups that never can (a world size
 other than the ranks started, one rank claimed twice, ranks at different rendezvous);
 otherwise a rank of the job that never called it is named, with where it was instead.
+Ranks asking for different backends are judged whatever their end: one that cannot make
+its backend raises, and with nccl the call returns and the hang comes at the first
+collective.
 """
 
 from __future__ import annotations
 
-from distdoctor.analysis.startup import never_forms
+from distdoctor.analysis.startup import NeverForms, backends_differ, never_forms
 from distdoctor.models import Finding, RankRecord, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED, user_frame
@@ -18,6 +21,12 @@ NAME = "startup"
 
 
 def check(record: RunRecord) -> list[Finding]:
+    entered = {r.rank: r.evidence.startup for r in record.ranks
+               if r.evidence.startup is not None}
+    split = backends_differ(entered)
+    if split is not None:
+        return [_never_forms(split, {"backends": {r: s.backend for r, s in entered.items()},
+                                     "ranks_started": len(record.ranks)})]
     stopped = [r for r in record.ranks if r.end.status in STOPPED]
     waiting = {r.rank: r.evidence.startup for r in stopped
                if r.evidence.startup is not None and not r.evidence.startup.joined}
@@ -26,17 +35,20 @@ def check(record: RunRecord) -> list[Finding]:
     measured = {"waiting_in_init": sorted(waiting), "ranks_started": len(record.ranks)}
     found = never_forms(waiting, len(record.ranks))
     if found is not None:
-        return [Finding(check=NAME, fault=found.kind, symptom=found.symptom,
-                        cause="the group can never form: init_process_group returns on no "
-                              "rank until every rank of it has joined one rendezvous",
-                        fix=found.fix, fix_changes={}, ranks=found.ranks, measured=measured,
-                        headline=found.headline, kind=found.kind,
-                        where=found.where)]
+        return [_never_forms(found, measured)]
     elsewhere = [r for r in stopped if r.evidence.startup is None]
     if not elsewhere:
         return []  # every rank waits in it, and nothing recorded shows why: the deadline's
     return [_never_joined(elsewhere, sorted(waiting), measured,
                           tuple(s.where for s in waiting.values() if s.where))]
+
+
+def _never_forms(found: NeverForms, measured: dict) -> Finding:
+    return Finding(check=NAME, fault=found.kind, symptom=found.symptom,
+                   cause="the group can never form: init_process_group returns on no rank "
+                         "until every rank of it has joined one rendezvous with one backend",
+                   fix=found.fix, fix_changes={}, ranks=found.ranks, measured=measured,
+                   headline=found.headline, kind=found.kind, where=found.where)
 
 
 def _never_joined(absent: list[RankRecord], waiting: list[int], measured: dict,

@@ -187,6 +187,25 @@ def test_a_group_that_never_forms_is_named_from_what_each_rank_gave_it(
         assert cause["where"] == f"{example}:{line}", done.stdout
 
 
+def test_ranks_asking_for_different_backends_are_named_whichever_way_each_ended(
+        distdoctor, tmp_path):
+    """Rank 1 asks for nccl (it "sees a GPU"), rank 0 for gloo: here rank 1 cannot make
+    nccl and raises at once while rank 0 waits in the call (on GPUs, nccl's rank would
+    return and hang at its first collective). What each asked for names it, not rank 1's
+    crash, and rank 1's own error is still shown."""
+    example = "startup_backend_per_rank.py"
+    done, report = run_example(distdoctor, tmp_path, example, 2, deadline=DEADLINE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("backend-mismatch", [0, 1]), done.stdout
+    assert "rank 0: gloo; rank 1: nccl" in cause["summary"]
+    line = line_number(EXAMPLES / example, "dist.init_process_group(")
+    assert cause["where"] == f"{example}:{line}"
+    assert [r["state"] for r in report["ranks"]] == ["blocked", "crashed"], done.stdout
+    assert "  RuntimeError: Distributed package doesn't have NCCL built in" in done.stdout
+    assert "declared at the deadline" not in done.stdout
+
+
 @pytest.mark.parametrize("example, ranks, kind, culprits, marker, measured", [
     ("epoch_not_set.py", 2, "repeated-epoch-order", [0, 1], "# LOOP",
      {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from distdoctor.analysis.startup import never_forms, startup_of
+from distdoctor.analysis.startup import backends, backends_differ, never_forms, startup_of
 from distdoctor.analysis.waitfor import WaitFor
 from distdoctor.models import Startup
 from distdoctor.userjob.watching.joining import JOINING, Waiting, judge, waiting
@@ -18,11 +18,12 @@ pytestmark = pytest.mark.tier("unit")
 
 def joining(rank: int, world: int = 2, port: str = "29500", host: str = "127.0.0.1",
             passed_rank: int | None = None, passed_world: int | None = None,
-            init_method: str | None = None, store: bool = False) -> Startup:
+            init_method: str | None = None, store: bool = False,
+            backend: str | None = "gloo") -> Startup:
     """A rank inside init_process_group, as a launcher of ``world`` ranks started it."""
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
            "MASTER_ADDR": host, "MASTER_PORT": port}
-    return startup_of({"ev": "init", "t": 1.0, "where": "/job/train.py:7", "backend": "gloo",
+    return startup_of({"ev": "init", "t": 1.0, "where": "/job/train.py:7", "backend": backend,
                        "init_method": init_method, "rank": passed_rank,
                        "world_size": passed_world, "store": store, "env": env})
 
@@ -44,6 +45,30 @@ def test_healthy_start_ups_prove_nothing():
     ]
     for inside in cases:
         assert never_forms(inside, 2) is None, inside
+
+
+def test_backends_are_compared_by_the_names_each_rank_asked_for():
+    assert backends(joining(0, backend=None)) is None  # torch's default, alike everywhere
+    assert backends(joining(0, backend="GLOO")) == backends(joining(0, backend="cpu:gloo"))
+    assert backends(joining(0, backend="cpu:gloo,cuda:nccl")) == {"gloo", "nccl"}
+    alike = [{0: joining(0, backend="gloo"), 1: joining(1, backend="cpu:gloo")},
+             {0: joining(0, backend=None), 1: joining(1, backend="nccl")},  # not judged
+             {0: joining(0, backend="gloo")}]
+    for entered in alike:
+        assert backends_differ(entered) is None, entered
+
+
+def test_ranks_asking_for_different_backends_blame_the_fewer_or_every_rank():
+    """Each rank picks its own (nccl where it sees a GPU): the odd ones out are named."""
+    four = {r: joining(r, world=4, backend="gloo" if r == 3 else "nccl") for r in range(4)}
+    found = backends_differ(four)
+    assert found is not None and (found.kind, found.ranks) == ("backend-mismatch", (3,))
+    assert "rank 3: gloo; ranks 0-2: nccl" in found.symptom or \
+        "ranks 0-2: nccl; rank 3: gloo" in found.symptom, found.symptom
+    two = {0: joining(0, backend="gloo"), 1: joining(1, backend="cpu:gloo,cuda:nccl")}
+    found = backends_differ(two)
+    assert found is not None and found.ranks == (0, 1)
+    assert never_forms(two, 2) is not None  # the live proof too, once every rank waits
 
 
 def test_a_world_size_beyond_the_ranks_started_names_the_ranks_that_never_come():
@@ -155,6 +180,26 @@ def test_a_note_of_a_process_gone_is_stale(tmp_path):
     (folder / "h-13.json").write_text("{not json")
     assert [w.pid for w in waiting(tmp_path, lambda: [11, 99])] == [11]
     assert waiting(tmp_path / "none", lambda: []) == []
+
+
+def test_a_rank_whose_call_raised_is_read_with_those_still_inside(tmp_path):
+    """Rank 1 could not make its backend and raised (its process may be gone); rank 0
+    waits: together they prove it. Once the command has ended, every note left is read
+    (its launcher stopped rank 0 inside the call)."""
+    folder = tmp_path / JOINING
+    folder.mkdir()
+    for pid, rank, backend in ((11, "0", "gloo"), (12, "1", "nccl")):
+        event = dict(note(pid, rank, "2").event, backend=backend)
+        if rank == "1":
+            event["raised"] = "RuntimeError: Distributed package doesn't have NCCL built in"
+        (folder / f"h-{pid}.json").write_text(json.dumps(event))
+    found = waiting(tmp_path, lambda: [11])
+    assert [(w.pid, w.raised is not None) for w in found] == [(11, False), (12, True)]
+    hung = judge(found, now=10.5, limit=120)
+    assert hung is not None and hung.proof is not None and "rank 1: nccl" in hung.proof
+    assert judge([w for w in found if w.raised], now=500.0, limit=120) is None  # none waits
+    assert waiting(tmp_path, lambda: []) == [found[1]]  # rank 0 gone, not raised: stale
+    assert [w.pid for w in waiting(tmp_path, lambda: [], ended=True)] == [11, 12]
 
 
 def test_a_count_without_the_launchers_world_size_says_what_was_counted():

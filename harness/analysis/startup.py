@@ -7,7 +7,11 @@ while the ranks still wait, the groups that can never form:
 * a world size that is not the number of ranks the launchers started (a cluster
   config's ``world_size=4`` under ``--nproc-per-node 2``: ranks 2 and 3 never come);
 * two processes claiming one rank (``LOCAL_RANK`` passed as the rank on two nodes);
-* ranks pointed at different rendezvous (another ``MASTER_PORT`` on one node).
+* ranks pointed at different rendezvous (another ``MASTER_PORT`` on one node);
+* ranks asking for different backends (each picks its own from what it sees: gloo where
+  no GPU is visible, nccl elsewhere), which never form one group whether they wait in the
+  call (gloo's rendezvous) or past it (nccl connects at the first collective), so it is
+  judged on every rank that entered the call, returned or not.
 
 Read live by the wait-for graph (analysis/waitfor.py), so the hang is named as soon as
 every rank waits, and after the fact by checks/startup.py from the same records.
@@ -85,7 +89,40 @@ def never_forms(waiting: Mapping[int, Startup], started: int) -> NeverForms | No
     numbering: ``waiting``) prove their group can never form; ``started``: how many ranks
     the launchers started in all (the job's world)."""
     return _world_size(waiting, started) or _one_rank_twice(waiting) or \
-        _split_rendezvous(waiting)
+        _split_rendezvous(waiting) or backends_differ(waiting)
+
+
+def backends(startup: Startup) -> frozenset[str] | None:
+    """The backends a rank asked for by name (``"cpu:gloo,cuda:nccl"`` asks for two);
+    None where it passed none (torch's default, the same on every rank)."""
+    if startup.backend is None or startup.backend.strip().lower() in ("", "undefined"):
+        return None
+    return frozenset(part.rpartition(":")[2].strip().lower()
+                     for part in startup.backend.split(",") if part.strip())
+
+
+def backends_differ(entered: Mapping[int, Startup]) -> NeverForms | None:
+    """Ranks that entered init_process_group asking for different backends by name: every
+    rank of a group makes it with one backend. Ranks that named none are not judged."""
+    asked = {rank: names for rank, s in entered.items()
+             if (names := backends(s)) is not None}
+    kinds = set(asked.values())
+    if len(kinds) < 2:
+        return None
+    said = {rank: ", ".join(sorted(names)) for rank, names in asked.items()}
+    counts = {names: sum(1 for n in asked.values() if n == names) for names in kinds}
+    odd = min(kinds, key=lambda names: (counts[names], sorted(names)))
+    blamed = tuple(sorted(r for r, names in asked.items() if names == odd)) \
+        if counts[odd] * 2 < len(asked) else tuple(sorted(asked))
+    return NeverForms(
+        "backend-mismatch", blamed,
+        f"{len(kinds)} backends for one group",
+        "the ranks ask init_process_group for different backends, so they never form one "
+        "group: " + "; ".join(grouped(said)),
+        "choose the backend once for the whole job, the same on every rank (the launch "
+        "command's or the config's, never what each rank sees of its own machine), or pass "
+        "none: init_process_group then makes gloo for CPU tensors and nccl for CUDA ones on "
+        "every rank", _lines([entered[r] for r in sorted(asked)]))
 
 
 def _world_size(waiting: Mapping[int, Startup], started: int) -> NeverForms | None:

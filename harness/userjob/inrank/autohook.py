@@ -121,9 +121,12 @@ def _patch_init(distributed) -> None:
         note = _note_joining(signature, args, kwargs)
         try:
             result = init(*args, **kwargs)
-        finally:
+        except BaseException as exc:
             if note is not None:
-                note.unlink(missing_ok=True)
+                _note_raised_joining(note, exc)
+            raise
+        if note is not None:
+            note.unlink(missing_ok=True)
         try:
             _open_group(_rendezvous(args, kwargs), _init_line())
         except Exception as exc:  # noqa: BLE001 (said on stderr; the user job runs on)
@@ -229,6 +232,24 @@ def _note_joining(signature: Any, args: tuple, kwargs: dict) -> Path | None:
     except Exception as exc:  # noqa: BLE001 (said on stderr; the user job runs on)
         sys.stderr.write(f"distdoctor: this rank's start-up is not recorded ({exc!r})\n")
         return None
+
+
+def _note_raised_joining(note: Path, exc: BaseException) -> None:
+    """The call raised (a backend this rank cannot make, a store that refused it): its
+    note stays, with the error, so the watcher reads the rank's start-up with the others'
+    even once the process is gone (the ranks left waiting may be why it failed)."""
+    import json
+    import traceback
+
+    try:
+        event = json.loads(note.read_text())
+        event["raised"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        written = note.with_suffix(".part")
+        written.write_text(json.dumps(event))
+        os.replace(written, note)
+    except Exception as failed:  # noqa: BLE001 (said on stderr; the user's error goes on)
+        sys.stderr.write(f"distdoctor: this rank's failed start-up is not recorded "
+                         f"({failed!r})\n")
 
 
 def _init_line() -> str:

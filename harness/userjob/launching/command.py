@@ -199,6 +199,13 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                 groups[hung] = _Group(hung)
                 break
             if code is not None and not _ranks_alive(groups, members()):
+                # its launcher stopped ranks inside init_process_group (a peer's call
+                # raised): what every rank gave the call may still prove why
+                ended = joining.judge(joining.waiting(traces, members, ended=True), now,
+                                      float("inf"))
+                if ended is not None and ended.proof is not None:
+                    found = joining.write_group(traces, ended, now)
+                    groups[found] = _Group(found)
                 break
             time.sleep(POLL_S)
     except BaseException:  # Ctrl-C, SIGTERM (SystemExit), or our own failure

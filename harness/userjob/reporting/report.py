@@ -174,7 +174,8 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
 
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
-    "world-size-mismatch", "duplicate-rank", "split-rendezvous", "rank-never-joined",
+    "world-size-mismatch", "duplicate-rank", "split-rendezvous", "backend-mismatch",
+    "rank-never-joined",
     "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "partial-step",
     "rank-exited-early",
     "busy-rank")
@@ -335,8 +336,9 @@ def _section(r: ReportRank, cause: Cause | None) -> str:
     else:
         lines = [f"{r.state}; {'blocked in' if r.state == 'blocked' else 'last call'}: "
                  f"{call_text(r.call)}"]
-    if r.error and r.rank not in (cause.ranks if cause else []):
-        lines.append("  " + error_line(r.error))
+    if r.error and (r.rank not in (cause.ranks if cause else [])
+                    or cause is not None and error_line(r.error) not in cause.summary):
+        lines.append("  " + error_line(r.error))  # (once: where the cause already says it)
     if r.stack and r.state in ("blocked", "running"):
         lines.append("  " + r.stack.replace("\n", "\n  "))
     return "\n".join(lines)

@@ -27,11 +27,13 @@ GROUP = "pg-joining"  # the process group written for the ranks stopped inside t
 @dataclass(frozen=True)
 class Waiting:
     """One process inside init_process_group: its note (an Ev.INIT event, with its pid
-    and host) and when it entered (the machine's monotonic clock)."""
+    and host) and when it entered (the machine's monotonic clock); ``raised``: the call
+    raised this error instead (the process may be gone)."""
 
     pid: int
     event: dict
     since: float
+    raised: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,16 @@ class Hung:
     proof: str | None
 
 
-def waiting(traces: Path, members: Callable[[], list[int]]) -> list[Waiting]:
-    """The command's processes inside init_process_group now (``members``: the command's
-    processes, asked only when some note exists; a note of a process gone is stale)."""
+def waiting(traces: Path, members: Callable[[], list[int]],
+            ended: bool = False) -> list[Waiting]:
+    """The command's processes inside init_process_group now, and those whose call raised
+    (``members``: the command's processes, asked only when some note exists; the note of
+    a process gone that did not raise is stale). ``ended``: the command has ended, and
+    every note left is read (its launcher stopped the ranks still inside the call)."""
     notes = sorted((traces / JOINING).glob("*.json"))
     if not notes:
         return []
-    alive, found = set(members()), []
+    alive, found = set(members()) if not ended else set(), []
     for note in notes:
         try:
             event = json.loads(note.read_text())
@@ -59,22 +64,27 @@ def waiting(traces: Path, members: Callable[[], list[int]]) -> list[Waiting]:
             continue  # removed as we read it: the call returned
         pid, since = event.get("pid") if isinstance(event, dict) else None, \
             event.get("t") if isinstance(event, dict) else None
-        if isinstance(pid, int) and pid in alive and isinstance(since, (int, float)):
-            found.append(Waiting(pid, event, float(since)))
+        raised = event.get("raised") if isinstance(event, dict) else None
+        raised = raised if isinstance(raised, str) else None
+        if isinstance(pid, int) and (ended or pid in alive or raised is not None) \
+                and isinstance(since, (int, float)):
+            found.append(Waiting(pid, event, float(since), raised))
     return found
 
 
 def judge(found: list[Waiting], now: float, limit: float) -> Hung | None:
-    """Hung: proven never to form (every rank the launcher started is inside the call),
-    or some rank inside it for ``limit`` seconds; else None (ranks may still come)."""
-    if not found:
+    """Hung: proven never to form (every rank the launcher started is inside the call,
+    or raised in it, and one still waits), or some rank inside it for ``limit`` seconds;
+    else None (ranks may still come)."""
+    inside = [w for w in found if w.raised is None]
+    if not inside:
         return None
     ranks, world, numbered = _numbering(found)
     if numbered and set(ranks) == set(range(world)):
         cause = never_forms({r: startup_of(w.event) for r, w in ranks.items()}, world)
         if cause is not None:
             return Hung(ranks, world, cause.symptom)
-    if now - min(w.since for w in found) >= limit:
+    if now - min(w.since for w in inside) >= limit:
         return Hung(ranks, world, None)
     return None
 
@@ -106,8 +116,10 @@ def write_group(traces: Path, hung: Hung, now: float) -> Path:
                  "rank": rank, "world": hung.world}
         if entered is not None:
             start.update(pid=entered.pid, host=entered.event.get("host"))
-        stall = {"ev": Ev.STALLED, "t": now, **({"proof": hung.proof} if hung.proof else {})}
-        lines = [start, *([entered.event] if entered else []), stall]
+        end = {"ev": Ev.STALLED, "t": now, **({"proof": hung.proof} if hung.proof else {})} \
+            if entered is None or entered.raised is None else \
+            {"ev": Ev.EXIT, "t": now, "status": "raised", "error": entered.raised, "code": 1}
+        lines = [start, *([entered.event] if entered else []), end]
         (directory / f"rank-{rank}.jsonl").write_text(
             "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
     return directory
