@@ -19,6 +19,7 @@ from pathlib import Path
 import proctable
 import pytest
 from sources import line_number, line_of
+from torchrun_example import free_port
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -131,6 +132,77 @@ def test_a_group_that_never_forms_under_torchrun_is_named_not_waited_on(
     assert "stopped by distdoctor (process group 1 hung)" in done.stdout
     assert [(r["rank"], r["state"]) for r in report["ranks"]] == [(0, "blocked"),
                                                                   (1, "blocked")]
+
+
+def two_torchruns(port: int, node_flags: tuple[tuple[str, ...], tuple[str, ...]],
+                  script: str = "healthy/ddp_steps.py") -> list[str]:
+    """One command that starts two torchrun agents of one rank each, as two machines would
+    start them, with each node's own flags."""
+    agent = f"{sys.executable} -m torch.distributed.run --nproc-per-node 1"
+    nodes = [f"{agent} {' '.join(flags)} {script}" for flags in node_flags]
+    return ["sh", "-c", f"{nodes[0]} & {nodes[1]}; wait"]
+
+
+@pytest.mark.parametrize("kind, node_flags, says", [
+    ("rdzv-id", (("--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+                  "--rdzv-id job-a"),
+                 ("--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+                  "--rdzv-id job-b")),
+     ("--rdzv-id job-a", "--rdzv-id job-b", "wait in different rendezvous")),
+    ("nnodes", (("--nnodes 3 --node-rank 0 --master-addr 127.0.0.1 --master-port {port}"),
+                ("--nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port {port}")),
+     ("--nnodes 3", "--nnodes 2", "wait for different numbers of nodes")),
+], ids=["rdzv-id", "nnodes"])
+def test_torchrun_nodes_that_can_never_meet_are_named_before_any_rank(
+        distdoctor, tmp_path, kind, node_flags, says):
+    """Two nodes' agents at one endpoint asking for another --rdzv-id (a dynamic
+    rendezvous) or --nnodes (a static one): each agent notes what it waits for, so the
+    split is proven once both have, where torchrun waits out its 600 s join timeout."""
+    port = free_port()
+    flags = tuple(tuple(f.format(port=port).split()) for f in node_flags)
+    done, report = run_command(distdoctor, tmp_path, *two_torchruns(port, flags))
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("rendezvous-mismatch", []), done.stdout
+    assert all(part in cause["summary"] for part in says), cause["summary"]
+    assert "FAILED: rendezvous-mismatch (before any rank)" in done.stdout
+    assert "stopped by distdoctor (its rendezvous of nodes never completes)" in done.stdout
+    assert report["ranks"] == []
+
+
+def test_a_node_alone_in_its_rendezvous_is_named_when_its_agent_gives_up(distdoctor, tmp_path):
+    """--nnodes 2 and one node started: its agent's join timeout (3 s here) ends it, and
+    what it waited for and who came is said (past the start-up deadline, the same)."""
+    port = free_port()
+    done, report = run_command(
+        distdoctor, tmp_path, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        f"127.0.0.1:{port}", "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=3",
+        "healthy/ddp_steps.py")
+    assert done.returncode == 1, done.stdout + done.stderr
+    cause = report["cause"]
+    assert cause["kind"] == "rendezvous-incomplete", done.stdout
+    assert f"torchrun's rendezvous 'alone' at 127.0.0.1:{port} never completed" in \
+        cause["summary"] and "waits for 2 nodes (--nnodes 2) and gave up " \
+        "(RendezvousTimeoutError)" in cause["summary"], cause["summary"]
+    assert "exited with code 1" in done.stdout and "(no rank was started)" in done.stdout
+
+
+@pytest.mark.parametrize("node_flags", [
+    ("--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id same",) * 2,
+    # an elastic range, one node: torchrun goes on once its last call for more ends
+    ("--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id one "
+     "--rdzv-conf last_call_timeout=1", None),
+], ids=["two-nodes", "elastic-1-of-2"])
+def test_torchrun_nodes_that_meet_are_ok(distdoctor, tmp_path, node_flags):
+    port = free_port()
+    flags = [tuple(f.format(port=port).split()) for f in node_flags if f is not None]
+    command = two_torchruns(port, (flags[0], flags[1])) if len(flags) == 2 else \
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", *flags[0],
+         "healthy/ddp_steps.py"]
+    done, report = run_command(distdoctor, tmp_path, *command)
+    assert done.returncode == 0 and report["status"] == "ok", done.stdout + done.stderr
+    assert [r["state"] for r in report["ranks"]] == ["finished"] * len(flags), done.stdout
 
 
 def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecustomize(

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import proctable
 import pytest
 from sources import line_number, line_of
-from torchrun_example import torchrun_example
+from torchrun_example import free_port, torchrun_example
 
 pytestmark = pytest.mark.tier("e2e")
 
@@ -438,9 +437,7 @@ def start_two_nodes(tmp_path: Path, example: str, per_node: int, trace_dirs: lis
     as two machines would run them, each with the in-rank bootstrap writing into its
     ``trace_dirs`` entry (one folder each, or one shared, as on a shared filesystem); and
     the tag every process they start inherits, to find leaks."""
-    with socket.socket() as probe:  # a port free now, for the agents' rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for the agents' rendezvous
     agents, tag = [], uuid.uuid4().hex
     for node in range(2):
         scratch = tmp_path / f"node{node}-tmp"

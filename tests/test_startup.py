@@ -236,3 +236,70 @@ def test_a_rank_whose_store_went_away_while_it_joined_waited_like_the_others(tmp
     cause = json.loads(report.read_text())["cause"]
     assert (cause["kind"], cause["ranks"]) == ("duplicate-rank", [0, 1, 2, 3]), \
         capsys.readouterr().out
+
+
+def agent(pid: int, run_id: str = "job", nodes: tuple[int, int] = (2, 2),
+          endpoint: str = "127.0.0.1:29400", since: float = 1.0, returned: bool = False,
+          raised: str | None = None, joined: tuple[str, ...] | None = ("h0",)):
+    from distdoctor.userjob.watching.rendezvous import AgentNote
+
+    return AgentNote(pid, "h0", since, run_id, nodes[0], nodes[1], endpoint, joined, raised,
+                     returned)
+
+
+def test_agents_at_one_endpoint_that_disagree_are_proven_never_to_meet():
+    from distdoctor.userjob.watching.rendezvous import judge
+
+    ids = judge([agent(1, "job-a"), agent(2, "job-b")], now=2.0, limit=120)
+    assert ids is not None and ids.proven and ids.kind == "rendezvous-mismatch"
+    assert "agent pid 1): --rdzv-id job-a; " in ids.summary and "--rdzv-id job-b" in ids.summary
+    # a static rendezvous: node 1 went on with --nnodes 2, node 0 waits for 3
+    nodes = judge([agent(1, "none", (3, 3), joined=None), agent(2, "none", returned=True,
+                                                                 joined=None)], 2.0, 120)
+    assert nodes is not None and nodes.kind == "rendezvous-mismatch"
+    assert "torchrun's agents at 127.0.0.1:29400 wait for different numbers of nodes" in \
+        nodes.summary and "--nnodes 3; " in nodes.summary
+
+
+def test_agents_that_agree_or_meet_elsewhere_prove_nothing():
+    from distdoctor.userjob.watching.rendezvous import judge
+
+    alike = [[agent(1), agent(2, endpoint="localhost:29400")],  # one store, spelt two ways
+             [agent(1, nodes=(1, 2)), agent(2, nodes=(1, 2), returned=True)],
+             [agent(1, "job-a"), agent(2, "job-b", endpoint="127.0.0.1:29401")],
+             [agent(1, "job-a", endpoint=None), agent(2, "job-b", endpoint=None)],
+             [agent(1)]]
+    for notes in alike:
+        assert judge(notes, now=10.0, limit=120) is None, notes
+
+
+def test_a_node_alone_is_judged_at_the_deadline_or_when_its_agent_gives_up():
+    from distdoctor.userjob.watching.rendezvous import judge
+
+    late = judge([agent(1, joined=("h0",))], now=200.0, limit=120)
+    assert late is not None and not late.proven and late.kind == "rendezvous-incomplete"
+    assert "waits for 2 nodes (--nnodes 2) and has waited 199 s; nodes joined: h0" in \
+        late.summary
+    gone = [agent(1, raised="RendezvousTimeoutError", joined=None)]
+    assert judge(gone, now=5.0, limit=120) is None  # its launcher ends by itself
+    ended = judge(gone, now=5.0, limit=float("inf"), ended=True)
+    assert ended is not None and "gave up (RendezvousTimeoutError); nodes joined: not " \
+        "known (a static rendezvous)" in ended.summary
+
+
+def test_agent_notes_are_read_as_untrusted_files(tmp_path):
+    from distdoctor.userjob.watching.rendezvous import RENDEZVOUS, agents
+
+    folder = tmp_path / RENDEZVOUS
+    folder.mkdir()
+    good = {"pid": 11, "host": "h", "t": 1.0, "run_id": "j", "min_nodes": 2,
+            "max_nodes": 2, "endpoint": "127.0.0.1:1", "joined": ["h", 3]}
+    (folder / "h-11.json").write_text(json.dumps(good))
+    (folder / "h-12.json").write_text(json.dumps({**good, "pid": 12, "min_nodes": "2",
+                                                  "returned": "yes"}))
+    (folder / "h-13.json").write_text("[1, 2")
+    (folder / "h-14.json").write_text(json.dumps({**good, "pid": "14"}))
+    found = agents(tmp_path, lambda: [11, 12, 14])
+    assert [(n.pid, n.min_nodes, n.joined, n.returned) for n in found] == [
+        (11, 2, ("h",), False), (12, None, ("h",), False)]
+    assert agents(tmp_path, lambda: []) == []  # gone and never raised: stale

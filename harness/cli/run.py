@@ -211,7 +211,11 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     from distdoctor.userjob.reporting.traces import TraceError, load
 
     how = (f"stopped by distdoctor (process group {result.groups.index(result.stopped_hung) + 1}"
-           f" hung)" if result.stopped_hung is not None else f"exited with code {result.code}")
+           f" hung)" if result.stopped_hung is not None else
+           "stopped by distdoctor (its rendezvous of nodes never completes)"
+           if result.code is None else f"exited with code {result.code}")
+    if result.unformed is not None:
+        return _report_unformed(result.unformed, command, how, result.wall_s, args.report)
     if not result.groups:
         print(f"distdoctor run: no process of '{command}' initialised a process group under "
               f"distdoctor (it {how}); nothing to diagnose. A Python that does not have "
@@ -241,6 +245,22 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     if chosen is not None:
         publish(*chosen, "run", args.report, args.html)
     return 1 if failed or result.code != 0 else 0
+
+
+def _report_unformed(unformed, command: str, how: str, wall_s: float,
+                     report_path: str | None) -> int:
+    """torchrun's nodes never met, so no rank exists: the cause alone, in text and JSON."""
+    from distdoctor.userjob.reporting.report import Cause, ScriptReport, render
+
+    cause = Cause(unformed.kind, [], unformed.summary, unformed.fix)
+    report = ScriptReport("failed", cause, [], command, wall_s, findings=[cause])
+    print(render(report, "run"), flush=True)
+    print(f"\ndistdoctor run: '{command}' {how} after {wall_s:.1f} s"
+          f"{'' if unformed.proven else ' (no rank was started)'}", flush=True)
+    if report_path:
+        report.write(report_path)
+        print(f"\nwrote {report_path}")
+    return 1
 
 
 def _group_origin(job) -> str:

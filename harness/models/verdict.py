@@ -20,7 +20,7 @@ Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-r
 # the causes a user of their own script is told, one name each: a check sets one on its
 # finding (Finding.kind), and the report orders and words them (userjob/reporting/report.py)
 CauseKind = Literal["world-size-mismatch", "duplicate-rank", "split-rendezvous",
-                    "backend-mismatch",
+                    "backend-mismatch", "rendezvous-mismatch", "rendezvous-incomplete",
                     "rank-never-joined", "p2p-cycle", "group-cycle", "partial-step",
                     "collective-mismatch",
                     "rank-exited-early", "rank-crashed",

@@ -46,6 +46,12 @@ HOOK_LIGHT = "DISTDOCTOR_HOOK_LIGHT"  # "1": calls only, not the silent bugs' ev
 OPENED = "opened"  # a file in a group's directory, made by its first rank
 JOIN_S = 60.0  # a group's ranks open their traces within this of its first
 
+# torchrun's rendezvous of nodes: dynamic (c10d, --standalone) and static (--master-port)
+RENDEZVOUS_MODULES = {"torch.distributed.elastic.rendezvous.dynamic_rendezvous":
+                      "DynamicRendezvousHandler",
+                      "torch.distributed.elastic.rendezvous.static_tcp_rendezvous":
+                      "StaticTCPRendezvous"}
+
 _PATCH_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {}
 _state: dict[str, Any] = {}  # this process's rank once it is one: tracer, end
 
@@ -55,6 +61,7 @@ def install() -> None:
     starts: wrap what matters once its module is imported."""
     if not os.environ.get(HOOK_DIR) or any(isinstance(f, _AfterImport) for f in sys.meta_path):
         return
+    _PATCH_AFTER_IMPORT.update({module: _patch_rendezvous for module in RENDEZVOUS_MODULES})
     _PATCH_AFTER_IMPORT.update({"torch.distributed": _patch_init,
                                 "torch.multiprocessing.spawn": _patch_spawn_wrap,
                                 "multiprocessing.process": _patch_process_run})
@@ -207,6 +214,39 @@ def _rendezvous(args: tuple, kwargs: dict) -> str:
         return f"{type(store).__name__}:{':'.join(where) or id(store)}"
     return "env://" + ":".join(os.environ.get(k, "?") for k in ("MASTER_ADDR", "MASTER_PORT",
                                                                "TORCHELASTIC_RUN_ID"))
+
+
+def _patch_rendezvous(module) -> None:
+    """torchrun's agent: its rendezvous of nodes noted while it waits (rendezvous_note.py);
+    the handler gets torch's own result and exceptions, untouched."""
+    handler = getattr(module, RENDEZVOUS_MODULES[module.__name__])
+    original = handler.next_rendezvous
+    if getattr(original, "_distdoctor", False):
+        return
+
+    def next_rendezvous(self: Any) -> Any:
+        from distdoctor.userjob.inrank.rendezvous_note import RendezvousNote
+        from distdoctor.userjob.watching.rendezvous import RENDEZVOUS
+
+        try:
+            note: RendezvousNote | None = RendezvousNote(Path(os.environ[HOOK_DIR]) /
+                                                         RENDEZVOUS, self)
+        except Exception as exc:  # noqa: BLE001 (said on stderr; the launcher goes on)
+            sys.stderr.write(f"distdoctor: this node's rendezvous is not recorded ({exc!r})\n")
+            note = None
+        try:
+            result = original(self)
+        except BaseException as exc:
+            if note is not None:
+                note.end(exc)
+            raise
+        if note is not None:
+            note.end(None)
+        return result
+
+    next_rendezvous._distdoctor = True  # type: ignore[attr-defined]
+    next_rendezvous.__doc__ = original.__doc__
+    handler.next_rendezvous = next_rendezvous
 
 
 def _note_joining(signature: Any, args: tuple, kwargs: dict) -> Path | None:

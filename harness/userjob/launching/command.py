@@ -25,7 +25,7 @@ from distdoctor.launch import tree
 from distdoctor.models import deadlines
 from distdoctor.models.events import Ev
 from distdoctor.userjob.inrank import autohook
-from distdoctor.userjob.watching import dirwatch, joining
+from distdoctor.userjob.watching import dirwatch, joining, rendezvous
 
 POLL_S = 0.05
 STACKS_WAIT_S = 5.0  # for a stalled or poked rank's stacks to reach its file
@@ -42,6 +42,8 @@ class CommandResult:
     stopped_hung: Path | None  # the group whose hang made distdoctor stop the command
     wall_s: float
     root: Path  # holds hook/ and traces/; the caller removes it
+    # torchrun's own rendezvous of nodes that never completed (no rank was started)
+    unformed: rendezvous.Unformed | None = None
 
 
 @dataclass
@@ -175,6 +177,7 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
         return sorted({pid for root in roots for pid in [root, *tree.descendants(root, links)]})
     groups: dict[Path, _Group] = {}
     hung: Path | None = None
+    unformed: rendezvous.Unformed | None = None
     interrupted = _InterruptFlag()
     try:
         while True:
@@ -190,6 +193,12 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                         None)
             if hung is not None:
                 break
+            # before any rank: torchrun's agents meeting as nodes (first: a node that
+            # went on with another --nnodes starts ranks that wait for the wrong group)
+            unformed = rendezvous.judge(rendezvous.agents(traces, members), now,
+                                        max(deadline, deadlines.START_S))
+            if unformed is not None:
+                break
             # ranks inside init_process_group trace nothing yet: a group that never forms
             # is judged from their notes (start-up by its own, longer deadline)
             stuck = joining.judge(joining.waiting(traces, members), now,
@@ -199,6 +208,9 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                 groups[hung] = _Group(hung)
                 break
             if code is not None and not _ranks_alive(groups, members()):
+                if not groups:  # no rank ever started: the agents' own ends may say why
+                    unformed = rendezvous.judge(rendezvous.agents(traces, members, ended=True),
+                                                now, float("inf"), ended=True)
                 # its launcher stopped ranks inside init_process_group (a peer's call
                 # raised): what every rank gave the call may still prove why
                 ended = joining.judge(joining.waiting(traces, members, ended=True), now,
@@ -217,8 +229,9 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
     wall = time.monotonic() - started
     _stop(process, members)  # the hung job, or whatever the command left running
     order = sorted(groups, key=_started_at)
-    return CommandResult(None if hung is not None else process.returncode, tuple(order),
-                         hung, wall, root)
+    stopped = hung is not None or unformed is not None and code is None
+    return CommandResult(None if stopped else process.returncode, tuple(order),
+                         hung, wall, root, unformed)
 
 
 class _InterruptFlag:

@@ -392,8 +392,8 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
                         f"starting them is not counted)" if result.wall_s else ""))
     else:
         cause = result.cause
-        lines += [f"distdoctor {command}: FAILED{based}: {cause.kind} "
-                  f"({ranks_phrase(cause.ranks)})",
+        lines += [f"distdoctor {command}: FAILED{based}: {cause.kind}"
+                  + (f" ({ranks_phrase(cause.ranks)})" if cause.ranks else " (before any rank)"),
                   f"  {cause.summary}", f"  fix: {cause.fix}"]
         for other in result.findings[1:]:
             lines += [f"also: {other.kind} ({ranks_phrase(other.ranks)})",
