@@ -319,6 +319,28 @@ def test_attach_names_a_group_that_never_forms_from_the_stacks_and_the_environme
         job.stop()
 
 
+def test_attach_names_torchrun_nodes_that_can_never_meet_from_their_command_lines(
+        distdoctor, tmp_path):
+    """No rank exists: attach finds the two agents inside next_rendezvous (py-spy), reads
+    what each waits for from its command line (torchrun's own parser) and names the
+    split; the job is left running."""
+    port = free_port()
+    flags = [("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--rdzv-id", name) for name in ("job-a", "job-b")]
+    job = Job(two_torchruns(port, (flags[0], flags[1])), tmp_path)
+    try:
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        cause = report["cause"]
+        assert (cause["kind"], cause["ranks"]) == ("rendezvous-mismatch", []), done.stdout
+        assert ": --rdzv-id job-a; " in cause["summary"] and cause["summary"].endswith(
+            ": --rdzv-id job-b"), cause["summary"]
+        assert "FAILED: rendezvous-mismatch (before any rank)" in done.stdout
+        assert job.process.poll() is None  # left running
+    finally:
+        job.stop()
+
+
 def test_attach_names_a_hung_mp_spawn_job_from_the_ranks_stacks(distdoctor, tmp_path):
     script = EXAMPLES / "selflaunch" / "spawn_metric_on_rank0.py"
     job = Job([sys.executable, "selflaunch/spawn_metric_on_rank0.py"], tmp_path)

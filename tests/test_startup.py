@@ -241,14 +241,14 @@ def test_a_rank_whose_store_went_away_while_it_joined_waited_like_the_others(tmp
 def agent(pid: int, run_id: str = "job", nodes: tuple[int, int] = (2, 2),
           endpoint: str = "127.0.0.1:29400", since: float = 1.0, returned: bool = False,
           raised: str | None = None, joined: tuple[str, ...] | None = ("h0",)):
-    from distdoctor.userjob.watching.rendezvous import AgentNote
+    from distdoctor.analysis.rendezvous import AgentNote
 
     return AgentNote(pid, "h0", since, run_id, nodes[0], nodes[1], endpoint, joined, raised,
                      returned)
 
 
 def test_agents_at_one_endpoint_that_disagree_are_proven_never_to_meet():
-    from distdoctor.userjob.watching.rendezvous import judge
+    from distdoctor.analysis.rendezvous import judge
 
     ids = judge([agent(1, "job-a"), agent(2, "job-b")], now=2.0, limit=120)
     assert ids is not None and ids.proven and ids.kind == "rendezvous-mismatch"
@@ -262,7 +262,7 @@ def test_agents_at_one_endpoint_that_disagree_are_proven_never_to_meet():
 
 
 def test_agents_that_agree_or_meet_elsewhere_prove_nothing():
-    from distdoctor.userjob.watching.rendezvous import judge
+    from distdoctor.analysis.rendezvous import judge
 
     alike = [[agent(1), agent(2, endpoint="localhost:29400")],  # one store, spelt two ways
              [agent(1, nodes=(1, 2)), agent(2, nodes=(1, 2), returned=True)],
@@ -274,7 +274,7 @@ def test_agents_that_agree_or_meet_elsewhere_prove_nothing():
 
 
 def test_a_node_alone_is_judged_at_the_deadline_or_when_its_agent_gives_up():
-    from distdoctor.userjob.watching.rendezvous import judge
+    from distdoctor.analysis.rendezvous import judge
 
     late = judge([agent(1, joined=("h0",))], now=200.0, limit=120)
     assert late is not None and not late.proven and late.kind == "rendezvous-incomplete"
@@ -303,3 +303,23 @@ def test_agent_notes_are_read_as_untrusted_files(tmp_path):
     assert [(n.pid, n.min_nodes, n.joined, n.returned) for n in found] == [
         (11, 2, ("h",), False), (12, None, ("h",), False)]
     assert agents(tmp_path, lambda: []) == []  # gone and never raised: stale
+
+
+def test_an_agents_command_line_says_what_its_rendezvous_waits_for():
+    from distdoctor.userjob.attaching.agents import agent_note, torchrun_arguments
+
+    assert torchrun_arguments(["python", "-m", "torch.distributed.run", "--nnodes", "2",
+                               "t.py"]) == ["--nnodes", "2", "t.py"]
+    assert torchrun_arguments(["/usr/bin/python3", "/venv/bin/torchrun", "t.py"]) == ["t.py"]
+    assert torchrun_arguments(["python", "-u", "-X", "dev", "-m", "torch.distributed.run",
+                               "t.py"]) == ["t.py"]
+    assert torchrun_arguments(["python", "t.py", "torchrun"]) is None
+    assert torchrun_arguments(["python", "-m", "pytest", "torchrun"]) is None
+    dynamic = agent_note(7, ["--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             "h:29400", "--rdzv-id", "j", "t.py"], 1.0)
+    assert dynamic is not None and (dynamic.min_nodes, dynamic.max_nodes, dynamic.endpoint,
+                                    dynamic.run_id) == (1, 3, "h:29400", "j")
+    static = agent_note(8, ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h",
+                            "--master-port", "29500", "t.py"], 1.0)
+    assert static is not None and (static.nnodes, static.endpoint) == ("2", "h:29500")
+    assert agent_note(9, ["--nnodes", "two", "t.py"], 1.0) is None

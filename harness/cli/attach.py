@@ -53,6 +53,10 @@ def attach_command(args: argparse.Namespace) -> int:
     try:
         job = attach.find(args.pid)
     except attach.AttachError as exc:
+        if isinstance(exc, attach.NoRanks):  # no rank yet: its torchrun agents may say why
+            code = _agents_only(args)
+            if code is not None:
+                return code
         raise UsageError(str(exc)) from None
     print(f"distdoctor attach: job of process {job.launcher}: "
           f"{ranks_phrase(r.rank for r in job.ranks)} of {job.world} "
@@ -106,6 +110,35 @@ def attach_command(args: argparse.Namespace) -> int:
               flush=True)
     if args.stop:
         stop(job.launcher, [r.pid for r in job.ranks])
+    return code
+
+
+def _agents_only(args: argparse.Namespace) -> int | None:
+    """A job whose torchrun agents wait in their rendezvous of nodes: what they wait for,
+    and the cause where it is proven (or the start-up deadline has passed); None when no
+    agent waits there."""
+    from distdoctor.analysis.rendezvous import judge
+    from distdoctor.cli.run import report_unformed
+    from distdoctor.models import deadlines
+    from distdoctor.userjob.attaching.agents import waiting_agents
+
+    agents = waiting_agents(args.pid)
+    if not agents:
+        return None
+    now = time.monotonic()
+    unformed = judge(agents, now, deadlines.START_S)
+    if unformed is None:
+        waits = "; ".join(f"{a.name} for {a.min_nodes} node{'s' * (a.min_nodes != 1)} "
+                          f"(--nnodes {a.nnodes}) since {now - a.since:.0f} s" for a in agents)
+        print(f"distdoctor attach: no rank yet: torchrun's agents wait in their rendezvous "
+              f"of nodes: {waits}. Nothing is proven before {deadlines.START_S:.0f} s; "
+              f"attach again later, or to the other nodes' agents together")
+        return 0
+    code = report_unformed(unformed, f"the job of process {args.pid}",
+                           "is still running (distdoctor attach --stop PID ends it)"
+                           if not args.stop else "is being stopped (--stop)", None, args.report)
+    if args.stop:
+        stop(args.pid, [a.pid for a in agents])
     return code
 
 

@@ -215,7 +215,7 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
            "stopped by distdoctor (its rendezvous of nodes never completes)"
            if result.code is None else f"exited with code {result.code}")
     if result.unformed is not None:
-        return _report_unformed(result.unformed, command, how, result.wall_s, args.report)
+        return report_unformed(result.unformed, command, how, result.wall_s, args.report)
     if not result.groups:
         print(f"distdoctor run: no process of '{command}' initialised a process group under "
               f"distdoctor (it {how}); nothing to diagnose. A Python that does not have "
@@ -247,15 +247,18 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     return 1 if failed or result.code != 0 else 0
 
 
-def _report_unformed(unformed, command: str, how: str, wall_s: float,
-                     report_path: str | None) -> int:
-    """torchrun's nodes never met, so no rank exists: the cause alone, in text and JSON."""
+def report_unformed(unformed, command: str, how: str, wall_s: float | None,
+                    report_path: str | None) -> int:
+    """torchrun's nodes never met, so no rank exists: the cause alone, in text and JSON
+    (``wall_s``: how long the command ran, None for a job attached to)."""
     from distdoctor.userjob.reporting.report import Cause, ScriptReport, render
 
     cause = Cause(unformed.kind, [], unformed.summary, unformed.fix)
-    report = ScriptReport("failed", cause, [], command, wall_s, findings=[cause])
-    print(render(report, "run"), flush=True)
-    print(f"\ndistdoctor run: '{command}' {how} after {wall_s:.1f} s"
+    name = "run" if wall_s is not None else "attach"
+    report = ScriptReport("failed", cause, [], command, wall_s or 0.0, findings=[cause])
+    print(render(report, name), flush=True)
+    ran = f" after {wall_s:.1f} s" if wall_s is not None else ""
+    print(f"\ndistdoctor {name}: '{command}' {how}{ran}"
           f"{'' if unformed.proven else ' (no rank was started)'}", flush=True)
     if report_path:
         report.write(report_path)

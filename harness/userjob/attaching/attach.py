@@ -89,6 +89,11 @@ class AttachError(RuntimeError):
     """The job cannot be read (no such process, no ranks, stacks not readable)."""
 
 
+class NoRanks(AttachError):
+    """The process and its children hold no rank (yet: torchrun's agents may still be
+    meeting as nodes)."""
+
+
 @dataclass(frozen=True)
 class RankProcess:
     rank: int
@@ -128,7 +133,7 @@ def find(pid: int) -> Job:
             ranks, pid = siblings, links[pid]
             reads = {r.pid: sibling_reads[r.pid] for r in siblings}
     if not ranks:
-        raise AttachError(f"process {pid} and its children have no rank of a "
+        raise NoRanks(f"process {pid} and its children have no rank of a "
                           f"torch.distributed job (none has RANK in its environment or is "
                           f"inside torch.distributed)")
     world = max([_int(r.env.get("WORLD_SIZE")) for r in ranks]

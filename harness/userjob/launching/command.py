@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distdoctor.analysis.rendezvous import Unformed
+from distdoctor.analysis.rendezvous import judge as judge_rendezvous
 from distdoctor.launch import tree
 from distdoctor.models import deadlines
 from distdoctor.models.events import Ev
@@ -43,7 +45,7 @@ class CommandResult:
     wall_s: float
     root: Path  # holds hook/ and traces/; the caller removes it
     # torchrun's own rendezvous of nodes that never completed (no rank was started)
-    unformed: rendezvous.Unformed | None = None
+    unformed: Unformed | None = None
 
 
 @dataclass
@@ -177,7 +179,7 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
         return sorted({pid for root in roots for pid in [root, *tree.descendants(root, links)]})
     groups: dict[Path, _Group] = {}
     hung: Path | None = None
-    unformed: rendezvous.Unformed | None = None
+    unformed: Unformed | None = None
     interrupted = _InterruptFlag()
     try:
         while True:
@@ -195,7 +197,7 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                 break
             # before any rank: torchrun's agents meeting as nodes (first: a node that
             # went on with another --nnodes starts ranks that wait for the wrong group)
-            unformed = rendezvous.judge(rendezvous.agents(traces, members), now,
+            unformed = judge_rendezvous(rendezvous.agents(traces, members), now,
                                         max(deadline, deadlines.START_S))
             if unformed is not None:
                 break
@@ -209,7 +211,7 @@ def run_command(argv: list[str], deadline: float, light: bool = False) -> Comman
                 break
             if code is not None and not _ranks_alive(groups, members()):
                 if not groups:  # no rank ever started: the agents' own ends may say why
-                    unformed = rendezvous.judge(rendezvous.agents(traces, members, ended=True),
+                    unformed = judge_rendezvous(rendezvous.agents(traces, members, ended=True),
                                                 now, float("inf"), ended=True)
                 # its launcher stopped ranks inside init_process_group (a peer's call
                 # raised): what every rank gave the call may still prove why
