@@ -41,7 +41,7 @@ from distdoctor.models.calls import (
     ranks_phrase,
     relative_line,
 )
-from distdoctor.models.record import ENDED, STOPPED, is_user_frame, started_by, user_frame
+from distdoctor.models.record import CRASHED, ENDED, STOPPED, is_user_frame, started_by, user_frame
 
 NAME = "hang"
 
@@ -146,11 +146,14 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
     if busy:
         return busy_rank(call, inside, busy, record)
     # a rank that finished while the others still expected it is the root; ranks
-    # that failed or were stopped on their way (still starting, when it left) follow
+    # that failed or were stopped on their way (still starting, when it left) follow.
+    # Absent ranks that all crashed (raised, or died) are the crash's to name: their
+    # peers waited for them only because the error grace ended first (a loaded machine)
     left = [r for r in absent if record.ranks[r].end.status == "finished"]
-    ended = bool(left) or all(record.ranks[r].end.status in ENDED for r in absent)
+    crashed = all(record.ranks[r].end.status in CRASHED for r in absent)
     return _uncatalogued(
-        "missing-from-collective", "rank-exited-early" if ended else "collective-mismatch",
+        "missing-from-collective", "rank-exited-early" if left else
+        "rank-crashed" if crashed else "collective-mismatch",
         f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
         f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
         f"{call.describe(relative=True)} for "

@@ -141,3 +141,22 @@ def test_a_main_thread_that_waits_is_seen_at_its_line_in_every_sample():
     assert done.wait(30)  # ONLY WAIT
     helper.join(30)
     assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", 6, 6)]
+
+
+def test_sampling_stops_at_its_budget_with_what_it_has():
+    """Each sample waits its turn at the GIL: on a machine whose cores are taken, twelve
+    turns outlasted the asker's patience, who then had nothing. Past its budget the
+    sampler answers with the samples it took (at least one)."""
+    line = line_number(__file__, "# " + "BUDGET WAIT")
+    done, seen = threading.Event(), []
+
+    def sampler() -> None:
+        _main_thread_reaches(line)
+        seen.extend(main_thread_seen(12, 0.001, budget=0.0))
+        done.set()
+
+    helper = threading.Thread(target=sampler)
+    helper.start()
+    assert done.wait(30)  # BUDGET WAIT
+    helper.join(30)
+    assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", 1, 1)]

@@ -174,3 +174,34 @@ def test_two_equal_sides_are_said_to_be_even_and_both_blamed():
     # an all_to_all's shapes are each rank's own split: never compared
     assert agreement("all_to_all_single", None, [(3,)], "float32", None) == \
         agreement("all_to_all_single", None, [(5,)], "float32", None)
+
+
+def test_ranks_left_waiting_for_a_rank_that_raised_are_its_crash_not_an_early_exit():
+    """Under a CPU hog the error grace ended before rank 0 saw rank 1's connection close:
+    rank 0 was stopped in all-reduce #2, rank 1 raised before it. The cause is rank 1's
+    crash, its raise first, as without the hog; a rank that finished stays an early exit."""
+    from dataclasses import replace
+
+    from distdoctor import checks
+
+    def pair(rank: int, seq: int, done: bool) -> Call:  # an all-reduce of ranks 0 and 1
+        return replace(_call(rank, seq, 4, 11, done), group=(0, 1))
+
+    def record_of(status: str) -> RunRecord:
+        waits = RankRecord(0, RankEnd(0, "stopped", at=2.0, error="still running"),
+                           Evidence(0, calls=(pair(0, 0, True), pair(0, 1, True),
+                                              pair(0, 2, False))))
+        error = 'Traceback (most recent call last):\n  File "train.py", line 10, in <module>' \
+            '\nValueError: corrupt batch' if status == "raised" else None
+        left = RankRecord(1, RankEnd(1, status, at=1.0, error=error),
+                          Evidence(1, calls=(pair(1, 0, True), pair(1, 1, True))))
+        return RunRecord(RunSpec(strategy="user-script", world_size=2, num_samples=64),
+                         (waits, left), 2.0)
+
+    crashed = report(record_of("raised"), checks.run_all(record_of("raised")), "train.py")
+    assert crashed.cause is not None and (crashed.cause.kind, crashed.cause.ranks) == (
+        "rank-crashed", [1])
+    assert look_at(crashed)[0] == "train.py:10"
+    finished = report(record_of("finished"), checks.run_all(record_of("finished")), "train.py")
+    assert finished.cause is not None and (finished.cause.kind, finished.cause.ranks) == (
+        "rank-exited-early", [1])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distdoctor.models import RankEnd
-from distdoctor.models.record import is_peer_echo
+from distdoctor.models.record import CRASHED, is_peer_echo
 
 
 class RanksFailed(RuntimeError):
@@ -39,7 +39,7 @@ class JobResult:
         A death is only noticed when the parent next looks, so a peer's "Connection reset
         by peer" can carry an earlier time than the death that caused it.
         """
-        failed = [e for e in self.ends if e.status in ("raised", "died")]
+        failed = [e for e in self.ends if e.status in CRASHED]
         primary = [e for e in failed if not is_peer_echo(e)] or failed
         return min(primary, key=lambda e: e.at if e.at is not None else float("inf"),
                    default=None)

@@ -35,7 +35,8 @@ FLIGHT_EVERY = (0.1, 1.0)  # ... and again no sooner than this, with a proof or 
 FLIGHT_TIMEOUT = 0.25  # a rank whose stack thread does not answer by then is not placed
 HISTORY_TIMEOUT = 2.0  # each rank's whole Flight Recorder, with frames: longer to dump
 ABORT_WAIT_S = 5.0  # for a rank that began to abort to end: its dump, then the signal
-SEEN_TIMEOUT = 1.0  # a dozen samples 5 ms apart, each waiting its turn at the GIL
+SEEN_TIMEOUT = 2.0  # a dozen samples 5 ms apart (trace/lines.SAMPLE_BUDGET_S at most),
+# then the answer, each waiting its turn at the GIL on a machine whose cores are taken
 LOADED_TIMEOUT = 0.25  # a module count: one len(), once the stack thread has the GIL
 
 STDERR_TAIL = 16384  # bytes of each rank's stderr kept in its end

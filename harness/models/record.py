@@ -20,6 +20,7 @@ FATAL = "Fatal Python error:"  # faulthandler's first line for a fatal signal (A
 RankStatus = Literal["finished", "raised", "died", "hung", "stopped"]
 STOPPED: tuple[RankStatus, ...] = ("hung", "stopped")  # left blocked where it was
 ENDED: tuple[RankStatus, ...] = ("finished", "raised", "died")  # makes no call after
+CRASHED: tuple[RankStatus, ...] = ("raised", "died")  # ended by an error, a code or a signal
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ SIZE_MISMATCH = "Received data size doesn't match expected size"  # gloo's, as i
 
 def is_size_mismatch(end: RankEnd) -> bool:
     """Did gloo end this rank for a collective whose size its peer did not share?"""
-    return end.status in ("raised", "died") and SIZE_MISMATCH in (end.error or "") + end.stderr
+    return end.status in CRASHED and SIZE_MISMATCH in (end.error or "") + end.stderr
 
 
 def aborted_in_collective(end: RankEnd) -> str | None:

@@ -51,19 +51,28 @@ def where(filename: str, line: int | None, function: str) -> str:
 # about 60 ms see a loop's lines in proportion to the time spent on each
 SAMPLES = 12
 SAMPLE_GAP_S = 0.005
+# ... and for no longer than this: each sample waits its turn at the GIL, which a rank
+# spinning in Python holds, and on a machine whose cores are taken (a CPU hog beside four
+# ranks) twelve turns outlasted the asker's patience, who then had no sample at all
+SAMPLE_BUDGET_S = 0.4
 
 
-def main_thread_seen(samples: int = SAMPLES, gap: float = SAMPLE_GAP_S) -> tuple[Seen, ...]:
+def main_thread_seen(samples: int = SAMPLES, gap: float = SAMPLE_GAP_S,
+                     budget: float = SAMPLE_BUDGET_S) -> tuple[Seen, ...]:
     """Where this process's main thread is in the user's own code, sampled ``samples``
-    times ``gap`` apart (the caller is another thread; each sleep lets the main thread
-    run on): ``Seen`` lines, most frequent first. () where no sample found user code."""
+    times ``gap`` apart, or as many as ``budget`` seconds allow (at least one; the caller
+    is another thread; each sleep lets the main thread run on): ``Seen`` lines, most
+    frequent first. () where no sample found user code."""
     import time
 
     from distdoctor.models.record import seen_most_first
 
     found = []
+    ends = time.monotonic() + budget
     for index in range(samples):
         if index:
+            if time.monotonic() >= ends:
+                break
             time.sleep(gap)
         found.append(main_thread_at())
     return seen_most_first(found) if any(found) else ()

@@ -39,6 +39,7 @@ from distdoctor.models.calls import (
 )
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.models.record import (
+    CRASHED,
     SIZE_MISMATCH,
     STOPPED,
     Frame,
@@ -187,7 +188,7 @@ def classify(record: RunRecord, findings: tuple[Finding, ...]) -> Cause | None:
         if named is not None:
             return _cause(kind, named)
     crashed = [r.end for r in record.ranks
-               if r.end.status in ("raised", "died") and not is_peer_echo(r.end)]
+               if r.end.status in CRASHED and not is_peer_echo(r.end)]
     if crashed:
         first = min(crashed, key=lambda e: e.at if e.at is not None else float("inf"))
         if is_size_mismatch(first):  # the traced calls did not show it: torch's own calls
@@ -287,12 +288,12 @@ def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRan
         started = started_by(frame) if frame and end.collective else None
     elif end.status in STOPPED:
         state = "blocked"
-    elif end.status in ("raised", "died"):
+    elif end.status in CRASHED:
         state = "crashed"
     else:
         state = "exited" if failed else "finished"
     stack = stack_text(end.stacks, end.raw_stack, all_frames)
-    error = end.error if end.status in ("raised", "died") else None
+    error = end.error if end.status in CRASHED else None
     seen = [ReportSeen(s.frame.place, s.times, s.of) for s in end.seen] \
         if state == "running" and not end.collective else []
     return ReportRank(rank.rank, state, _call(call) if call else None, error, stack, running,
