@@ -186,6 +186,23 @@ def test_a_group_that_never_forms_is_named_from_what_each_rank_gave_it(
         assert cause["where"] == f"{example}:{line}", done.stdout
 
 
+def test_a_start_up_through_init_device_mesh_is_recorded_like_init_process_group(
+        distdoctor, tmp_path):
+    """init_device_mesh calls init_process_group by the name its module took on import:
+    that one is wrapped too, so rank 0 waiting inside it for rank 1 (stuck before it) is
+    a start-up, named at the deadline with where rank 1 was."""
+    script = Path(__file__).parent / "launched" / "mesh_rank_waits.py"
+    report = tmp_path / "r.json"
+    done = distdoctor("run", "--nproc-per-node", "2", "--deadline", "2", "--report",
+                      str(report), str(script))
+    cause = json.loads(report.read_text())["cause"]
+    assert (cause["kind"], cause["ranks"]) == ("rank-never-joined", [1]), done.stdout
+    stuck = range(line_number(script, "# STUCK"), line_number(script, "time.sleep") + 1)
+    said = re.search(r"rank 0 waits in init_process_group for rank 1, which never called "
+                     r"it: rank 1 was running <module> at (\S+):(\d+)", cause["summary"])
+    assert said and said[1] == str(script) and int(said[2]) in stuck, cause["summary"]
+
+
 def test_ranks_asking_for_different_backends_are_named_whichever_way_each_ended(
         distdoctor, tmp_path):
     """Rank 1 asks for nccl (it "sees a GPU"), rank 0 for gloo: here rank 1 cannot make

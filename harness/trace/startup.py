@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -29,19 +30,23 @@ _OURS = "_distdoctor_startup"
 
 
 def record_startup(tracer: Any) -> None:
-    """Wrap ``init_process_group`` where scripts reach it (torch.distributed and its
-    distributed_c10d module) to write Ev.INIT as it is entered and Ev.JOINED as it
-    returns. Installed before the script runs; a script that imported the function
-    before that keeps torch's own (and goes unrecorded, as before)."""
-    import torch.distributed as dist
+    """Wrap ``init_process_group`` where scripts reach it (torch.distributed, its
+    distributed_c10d module, and the modules that call it: device_mesh) to write Ev.INIT
+    as it is entered and Ev.JOINED as it returns. Installed before the script runs; a
+    script that imported the function before that keeps torch's own (and goes
+    unrecorded, as before)."""
     from torch.distributed import distributed_c10d as c10d
 
     original = c10d.init_process_group
     if getattr(original, _OURS, False):
         return  # (torch's own is wrapped too, by its loggers: __wrapped__ says nothing)
     wrapped = _wrap(tracer, original)
-    for module in (c10d, dist):
-        setattr(module, INIT_GROUP, wrapped)
+    # torch.distributed's own modules that took the name while the package was imported
+    # (device_mesh: init_device_mesh calls it) get the wrapper too
+    for module in [m for name, m in list(sys.modules.items())
+                   if name.startswith("torch.distributed") and m is not None]:
+        if getattr(module, INIT_GROUP, None) is original:
+            setattr(module, INIT_GROUP, wrapped)
 
 
 def _wrap(tracer: Any, original: Callable) -> Callable:
