@@ -44,9 +44,11 @@ edge, and on any import circle):
   imports: models, analysis, trace, launch, training, tensor, pipeline, checks, faults
 - ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
   imports: models, analysis, launch, userjob
+- ``fixing``: a user's script patched for a cause (libcst edits), verified by a re-run.
+  imports: nothing
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
   imports: models, analysis, text, faults, memory, dumps, launch, pipeline, userjob, collectives,
-  faultloop, pictures
+  faultloop, fixing, pictures
 """

@@ -224,7 +224,8 @@ def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecus
 @pytest.mark.parametrize("argv", [
     ["run", "--"], ["run", "--nproc-per-node", "4", "--", "python", "x.py"],
     ["run", "--", "/nonexistent/distdoctor-command"], ["attach", "0"], ["attach", "x"],
-    ["attach", "999999999"],
+    ["attach", "999999999"], ["run", "--patch", "p.diff", "clean.py"],
+    ["run", "--apply", "clean.py"], ["run", "--fix", "--", "python", "x.py"],
 ])
 def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     done = distdoctor(*argv)

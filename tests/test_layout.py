@@ -169,9 +169,10 @@ LAYERS = {
     "faultloop": {"models", "analysis", "trace", "launch", "training", "tensor", "pipeline",
                   "checks", "faults"},
     "testing": {"models", "analysis", "launch", "userjob"},
+    "fixing": set(),
     "pictures": {"models", "analysis", "memory", "pipeline"},
     "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "launch", "pipeline",
-            "userjob", "collectives", "faultloop", "pictures"},
+            "userjob", "collectives", "faultloop", "fixing", "pictures"},
     "__main__": {"cli"},  # python -m distdoctor
 }
 

@@ -108,6 +108,17 @@ def add_commands(commands) -> None:
                           "(the diagnosis still reads every rank)")
     run.add_argument("--all-frames", action="store_true", help=ALL_FRAMES)
     run.add_argument("--html", type=html_file, metavar="PATH", help=HTML)
+    run.add_argument("--fix", action="store_true",
+                     help="after the verdict, patch the script for each cause whose remedy "
+                          "is an edit of its lines (a sum not averaged, a sampler never told "
+                          "the epoch, ...), run the patched copy the same way in a "
+                          "temporary folder, and show the diff only if that run no longer "
+                          "reports what it cures and reports nothing new")
+    run.add_argument("--patch", metavar="PATH",
+                     help="with --fix: also write the verified patch to PATH (git apply)")
+    run.add_argument("--apply", action="store_true",
+                     help="with --fix: write a verified patch into the script, keeping the "
+                          "original as SCRIPT.orig; never a patch that did not verify")
     run.add_argument("script", nargs="?", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(launch_command=None)
@@ -144,7 +155,11 @@ def run_command(args: argparse.Namespace) -> int:
     from distdoctor.userjob.launching.output import OutputSpec
     from distdoctor.userjob.reporting.record import script_record
 
+    if (args.patch or args.apply) and not args.fix:
+        raise UsageError("--patch and --apply go with --fix")
     if args.launch_command is not None:
+        if args.fix:
+            raise UsageError("--fix is for SCRIPT: with -- COMMAND it is not built yet")
         return launch_command(args)
     if args.script is None:
         raise UsageError("give a SCRIPT, or -- and a COMMAND to run as is")
@@ -171,9 +186,14 @@ def run_command(args: argparse.Namespace) -> int:
         except (ScriptStartError, AddressError) as exc:
             raise UsageError(str(exc).splitlines()[0]) from None
         # the report first: the killed ranks' memory is freed meanwhile
-        return report_record(script_record(result.ends, result.traces, result.wall_s,
-                                     result.started, args.deadline), args.script, args.report,
-                       all_frames=args.all_frames, html=args.html)
+        record = script_record(result.ends, result.traces, result.wall_s, result.started,
+                               args.deadline)
+        if args.fix:
+            from distdoctor.cli.fix import report_with_fixes
+
+            return report_with_fixes(record, script, args)
+        return report_record(record, args.script, args.report, all_frames=args.all_frames,
+                             html=args.html)
     finally:
         procs.wait_reaped()  # no rank outlives the command
 
@@ -206,6 +226,7 @@ def launch_command(args: argparse.Namespace) -> int:
 def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     """One report per process group the command made (the hung one, or the first that
     failed, is the one --report and --html write), then the command's own end."""
+    from distdoctor.cli.published import publish
     from distdoctor.userjob.reporting.record import explain, script_record
     from distdoctor.userjob.reporting.report import render
     from distdoctor.userjob.reporting.traces import TraceError, load
@@ -341,6 +362,7 @@ def report_record(record, script: str, report_path: str | None, command: str = "
                   html: str | None = None) -> int:
     """Every detector on the record, the report printed, and written as JSON and HTML
     where asked; 0 when the run is clean, else 1."""
+    from distdoctor.cli.published import publish
     from distdoctor.userjob.reporting.record import explain
     from distdoctor.userjob.reporting.report import render
 
@@ -348,22 +370,3 @@ def report_record(record, script: str, report_path: str | None, command: str = "
     print(render(result, command, partial), flush=True)
     return publish(record, result, command, report_path, html)
 
-
-def publish(record, result, command: str, report_path: str | None, html: str | None) -> int:
-    """A report already explained: its hang timing, JSON and HTML where asked."""
-    import time
-
-    from distdoctor.cli.tables import hang_timing
-
-    timing = hang_timing(record, time.monotonic()) if record.started else None
-    if timing:
-        print("\n" + timing)
-    if report_path:
-        result.write(report_path)
-        print(f"\nwrote {report_path}")
-    if html:
-        from distdoctor.pictures import page, reports
-
-        page.write(html, reports.script_page(record, result, command))
-        print(f"\nwrote {html}")
-    return 0 if result.status == "ok" else 1

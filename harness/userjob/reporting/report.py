@@ -106,6 +106,19 @@ class Cause:
 
 
 @dataclass(frozen=True)
+class FixReport:
+    """A patch ``run --fix`` made for some of the causes: verified by a re-run of the
+    patched copy or not, what that re-run said, and the diff (empty unless verified: a
+    patch that did not cure the run is never offered)."""
+
+    cures: list[str]
+    verified: bool
+    rerun: str
+    diff: str
+    applied: str | None = None  # the original's backup, where --apply wrote the patch
+
+
+@dataclass(frozen=True)
 class ScriptReport:
     status: Literal["ok", "failed"]
     cause: Cause | None
@@ -120,6 +133,7 @@ class ScriptReport:
     # timing judgements whose interval straddles their limit ("straggler (rank 1): ..."):
     # neither a cause nor a clean bill, until more steps are measured
     undecided: list[str] = field(default_factory=list)
+    fixes: list[FixReport] = field(default_factory=list)  # run --fix's patches
 
     def write(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

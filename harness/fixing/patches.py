@@ -1,0 +1,147 @@
+"""Patches for a report's findings: proposed by the remedies, verified by a re-run of the
+patched copy, offered only once verified.
+
+A proposal is an edit of the user's file at the line a finding names (remedies.py). A
+patch is verified when the same command, run on a copy of the script's folder with the
+edits in place, no longer reports the causes it cures and reports nothing it did not
+before. Until then it is never shown as a fix, never saved, never applied.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from distdoctor.fixing.remedies import REMEDIES
+
+# causes whose cure is no edit of a line: a judgement about the user's own work
+NO_MECHANICAL_EDIT = {
+    "busy-rank": "a rank busy in its own code: what to move off the path is a design choice",
+    "straggler": "a rank slower than the others: where its time goes is the user's to cut",
+    "rank-crashed": "a crash in the user's own logic: its traceback names what to mend",
+    "hang-unknown": "nothing proves a cause: no edit could be checked against one",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a patch needs of a report's cause: its kind and the line it names."""
+
+    kind: str
+    where: str | None  # "file.py:LINE", relative to the directory the command ran in
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Edits of one file, for the causes they cure, not yet verified."""
+
+    path: Path
+    before: str
+    after: str
+    cures: tuple[str, ...]
+
+    def diff(self, name: str) -> str:
+        """The unified diff, with the file named as the user named it."""
+        return "".join(difflib.unified_diff(self.before.splitlines(True),
+                                            self.after.splitlines(True),
+                                            f"a/{name}", f"b/{name}"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A proposal after its re-run: verified or not, and what the re-run said."""
+
+    proposal: Proposal
+    verified: bool
+    rerun: str  # the re-run's verdict, one line
+    diff: str
+    remaining: tuple[str, ...] = field(default=())  # causes the re-run still reported
+
+
+def propose(findings: Sequence[Finding], script: Path, cwd: Path
+            ) -> tuple[Proposal | None, list[str]]:
+    """One proposal for the script's file (the edits of every finding it can cure, made
+    from the bottom up so that each line is still where the report saw it), and a line for
+    each finding left without one, saying why."""
+    said: list[str] = []
+    edits: list[tuple[int, str]] = []
+    for finding in findings:
+        if finding.kind in NO_MECHANICAL_EDIT:
+            said.append(f"{finding.kind}: no mechanical edit is safe "
+                        f"({NO_MECHANICAL_EDIT[finding.kind]})")
+            continue
+        if finding.kind not in REMEDIES:
+            said.append(f"{finding.kind}: no patch yet; the report's fix says what to change")
+            continue
+        place = _place(finding.where, cwd)
+        if place is None or place[0] != script.resolve():
+            said.append(f"{finding.kind}: its line is not in {script.name}: no patch")
+            continue
+        edits.append((place[1], finding.kind))
+    if not edits:
+        return None, said
+    before = script.read_text()
+    after, cures = before, list[str]()
+    for line, kind in sorted(edits, reverse=True):
+        edited = REMEDIES[kind](after, line)
+        if edited is None or edited == after:
+            said.append(f"{kind}: the code at {script.name}:{line} is not a shape its remedy "
+                        f"knows: make the report's fix by hand")
+            continue
+        after, cures = edited, [*cures, kind]
+    if not cures:
+        return None, said
+    return Proposal(script.resolve(), before, after, tuple(reversed(cures))), said
+
+
+def verify(proposal: Proposal, name: str, rerun: Callable[[Path], tuple[str, list[str]]],
+           before: Sequence[str]) -> Outcome:
+    """Run the patched copy (``rerun(script)``: its verdict line and cause kinds) in a
+    copy of the script's folder; verified when none of the causes it cures remains and
+    nothing new appears (``before``: the first run's cause kinds)."""
+    with tempfile.TemporaryDirectory(prefix="distdoctor-fix-") as scratch:
+        copy = Path(scratch) / proposal.path.parent.name
+        shutil.copytree(proposal.path.parent, copy, ignore=_not_code, symlinks=True)
+        patched = copy / proposal.path.name
+        patched.write_text(proposal.after)
+        verdict, kinds = rerun(patched)
+    remaining = tuple(k for k in kinds if k in proposal.cures)
+    new = tuple(k for k in kinds if k not in before)
+    return Outcome(proposal, not remaining and not new, verdict, proposal.diff(name),
+                   remaining + new)
+
+
+def apply(proposal: Proposal) -> Path:
+    """Write a verified proposal into the user's file, the original kept beside it as
+    FILE.orig (never overwritten: a second --apply keeps the first original)."""
+    backup = proposal.path.with_name(proposal.path.name + ".orig")
+    if not backup.exists():
+        shutil.copy2(proposal.path, backup)
+    if proposal.path.read_text() != proposal.before:
+        raise OSError(f"{proposal.path} changed while its patch was verified: not applied")
+    proposal.path.write_text(proposal.after)
+    return backup
+
+
+def _place(where: str | None, cwd: Path) -> tuple[Path, int] | None:
+    if not where:
+        return None
+    path, _, line = where.rpartition(":")
+    if not line.isdigit():
+        return None
+    file = (cwd / path).resolve()
+    return (file, int(line)) if file.is_file() else None
+
+
+def _not_code(folder: str, names: list[str]) -> list[str]:
+    """What the copy leaves out: all but Python files and the folders holding them (the
+    script's folder may be a whole project with its data: the re-run starts in the same
+    working directory, so relative data paths still reach the user's own), and caches,
+    version control and virtual environments."""
+    skipped = ("__pycache__", ".git", ".venv", "venv", "node_modules", ".tox")
+    return [n for n in names if n in skipped or
+            not n.endswith(".py") and not (Path(folder) / n).is_dir()]

@@ -1,0 +1,146 @@
+"""The edits that cure a finding in a user's own script, made on its concrete syntax tree.
+
+Each remedy takes the script's source and the finding's line (the line the report names)
+and returns the edited source, or None where no edit is safe (the code is not the shape
+the remedy knows: then the report's prose fix stands alone). Edits go through libcst,
+which keeps every byte it is not told to change (formatting, comments), so the patch is
+the lines that change and nothing else. A remedy proposes; it never decides that it
+worked: verify.py re-runs the patched copy on real ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import libcst as cst
+from libcst import matchers as m
+from libcst.metadata import ParentNodeProvider, PositionProvider
+
+Remedy = Callable[[str, int], "str | None"]
+
+
+def average_the_sum(source: str, line: int) -> str | None:
+    """gradient-not-averaged: after the all-reduce at ``line`` (a SUM by default), divide
+    what it reduced by its group's size: ``X /= dist.get_world_size(group)``."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    for statement in _statements_at(tree.module, positions, line):
+        call = _only_call(statement)
+        if call is None or _called_name(call.func) != "all_reduce" or not call.args:
+            continue
+        named = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if "async_op" in named or "op" in named and not m.matches(
+                named["op"], m.Attribute(attr=m.Name("SUM"))) or len(
+                [a for a in call.args if a.keyword is None]) > 1:
+            return None  # another reduction, or one waited on elsewhere: not ours to edit
+        module = call.func.value if isinstance(call.func, cst.Attribute) else None
+        reduced = call.args[0].value
+        if module is None or not isinstance(reduced, (cst.Name, cst.Attribute, cst.Subscript)):
+            return None  # all_reduce imported by name (no module to ask for the size), or
+            # a temporary reduced (nothing to divide)
+        size = cst.Call(cst.Attribute(module, cst.Name("get_world_size")),
+                        [cst.Arg(named["group"])] if "group" in named else [])
+        divide = statement.with_changes(body=[cst.AugAssign(
+            reduced, cst.DivideAssign(), size)],
+            leading_lines=[], trailing_whitespace=cst.TrailingWhitespace())
+        return _insert_after(tree.module, parents, statement, divide)
+    return None
+
+
+def set_the_epoch(source: str, line: int) -> str | None:
+    """repeated-epoch-order: the loader iterated at ``line`` draws from a
+    DistributedSampler; at the head of the loop around it (the epoch loop), tell the
+    sampler the epoch: ``sampler.set_epoch(epoch)``."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    loop = next((node for node in _nodes(tree.module, cst.For)
+                 if positions[node].start.line == line), None)
+    if loop is None or not isinstance(loop.iter, cst.Name):
+        return None
+    sampler = _sampler_of(tree.module, loop.iter.value)
+    outer = _enclosing(loop, parents, cst.For)
+    if sampler is None or outer is None or not isinstance(outer.target, cst.Name) or \
+            not isinstance(outer.body, cst.IndentedBlock):
+        return None
+    call = cst.parse_statement(f"{sampler}.set_epoch({outer.target.value})\n")
+    head = outer.body.body[0] if outer.body.body else None
+    if head is not None and m.matches(head, m.SimpleStatementLine(body=[m.Expr(m.Call(
+            func=m.Attribute(value=m.Name(sampler), attr=m.Name("set_epoch"))))])):
+        return None  # told already (with a constant, maybe): not a mechanical edit
+    edited = outer.with_changes(body=outer.body.with_changes(body=[call, *outer.body.body]))
+    return _code(tree.module.deep_replace(outer, edited))
+
+
+# the remedies by the cause they cure (models.CauseKind)
+REMEDIES: dict[str, Remedy] = {
+    "gradient-not-averaged": average_the_sum,
+    "repeated-epoch-order": set_the_epoch,
+}
+
+
+def _nodes(module: cst.Module, kind: type) -> list:
+    found: list = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return True
+
+    module.visit(Collect())
+    return found
+
+
+def _statements_at(module: cst.Module, positions, line: int) -> list[cst.SimpleStatementLine]:
+    return [s for s in _nodes(module, cst.SimpleStatementLine)
+            if positions[s].start.line == line]
+
+
+def _only_call(statement: cst.SimpleStatementLine) -> cst.Call | None:
+    """The call a statement is, alone (``dist.all_reduce(p.grad)``), else None."""
+    if len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and \
+            isinstance(statement.body[0].value, cst.Call):
+        return statement.body[0].value
+    return None
+
+
+def _called_name(func: cst.BaseExpression) -> str | None:
+    return func.attr.value if isinstance(func, cst.Attribute) else \
+        func.value if isinstance(func, cst.Name) else None
+
+
+def _insert_after(module: cst.Module, parents, statement: cst.BaseStatement,
+                  new: cst.BaseStatement) -> str | None:
+    block = parents[statement]
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None  # a one-line suite (``for p in ps: all_reduce(p)``): left alone
+    body: list[cst.BaseStatement] = list(block.body)
+    body.insert(body.index(statement) + 1, new)
+    return _code(module.deep_replace(block, block.with_changes(body=body)))
+
+
+def _code(node: cst.CSTNode) -> str | None:
+    """A module's source after an edit (deep_replace gives back the module it edited)."""
+    return node.code if isinstance(node, cst.Module) else None
+
+
+def _enclosing(node: cst.CSTNode, parents, kind: type):
+    parent = parents.get(node)
+    while parent is not None and not isinstance(parent, kind):
+        parent = parents.get(parent)
+    return parent
+
+
+def _sampler_of(module: cst.Module, loader: str) -> str | None:
+    """The name given as ``sampler=`` where ``loader = DataLoader(...)`` is made."""
+    for assign in _nodes(module, cst.Assign):
+        if len(assign.targets) == 1 and m.matches(assign.targets[0].target, m.Name(loader)) \
+                and isinstance(assign.value, cst.Call) and \
+                _called_name(assign.value.func) == "DataLoader":
+            for arg in assign.value.args:
+                if arg.keyword is not None and arg.keyword.value == "sampler" and \
+                        isinstance(arg.value, cst.Name):
+                    return arg.value.value
+    return None

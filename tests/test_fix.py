@@ -1,0 +1,87 @@
+"""``distdoctor run --fix`` through the real command: a patch offered only once the patched
+copy, re-run on real ranks, no longer reports what it cures; healthy scripts get none; a
+wrong edit is never offered and never applied; a cause no edit can cure is said so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from distdoctor.fixing import remedies
+from distdoctor.fixing.remedies import average_the_sum
+
+pytestmark = pytest.mark.tier("e2e")
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def fix_run(distdoctor, tmp_path, example: str, ranks: int, *flags: str):
+    """``run --fix`` on a copy of an example (so --apply may write), its stdout and JSON."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(EXAMPLES / example, folder / example)
+    report = tmp_path / "report.json"
+    done = distdoctor("run", "--nproc-per-node", str(ranks), "--fix", "--report", str(report),
+                      *flags, str(folder / example))
+    return done, json.loads(report.read_text()), folder / example
+
+
+@pytest.mark.parametrize("example, ranks, cures, added", [
+    ("summed_gradients.py", 3, "gradient-not-averaged", "        p.grad /= dist.get_world_size()"),
+    ("epoch_not_set.py", 2, "repeated-epoch-order", "    sampler.set_epoch(epoch)"),
+])
+def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
+        distdoctor, tmp_path, example, ranks, cures, added):
+    patch = tmp_path / "fix.patch"
+    done, report, script = fix_run(distdoctor, tmp_path, example, ranks, "--apply",
+                                   "--patch", str(patch))
+    assert done.returncode == 1, done.stdout  # the run it diagnosed had the bug
+    [fix] = report["fixes"]
+    assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), done.stdout
+    changed = [line for line in fix["diff"].splitlines()
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == [f"+{added}"]  # one line added, none removed or rewritten
+    assert patch.read_text() == fix["diff"] and fix["diff"] in done.stdout
+    original = (EXAMPLES / example).read_text().splitlines(True)
+    assert script.with_name(example + ".orig").read_text() == "".join(original)
+    patched = script.read_text().splitlines(True)
+    at = patched.index(added + "\n")
+    assert patched[:at] + patched[at + 1:] == original  # every other byte as it was
+    assert fix["applied"] == str(script.with_name(example + ".orig"))
+
+
+def test_a_healthy_script_gets_no_patch(distdoctor, tmp_path):
+    done, report, script = fix_run(distdoctor, tmp_path, "averaged_gradients.py", 3)
+    assert done.returncode == 0 and report["fixes"] == [], done.stdout
+    assert "distdoctor run --fix: nothing to fix" in done.stdout
+    assert script.read_text() == (EXAMPLES / "averaged_gradients.py").read_text()
+
+
+def test_an_edit_that_does_not_cure_the_run_is_never_offered_nor_applied(
+        distdoctor, tmp_path, monkeypatch):
+    """A remedy forced to divide by 2 at world size 3: the patched copy still sums 1.5x,
+    so the patch is refused, and --apply leaves the script as it was."""
+    def halve(source: str, line: int) -> str | None:
+        edited = average_the_sum(source, line)
+        return edited.replace("dist.get_world_size()", "2") if edited else None
+
+    monkeypatch.setitem(remedies.REMEDIES, "gradient-not-averaged", halve)
+    patch = tmp_path / "fix.patch"
+    done, report, script = fix_run(distdoctor, tmp_path, "summed_gradients.py", 3, "--apply",
+                                   "--patch", str(patch))
+    [fix] = report["fixes"]
+    assert (fix["verified"], fix["diff"], fix["applied"]) == (False, "", None), done.stdout
+    assert fix["rerun"] == "FAILED: gradient-not-averaged (ranks 0-2)"
+    assert "did not verify" in done.stdout and "+++ b/" not in done.stdout
+    assert not patch.exists() and not script.with_name("summed_gradients.py.orig").exists()
+    assert script.read_text() == (EXAMPLES / "summed_gradients.py").read_text()
+
+
+def test_a_cause_no_edit_can_cure_is_said_in_one_line(distdoctor, tmp_path):
+    done, report, _ = fix_run(distdoctor, tmp_path, "rank_spins.py", 2, "--deadline", "2")
+    assert report["cause"]["kind"] == "busy-rank" and report["fixes"] == [], done.stdout
+    assert "distdoctor run --fix: busy-rank: no mechanical edit is safe (a rank busy in its " \
+        "own code" in done.stdout

@@ -1,0 +1,58 @@
+"""``distdoctor run --fix``'s remedies, each edit on its own: only the lines it changes
+(formatting and comments kept byte for byte), and the shapes it must leave alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from distdoctor.fixing.remedies import average_the_sum, set_the_epoch
+
+pytestmark = pytest.mark.tier("unit")
+
+SUMMED = '''import torch.distributed as dist
+for step in range(3):   # odd   spacing kept
+    for p in params:
+        dist.all_reduce( p.grad )  # summed
+    opt.step()
+'''
+
+
+def test_the_sum_is_divided_on_the_next_line_and_nothing_else_changes():
+    edited = average_the_sum(SUMMED, 4)
+    assert edited is not None
+    lines = SUMMED.splitlines(True)
+    assert edited.splitlines(True) == [*lines[:4], "        p.grad /= dist.get_world_size()\n",
+                                       *lines[4:]]
+    grouped = SUMMED.replace("dist.all_reduce( p.grad )", "dist.all_reduce(p.grad, group=g)")
+    assert "p.grad /= dist.get_world_size(g)\n" in (average_the_sum(grouped, 4) or "")
+
+
+@pytest.mark.parametrize("call", [
+    "dist.all_reduce(p.grad, op=dist.ReduceOp.MAX)",  # not a sum
+    "dist.all_reduce(p.grad, async_op=True)",  # waited on elsewhere
+    "all_reduce(p.grad)",  # no module to ask the size of
+])
+def test_a_reduction_it_does_not_know_is_left_alone(call):
+    assert average_the_sum(SUMMED.replace("dist.all_reduce( p.grad )", call), 4) is None
+    one_line = "import torch.distributed as dist\nfor p in ps: dist.all_reduce(p.grad)\n"
+    assert average_the_sum(one_line, 2) is None
+
+
+EPOCHS = '''sampler = DistributedSampler(data)
+loader = DataLoader(data, sampler=sampler, batch_size=8)
+for epoch in range(3):
+    # a comment kept where it was
+    for x in loader:
+        step(x)
+'''
+
+
+def test_the_epoch_is_set_at_the_head_of_the_loop_around_the_loader():
+    edited = set_the_epoch(EPOCHS, 5)
+    lines = EPOCHS.splitlines(True)
+    assert edited is not None and edited.splitlines(True) == [
+        *lines[:3], "    sampler.set_epoch(epoch)\n", *lines[3:]]
+    assert set_the_epoch(EPOCHS.replace("for epoch in range(3):\n    # a comment kept where "
+                                        "it was\n", "if True:\n"), 4) is None  # no epoch loop
+    told = EPOCHS.replace("    # a comment", "    sampler.set_epoch(0)\n    # a comment")
+    assert set_the_epoch(told, 6) is None  # told a constant: the student's mistake, by hand
