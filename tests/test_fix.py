@@ -29,27 +29,32 @@ def fix_run(distdoctor, tmp_path, example: str, ranks: int, *flags: str):
     return done, json.loads(report.read_text()), folder / example
 
 
-@pytest.mark.parametrize("example, ranks, cures, added", [
-    ("summed_gradients.py", 3, "gradient-not-averaged", "        p.grad /= dist.get_world_size()"),
-    ("epoch_not_set.py", 2, "repeated-epoch-order", "    sampler.set_epoch(epoch)"),
+DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
+
+
+@pytest.mark.parametrize("example, ranks, cures, changed", [
+    ("summed_gradients.py", 3, "gradient-not-averaged",
+     ["+        p.grad /= dist.get_world_size()"]),
+    ("epoch_not_set.py", 2, "repeated-epoch-order", ["+    sampler.set_epoch(epoch)"]),
+    ("ddp_unused_params.py", 2, "unused-parameters",
+     [f"-{DDP_LINE})  # BUG: find_unused_parameters=False",
+      f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
 ])
 def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
-        distdoctor, tmp_path, example, ranks, cures, added):
+        distdoctor, tmp_path, example, ranks, cures, changed):
     patch = tmp_path / "fix.patch"
     done, report, script = fix_run(distdoctor, tmp_path, example, ranks, "--apply",
                                    "--patch", str(patch))
     assert done.returncode == 1, done.stdout  # the run it diagnosed had the bug
     [fix] = report["fixes"]
     assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), done.stdout
-    changed = [line for line in fix["diff"].splitlines()
-               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    assert changed == [f"+{added}"]  # one line added, none removed or rewritten
+    assert [line for line in fix["diff"].splitlines()  # the lines it changes, no other
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")] == changed
     assert patch.read_text() == fix["diff"] and fix["diff"] in done.stdout
-    original = (EXAMPLES / example).read_text().splitlines(True)
-    assert script.with_name(example + ".orig").read_text() == "".join(original)
-    patched = script.read_text().splitlines(True)
-    at = patched.index(added + "\n")
-    assert patched[:at] + patched[at + 1:] == original  # every other byte as it was
+    original = (EXAMPLES / example).read_text()
+    assert script.with_name(example + ".orig").read_text() == original
+    kept = [line for line in script.read_text().splitlines() if f"+{line}" not in changed]
+    assert kept == [line for line in original.splitlines() if f"-{line}" not in changed]
     assert fix["applied"] == str(script.with_name(example + ".orig"))
 
 

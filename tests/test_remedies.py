@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor.fixing.remedies import average_the_sum, set_the_epoch
+from distdoctor.fixing.remedies import average_the_sum, find_unused, set_the_epoch
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -56,3 +56,28 @@ def test_the_epoch_is_set_at_the_head_of_the_loop_around_the_loader():
                                         "it was\n", "if True:\n"), 4) is None  # no epoch loop
     told = EPOCHS.replace("    # a comment", "    sampler.set_epoch(0)\n    # a comment")
     assert set_the_epoch(told, 6) is None  # told a constant: the student's mistake, by hand
+
+
+WRAPPED = '''from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(
+    Model(),  # the net
+    device_ids=None,
+)
+loss = model(x).sum()
+'''
+
+
+def test_ddp_is_told_to_find_unused_parameters_where_it_is_made():
+    edited = find_unused(WRAPPED, 6)
+    assert edited == WRAPPED.replace(  # one per line, as the others are
+        "    device_ids=None,\n", "    device_ids=None,\n    find_unused_parameters=True,\n")
+    alone = "m = DDP(\n    Model(),  # c\n)\n"  # its comment stays with it
+    assert find_unused(alone, 1) == "m = DDP(\n    Model(),  # c\n    " \
+        "find_unused_parameters=True,\n)\n"
+    one_line = "model = nn.parallel.DistributedDataParallel(Model())  # bug\n"
+    assert find_unused(one_line, 1) == \
+        "model = nn.parallel.DistributedDataParallel(Model(), find_unused_parameters=True)" \
+        "  # bug\n"
+    told = one_line.replace("Model()", "Model(), find_unused_parameters=False")
+    assert find_unused(told, 1) is None  # said False on purpose: the user's call
+    assert find_unused(one_line * 2, 1) is None  # two wrappers: which one is not ours to say

@@ -73,10 +73,50 @@ def set_the_epoch(source: str, line: int) -> str | None:
     return _code(tree.module.deep_replace(outer, edited))
 
 
+def find_unused(source: str, line: int) -> str | None:
+    """unused-parameters: the script's one DistributedDataParallel(...) (by that name or
+    the usual alias DDP) told to look for parameters a rank's loss did not use:
+    ``find_unused_parameters=True``. Several wrappers, or one told False already, are the
+    user's to decide (``line``, where DDP stopped, is not where it was made)."""
+    module = cst.parse_module(source)
+    made = [c for c in _nodes(module, cst.Call)
+            if _called_name(c.func) in ("DistributedDataParallel", "DDP")]
+    if len(made) != 1 or any(a.keyword is not None and a.keyword.value ==
+                             "find_unused_parameters" for a in made[0].args):
+        return None
+    bare = cst.SimpleWhitespace("")
+    added = cst.Arg(cst.Name("True"), keyword=cst.Name("find_unused_parameters"),
+                    equal=cst.AssignEqual(whitespace_before=bare, whitespace_after=bare))
+    return _code(module.deep_replace(made[0], _with_argument(made[0], added)))
+
+
+def _with_argument(call: cst.Call, added: cst.Arg) -> cst.Call:
+    """``call`` with one more argument, laid out as its others: after ", " on one line, or
+    on a line of its own, with the trailing comma, where the arguments are one per line
+    (a comment after the last one stays with it)."""
+    args = list(call.args)
+    comma = args[-1].comma if args else None
+    if not isinstance(comma, cst.Comma) or \
+            not isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace):
+        return call.with_changes(args=[*args, added])
+    last, closing = args[-1], comma.whitespace_after
+    before = args[-2].comma.whitespace_after if len(args) > 1 and \
+        isinstance(args[-2].comma, cst.Comma) else call.whitespace_before_args
+    indent = before.last_line if isinstance(before, cst.ParenthesizedWhitespace) else \
+        closing.last_line
+    return call.with_changes(args=[
+        *args[:-1],
+        last.with_changes(comma=comma.with_changes(  # its comment kept, then the
+            whitespace_after=closing.with_changes(last_line=indent))),  # arguments' indent
+        added.with_changes(comma=cst.Comma(whitespace_after=closing.with_changes(
+            first_line=cst.TrailingWhitespace(), empty_lines=[])))])
+
+
 # the remedies by the cause they cure (models.CauseKind)
 REMEDIES: dict[str, Remedy] = {
     "gradient-not-averaged": average_the_sum,
     "repeated-epoch-order": set_the_epoch,
+    "unused-parameters": find_unused,
 }
 
 
