@@ -39,6 +39,8 @@ DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
     ("ddp_unused_params.py", 2, "unused-parameters",
      [f"-{DDP_LINE})  # BUG: find_unused_parameters=False",
       f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
+    ("unwaited_async_allreduce.py", 2, "failed-sync",
+     ["+    for work in works:", "+        work.wait()"]),
 ])
 def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
         distdoctor, tmp_path, example, ranks, cures, changed):
@@ -90,3 +92,14 @@ def test_a_cause_no_edit_can_cure_is_said_in_one_line(distdoctor, tmp_path):
     assert report["cause"]["kind"] == "busy-rank" and report["fixes"] == [], done.stdout
     assert "distdoctor run --fix: busy-rank: no mechanical edit is safe (a rank busy in its " \
         "own code" in done.stdout
+
+
+def test_a_cause_of_another_shape_than_its_remedy_knows_gets_no_patch(distdoctor, tmp_path):
+    """failed-sync from gradients paired in a per-rank order: no Work to wait for, so the
+    waiting remedy makes no edit and says so; the script is untouched."""
+    done, report, script = fix_run(distdoctor, tmp_path, "grads_paired_per_rank_order.py", 2,
+                                   "--apply")
+    assert report["cause"]["kind"] == "failed-sync" and report["fixes"] == [], done.stdout
+    assert "distdoctor run --fix: failed-sync: the code at grads_paired_per_rank_order.py:" \
+        in done.stdout and "is not a shape its remedy knows" in done.stdout
+    assert script.read_text() == (EXAMPLES / "grads_paired_per_rank_order.py").read_text()

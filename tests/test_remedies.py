@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor.fixing.remedies import average_the_sum, find_unused, set_the_epoch
+from distdoctor.fixing.remedies import (
+    average_the_sum,
+    find_unused,
+    set_the_epoch,
+    wait_before_step,
+)
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -81,3 +86,23 @@ def test_ddp_is_told_to_find_unused_parameters_where_it_is_made():
     told = one_line.replace("Model()", "Model(), find_unused_parameters=False")
     assert find_unused(told, 1) is None  # said False on purpose: the user's call
     assert find_unused(one_line * 2, 1) is None  # two wrappers: which one is not ours to say
+
+
+ASYNC = '''for step in range(3):
+    handle = dist.all_reduce(grad, async_op=True)
+    other_work()
+
+    opt.step()  # the step
+'''
+
+
+def test_an_unwaited_work_is_waited_just_before_the_step():
+    assert wait_before_step(ASYNC, 2, (5,)) == ASYNC.replace(
+        "\n    opt.step()", "\n    handle.wait()\n    opt.step()")
+    listed = ASYNC.replace("handle = dist.all_reduce(grad, async_op=True)",
+                           "works.append(dist.all_reduce(grad, async_op=True))")
+    assert wait_before_step(listed, 2, (5,)) == listed.replace(
+        "\n    opt.step()", "\n    for work in works:\n        work.wait()\n    opt.step()")
+    assert wait_before_step(ASYNC, 2, ()) is None  # no step named: nowhere to wait
+    waited = ASYNC.replace(", async_op=True", "")
+    assert wait_before_step(waited, 2, (5,)) is None  # not asynchronous: another cause

@@ -18,7 +18,7 @@ def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
 
     result = explain(record, args.script, args.all_frames)
     print(render(result, "run"), flush=True)
-    findings = [Finding(c.kind, c.where) for c in result.findings]
+    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
     if not findings:
         print("\ndistdoctor run --fix: nothing to fix", flush=True)
         return publish(record, result, "run", args.report, args.html)

@@ -33,6 +33,7 @@ class Finding:
 
     kind: str
     where: str | None  # "file.py:LINE", relative to the directory the command ran in
+    also_at: tuple[str, ...] = ()  # the cause's other lines, alike
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def propose(findings: Sequence[Finding], script: Path, cwd: Path
     from the bottom up so that each line is still where the report saw it), and a line for
     each finding left without one, saying why."""
     said: list[str] = []
-    edits: list[tuple[int, str]] = []
+    edits: list[tuple[int, str, tuple[int, ...]]] = []
     for finding in findings:
         if finding.kind in NO_MECHANICAL_EDIT:
             said.append(f"{finding.kind}: no mechanical edit is safe "
@@ -81,13 +82,15 @@ def propose(findings: Sequence[Finding], script: Path, cwd: Path
         if place is None or place[0] != script.resolve():
             said.append(f"{finding.kind}: its line is not in {script.name}: no patch")
             continue
-        edits.append((place[1], finding.kind))
+        also = tuple(p[1] for p in (_place(w, cwd) for w in finding.also_at)
+                     if p is not None and p[0] == place[0])
+        edits.append((place[1], finding.kind, also))
     if not edits:
         return None, said
     before = script.read_text()
     after, cures = before, list[str]()
-    for line, kind in sorted(edits, reverse=True):
-        edited = REMEDIES[kind](after, line)
+    for line, kind, also in sorted(edits, reverse=True):
+        edited = REMEDIES[kind](after, line, also)
         if edited is None or edited == after:
             said.append(f"{kind}: the code at {script.name}:{line} is not a shape its remedy "
                         f"knows: make the report's fix by hand")

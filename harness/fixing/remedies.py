@@ -1,7 +1,8 @@
 """The edits that cure a finding in a user's own script, made on its concrete syntax tree.
 
-Each remedy takes the script's source and the finding's line (the line the report names)
-and returns the edited source, or None where no edit is safe (the code is not the shape
+Each remedy takes the script's source, the finding's line (the line the report names) and
+its other lines in the same file (``also``: where a step is, say), and returns the edited
+source, or None where no edit is safe (the code is not the shape
 the remedy knows: then the report's prose fix stands alone). Edits go through libcst,
 which keeps every byte it is not told to change (formatting, comments), so the patch is
 the lines that change and nothing else. A remedy proposes; it never decides that it
@@ -16,10 +17,10 @@ import libcst as cst
 from libcst import matchers as m
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-Remedy = Callable[[str, int], "str | None"]
+Remedy = Callable[[str, int, tuple[int, ...]], "str | None"]
 
 
-def average_the_sum(source: str, line: int) -> str | None:
+def average_the_sum(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """gradient-not-averaged: after the all-reduce at ``line`` (a SUM by default), divide
     what it reduced by its group's size: ``X /= dist.get_world_size(group)``."""
     tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
@@ -48,7 +49,7 @@ def average_the_sum(source: str, line: int) -> str | None:
     return None
 
 
-def set_the_epoch(source: str, line: int) -> str | None:
+def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """repeated-epoch-order: the loader iterated at ``line`` draws from a
     DistributedSampler; at the head of the loop around it (the epoch loop), tell the
     sampler the epoch: ``sampler.set_epoch(epoch)``."""
@@ -73,7 +74,7 @@ def set_the_epoch(source: str, line: int) -> str | None:
     return _code(tree.module.deep_replace(outer, edited))
 
 
-def find_unused(source: str, line: int) -> str | None:
+def find_unused(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """unused-parameters: the script's one DistributedDataParallel(...) (by that name or
     the usual alias DDP) told to look for parameters a rank's loss did not use:
     ``find_unused_parameters=True``. Several wrappers, or one told False already, are the
@@ -112,11 +113,65 @@ def _with_argument(call: cst.Call, added: cst.Arg) -> cst.Call:
             first_line=cst.TrailingWhitespace(), empty_lines=[])))])
 
 
+def wait_before_step(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """failed-sync, an asynchronous all-reduce never waited: its Work (``w = ...``) or the
+    list its Works go to (``works.append(...)``) is waited on just before the optimizer
+    step the report names among ``also``, so the reductions still overlap the rest."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    started = next(iter(_statements_at(tree.module, positions, line)), None)
+    held = _work_holder(started) if started is not None else None
+    step = next((s for at in also for s in _statements_at(tree.module, positions, at)
+                 if (c := _only_call(s)) is not None and _called_name(c.func) == "step"),
+                None)
+    if held is None or step is None:
+        return None
+    name, many = held
+    if many:
+        used = {n.value for n in _nodes(tree.module, cst.Name)}
+        each = next(n for n in ("work", "pending", "handle", "_work") if n not in used)
+        wait = cst.parse_statement(f"for {each} in {name}:\n    {each}.wait()\n")
+    else:
+        wait = cst.parse_statement(f"{name}.wait()\n")
+    block = parents[step]
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    body: list[cst.BaseStatement] = list(block.body)
+    body.insert(body.index(step), wait.with_changes(leading_lines=step.leading_lines))
+    body[body.index(step)] = step.with_changes(leading_lines=[])
+    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+
+
+def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
+    """Where an ``all_reduce(..., async_op=True)`` statement keeps its Work: (name, False)
+    for ``w = all_reduce(...)``, (list, True) for ``works.append(all_reduce(...))``."""
+    if len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    async_call = m.Call(func=m.OneOf(m.Attribute(attr=m.Name("all_reduce")),
+                                     m.Name("all_reduce")),
+                        args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("async_op"),
+                                                     value=m.Name("True")), m.ZeroOrMore()])
+    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())],
+                                 value=async_call)):
+        assert isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Name)
+        return small.targets[0].target.value, False
+    if m.matches(small, m.Expr(m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("append")),
+                                      args=[m.Arg(value=async_call)]))):
+        assert isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+        func = small.value.func
+        assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        return func.value.value, True
+    return None
+
+
 # the remedies by the cause they cure (models.CauseKind)
 REMEDIES: dict[str, Remedy] = {
     "gradient-not-averaged": average_the_sum,
     "repeated-epoch-order": set_the_epoch,
     "unused-parameters": find_unused,
+    "failed-sync": wait_before_step,
 }
 
 
