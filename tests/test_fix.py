@@ -39,8 +39,10 @@ DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
     ("ddp_unused_params.py", 2, "unused-parameters",
      [f"-{DDP_LINE})  # BUG: find_unused_parameters=False",
       f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
-    ("unwaited_async_allreduce.py", 2, "failed-sync",
+    ("unwaited_async_allreduce.py", 2, "failed-sync",  # (the replicas' parting follows)
      ["+    for work in works:", "+        work.wait()"]),
+    ("own_seed_no_broadcast.py", 3, "divergent-parameters",
+     ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
 ])
 def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
         distdoctor, tmp_path, example, ranks, cures, changed):

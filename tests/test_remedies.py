@@ -7,6 +7,7 @@ import pytest
 
 from distdoctor.fixing.remedies import (
     average_the_sum,
+    broadcast_after_construction,
     find_unused,
     set_the_epoch,
     wait_before_step,
@@ -106,3 +107,20 @@ def test_an_unwaited_work_is_waited_just_before_the_step():
     assert wait_before_step(ASYNC, 2, ()) is None  # no step named: nowhere to wait
     waited = ASYNC.replace(", async_op=True", "")
     assert wait_before_step(waited, 2, (5,)) is None  # not asynchronous: another cause
+
+
+SEEDED = '''import torch.distributed as d
+torch.manual_seed(d.get_rank())
+net = make()
+opt = SGD(net.parameters(), lr=0.1)
+'''
+
+
+def test_the_model_is_broadcast_from_rank_0_right_after_it_is_made():
+    assert broadcast_after_construction(SEEDED, 4) == SEEDED.replace(
+        "net = make()\n", "net = make()\nfor tensor in net.state_dict().values():\n"
+        "    d.broadcast(tensor, src=0)\n")
+    two = SEEDED + "opt2 = SGD(other.parameters(), lr=0.1)\n"
+    assert broadcast_after_construction(two, 4) is None  # which model: the user's to say
+    plain = SEEDED.replace("import torch.distributed as d", "from torch import distributed")
+    assert broadcast_after_construction(plain, 4) is None  # no module name to call by

@@ -18,6 +18,9 @@ from typing import Callable, Sequence
 
 from distdoctor.fixing.remedies import REMEDIES
 
+# causes that also follow from others (replicas part after any failed sync): patched only
+# where the report names them as the cause, never beside the cause they follow from
+FOLLOWERS = {"divergent-parameters"}
 # causes whose cure is no edit of a line: a judgement about the user's own work
 NO_MECHANICAL_EDIT = {
     "busy-rank": "a rank busy in its own code: what to move off the path is a design choice",
@@ -70,7 +73,10 @@ def propose(findings: Sequence[Finding], script: Path, cwd: Path
     each finding left without one, saying why."""
     said: list[str] = []
     edits: list[tuple[int, str, tuple[int, ...]]] = []
-    for finding in findings:
+    for index, finding in enumerate(findings):
+        if index and finding.kind in FOLLOWERS:
+            said.append(f"{finding.kind}: follows from {findings[0].kind}, no patch of its own")
+            continue
         if finding.kind in NO_MECHANICAL_EDIT:
             said.append(f"{finding.kind}: no mechanical edit is safe "
                         f"({NO_MECHANICAL_EDIT[finding.kind]})")

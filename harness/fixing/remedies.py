@@ -143,6 +143,52 @@ def wait_before_step(source: str, line: int, also: tuple[int, ...] = ()) -> str 
     return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
 
 
+def broadcast_after_construction(source: str, line: int,
+                                 also: tuple[int, ...] = ()) -> str | None:
+    """divergent-parameters: the replicas started apart (each rank its own seed). Right
+    after the model the script trains is made (the one name whose ``.parameters()`` it
+    uses), every tensor of its state is broadcast from rank 0, as DDP does when it wraps
+    one. Needs ``import torch.distributed as NAME``; several models are the user's."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    parents = tree.resolve(ParentNodeProvider)
+    owners = {c.func.value.value for c in _nodes(tree.module, cst.Call)
+              if isinstance(c.func, cst.Attribute) and c.func.attr.value == "parameters"
+              and isinstance(c.func.value, cst.Name)}
+    alias = _module_alias(tree.module, "torch.distributed")
+    if len(owners) != 1 or alias is None:
+        return None
+    model = owners.pop()
+    made = next((s for s in _nodes(tree.module, cst.SimpleStatementLine)
+                 if len(s.body) == 1 and m.matches(s.body[0], m.Assign(
+                     targets=[m.AssignTarget(target=m.Name(model))]))), None)
+    if made is None:
+        return None
+    used = {n.value for n in _nodes(tree.module, cst.Name)}
+    each = next(n for n in ("tensor", "state", "_tensor") if n not in used)
+    sync = cst.parse_statement(f"for {each} in {model}.state_dict().values():\n"
+                               f"    {alias}.broadcast({each}, src=0)\n")
+    return _insert_after(tree.module, parents, made, sync)
+
+
+def _module_alias(module: cst.Module, dotted: str) -> str | None:
+    """The name ``import DOTTED as NAME`` binds (or DOTTED itself, imported plainly)."""
+    for imported in _nodes(module, cst.Import):
+        for alias in imported.names:
+            if _dotted(alias.name) == dotted:
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    return alias.asname.name.value
+                return dotted
+    return None
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
 def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
     """Where an ``all_reduce(..., async_op=True)`` statement keeps its Work: (name, False)
     for ``w = all_reduce(...)``, (list, True) for ``works.append(all_reduce(...))``."""
@@ -172,6 +218,7 @@ REMEDIES: dict[str, Remedy] = {
     "repeated-epoch-order": set_the_epoch,
     "unused-parameters": find_unused,
     "failed-sync": wait_before_step,
+    "divergent-parameters": broadcast_after_construction,
 }
 
 
