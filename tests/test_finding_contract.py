@@ -65,7 +65,8 @@ def test_every_cause_kind_has_its_place_in_the_report():
     from typing import get_args
 
     from distdoctor.models import CauseKind
-    from distdoctor.userjob.reporting.report import NAMED_ORDER, SILENT_ORDER
+    from distdoctor.userjob.reporting.report import BEFORE_ANY_RANK, NAMED_ORDER, SILENT_ORDER
 
-    placed = set(NAMED_ORDER) | set(SILENT_ORDER) | {"rank-crashed", "hang-unknown"}
+    placed = set(NAMED_ORDER) | set(SILENT_ORDER) | set(BEFORE_ANY_RANK) | {
+        "rank-crashed", "hang-unknown"}
     assert placed == set(get_args(CauseKind))

@@ -616,7 +616,10 @@ def test_a_hang_under_torchrun_is_analysed_from_its_traces_and_stacks(distdoctor
     send = example_line("p2p_cycle.py", "dist.send(").split(":")[1]
     assert all(r["call"]["where"].endswith(send) for r in report["ranks"])
     for rank in (0, 1):  # dumped at the deadline and again at SIGTERM: shown once, by name
-        assert (tmp_path / "hang" / f"rank-{rank}.stacks").read_text().count("p2p_cycle") == 2
+        # (under a CPU hog one rank's SIGTERM dump was once missing: torchrun's agent ended
+        # it first; the deadline's dump is what the report reads)
+        assert (tmp_path / "hang" / f"rank-{rank}.stacks").read_text().count(
+            "p2p_cycle") in (1, 2)
         shown = report["ranks"][rank]["stack"]
         assert shown.startswith("Thread MainThread (main), most recent call last:\n"
                                 f'  File "p2p_cycle.py", line {send}, in <module>\n')

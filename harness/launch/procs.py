@@ -81,7 +81,14 @@ def become_rank(parent_pid: int, set_threads: bool = True) -> None:
         torch.set_num_threads(1)
 
 
-def kill(processes: list[BaseProcess], timeout: float = 2.0) -> None:
+# a process SIGKILLed dies once the kernel has freed it: well under a second here, yet a
+# rank of a few hundred MB on cores a CPU hog holds once took over 2 s, and was left
+# behind unreaped. The wait ends as soon as it is gone; only a process stuck in the kernel
+# (a hung filesystem) would take the whole of it
+REAP_S = 30.0
+
+
+def kill(processes: list[BaseProcess], timeout: float = REAP_S) -> None:
     """SIGKILL ranks and everything they started, all at once (so none outlives another
     long enough to see its peers' sockets close), then reap them."""
     signal_kill(processes)
@@ -105,7 +112,7 @@ def signal_kill(processes: list[BaseProcess]) -> None:
 
 
 def reap_in_background(processes: list[BaseProcess], then: Callable[[], None],
-                       timeout: float = 2.0) -> threading.Thread:
+                       timeout: float = REAP_S) -> threading.Thread:
     """SIGKILL the processes now; reap them, then call ``then`` (close their pipes), on a
     thread of its own. The kernel takes a while to free a killed rank's memory (0.2 s for
     32 ranks here), and a report need not wait for it. Not a daemon: the interpreter

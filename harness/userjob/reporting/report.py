@@ -187,6 +187,9 @@ def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
             if f.kind == kind and not f.inconclusive]
 
 
+# the causes named before any rank exists (torchrun's nodes never met): no check sets
+# them, the command's watcher and attach report them alone (cli/run.report_unformed)
+BEFORE_ANY_RANK: tuple[CauseKind, ...] = ("rendezvous-mismatch", "rendezvous-incomplete")
 # the causes of a run that stopped which a finding names outright, most specific first
 NAMED_ORDER: tuple[CauseKind, ...] = (
     "world-size-mismatch", "duplicate-rank", "split-rendezvous", "backend-mismatch",
