@@ -13,7 +13,13 @@ from sources import line_number
 from distdoctor.launch.stacks import parse_faulthandler
 from distdoctor.models import Frame, seen_most_first
 from distdoctor.models.record import seen_at_text
-from distdoctor.trace.lines import code_line, main_thread_at, main_thread_seen, where
+from distdoctor.trace.lines import (
+    SAMPLE_BUDGET_S,
+    code_line,
+    main_thread_at,
+    main_thread_seen,
+    where,
+)
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -127,36 +133,25 @@ def test_the_main_thread_is_sampled_where_it_is_at_each_moment():
         "test_the_main_thread_is_sampled_where_it_is_at_each_moment"}
 
 
-def test_a_main_thread_that_waits_is_seen_at_its_line_in_every_sample():
-    line = line_number(__file__, "# " + "ONLY WAIT")  # put together: not found here
+@pytest.mark.parametrize("samples, budget, taken", [
+    (6, SAMPLE_BUDGET_S, 6),  # a waiting main thread: at its line in every sample
+    # each sample waits its turn at the GIL: on a machine whose cores are taken, twelve
+    # turns outlasted the asker's patience, who then had nothing. Past its budget the
+    # sampler answers with the samples it took (at least one)
+    (12, 0.0, 1),
+])
+def test_a_main_thread_that_waits_is_seen_at_its_line_in_each_sample_taken(
+        samples, budget, taken):
+    line = line_number(__file__, "# " + "SAMPLED WAIT")  # put together: not found here
     done, seen = threading.Event(), []
 
     def sampler() -> None:
         _main_thread_reaches(line)
-        seen.extend(main_thread_seen(6, 0.001))
+        seen.extend(main_thread_seen(samples, 0.001, budget=budget))
         done.set()
 
     helper = threading.Thread(target=sampler)
     helper.start()
-    assert done.wait(30)  # ONLY WAIT
+    assert done.wait(30)  # SAMPLED WAIT
     helper.join(30)
-    assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", 6, 6)]
-
-
-def test_sampling_stops_at_its_budget_with_what_it_has():
-    """Each sample waits its turn at the GIL: on a machine whose cores are taken, twelve
-    turns outlasted the asker's patience, who then had nothing. Past its budget the
-    sampler answers with the samples it took (at least one)."""
-    line = line_number(__file__, "# " + "BUDGET WAIT")
-    done, seen = threading.Event(), []
-
-    def sampler() -> None:
-        _main_thread_reaches(line)
-        seen.extend(main_thread_seen(12, 0.001, budget=0.0))
-        done.set()
-
-    helper = threading.Thread(target=sampler)
-    helper.start()
-    assert done.wait(30)  # BUDGET WAIT
-    helper.join(30)
-    assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", 1, 1)]
+    assert [(s.where, s.times, s.of) for s in seen] == [(f"{__file__}:{line}", taken, taken)]
