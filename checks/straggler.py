@@ -32,6 +32,15 @@ not reported, since on a machine shared by more ranks than cores (as CI runners 
 such a difference is within what scheduling alone makes of one run (healthy runs under
 a CPU hog on every core measured up to 3% here, their intervals reaching 9%), and it is
 not what a user needs to act on. Not judged: fewer than ``MIN_STEPS`` steps.
+
+Where its lateness is the machine's, the verdict says so and stays undecided: a rank whose
+threads waited for a CPU (the kernel's run-queue delay, trace/cpuwait.py) at least
+``MACHINE_SHARE`` of its lateness a step longer than the others', while running on one
+less than ``WORK_SHARE`` of it longer, did the others' work and was runnable, not
+running: its cores are taken by other work on the node. Its code is not what holds the
+others up, and healthy code on a busy CI runner must not fail. A rank slow in its own
+compute runs that much longer (and, on a busy machine, waits for it too: so the work it
+ran decides, not the wait alone).
 """
 
 from __future__ import annotations
@@ -64,6 +73,10 @@ NAMED_SHARE = 0.2  # a phase named as the cause holds this share of the largest 
 NAMED_S = 1e-4  # ... and is at least this long a step (0.1 ms)
 MIN_STEPS = 12  # judged steps needed (the first, start-up, is never judged)
 RESAMPLES = 1000
+MACHINE_SHARE = 0.5  # of its median lateness a step, waited for a CPU beyond the others'
+# (one sharing its core with a busy loop measured 3.7 of it, over all its threads) ...
+WORK_SHARE = 0.25  # ... while running on one for less than this of it beyond theirs (a
+# compute straggler runs its extra work: about all of its lateness)
 PHASE_TEXT = {"loader": "waiting for its data loader's next batch", "forward": "its forward",
               "backward": "its backward", "optimizer": "its optimiser step"}
 
@@ -122,7 +135,22 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
     group = "the default group" if key[0] is None else \
         f"process group {key[0]} ({ranks_phrase(members)})"
     places, fix, where = _where_time_goes(record, rank, members, [s.number for s in steps])
-    verdict = (f"cannot yet say whether it costs over {limit:.0%} of a step more than any "
+    cpu = _cpu_ms(record, rank, members)
+    machine = cpu is not None and cpu[1] >= MACHINE_SHARE * median and \
+        cpu[0] < WORK_SHARE * median
+    if cpu is not None and machine:
+        ran, waited = cpu
+        inconclusive = True
+        places = (f"waiting for a CPU: its threads waited {waited:.1f} ms a step longer "
+                  f"than the others' for one (the kernel's run-queue delay, over all its "
+                  f"threads) and ran {max(ran, 0.0):.1f} ms longer, against {median:.1f} "
+                  f"ms a step late: its cores run other work, so the machine, not its "
+                  f"code, holds the others up")
+        fix = (f"give rank {rank} cores of its own: fewer ranks than cores on the node, and "
+               f"no other busy process beside them")
+        where = ()
+    verdict = ("the machine's, not the program's" if machine else
+               f"cannot yet say whether it costs over {limit:.0%} of a step more than any "
                f"other rank ({excess_low:.0%}-{excess_high:.0%}): measure more steps"
                if inconclusive else "")
     symptom = (
@@ -143,8 +171,26 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
          "wait_share": wait, "wait_share_interval": [wait_low, wait_high],
          "beyond_next_worst": excess, "beyond_next_worst_interval": [excess_low, excess_high],
          "share_of_waiting": share, "share_of_waiting_interval": [share_low, share_high],
-         "late_ms_quartiles": [q1, median, q3], "step_ms": step_ms},
+         "late_ms_quartiles": [q1, median, q3], "step_ms": step_ms,
+         "cpu_ms_beyond_others": list(cpu) if cpu is not None else None},
         fix=fix, inconclusive=inconclusive, kind="straggler", where=where)
+
+
+def _cpu_ms(record: RunRecord, rank: int, members: tuple[int, ...]
+            ) -> tuple[float, float] | None:
+    """How much longer a step ``rank``'s threads ran on a CPU, and waited for one, than the
+    other members' medians (over the job, by its optimiser steps); None where any
+    member's is unknown."""
+    by_rank = {r.rank: r.evidence for r in record.ranks}
+    known = {m: by_rank[m].cpu_s for m in members if m in by_rank}
+    steps = len(step_ends(by_rank[rank])) if rank in by_rank else 0
+    if steps == 0 or any(known.get(m) is None for m in members):
+        return None
+    cpu = {m: c for m, c in known.items() if c is not None}
+    ran, waited = ((cpu[rank][i] - statistics.median(c[i] for m, c in cpu.items()
+                                                     if m != rank)) / steps * 1e3
+                   for i in (0, 1))
+    return ran, waited
 
 
 def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],

@@ -423,3 +423,5 @@ class Evidence:
     arrivals: tuple[Arrival, ...] = ()  # when it entered each collective (Flight Recorder)
     startup: Startup | None = None  # its last init_process_group: arguments and return
     wall_offset: float | None = None  # wall-clock minus monotonic time on its machine
+    # its threads' seconds on a CPU and waiting for one over the job (the kernel's)
+    cpu_s: tuple[float, float] | None = None

@@ -17,6 +17,7 @@ from typing import Any
 from distdoctor.analysis.stragglers import MIN_JOB_S
 from distdoctor.models.events import Ev
 from distdoctor.models.plaindata import loads_plain
+from distdoctor.trace.cpuwait import cpu_seconds
 
 
 def write_arrivals(tracer: Any, since: float) -> None:
@@ -26,7 +27,7 @@ def write_arrivals(tracer: Any, since: float) -> None:
     try:
         if time.monotonic() - since < MIN_JOB_S:
             return
-        event = arrivals_event(since)
+        event = arrivals_event(since, getattr(tracer, "cpu_at_start", None))
     # The recorder is evidence, best effort: a missing arrival shows as none; the job's
     # result stands.
     except Exception:  # noqa: BLE001
@@ -35,8 +36,11 @@ def write_arrivals(tracer: Any, since: float) -> None:
         tracer.write(**event)
 
 
-def arrivals_event(since: float) -> dict | None:
-    """The trace event (see write_arrivals), or None without a process group or recorder."""
+def arrivals_event(since: float, cpu_since: tuple[float, float] | None = None
+                   ) -> dict | None:
+    """The trace event (see write_arrivals), or None without a process group or recorder;
+    with the seconds its threads ran on a CPU and waited for one since the job began
+    (trace/cpuwait.py), where ``cpu_since`` was read then."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
@@ -68,5 +72,8 @@ def arrivals_event(since: float) -> dict | None:
                       created / 1e9 - offset])
     if not calls:
         return None
+    now = cpu_seconds()
+    cpu = {"cpu_ran": now[0] - cpu_since[0], "cpu_wait": now[1] - cpu_since[1]} \
+        if now is not None and cpu_since is not None else {}
     return {"ev": Ev.ARRIVALS, "offset": offset, "default": default, "groups": groups,
-            "calls": calls}
+            "calls": calls, **cpu}

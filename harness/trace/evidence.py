@@ -45,7 +45,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["incomplete"] = list(fold_incomplete(trace))
     fields["phases"] = list(fold_phases(trace))
     fields["gap_samples"] = list(fold_gap_samples(trace))
-    fields["arrivals"], fields["wall_offset"] = fold_arrivals(trace)
+    fields["arrivals"], fields["wall_offset"], fields["cpu_s"] = fold_arrivals(trace)
     fields["startup"] = fold_startup(trace)
     ddp = [event for event in trace if event.get("ev") == Ev.DDP]
     if ddp:

@@ -150,21 +150,31 @@ def fold_gap_samples(events: Iterable[dict]) -> tuple[GapSample, ...]:
                            str(line[3]) if len(line) > 3 else "")
                  for e in events if e.get("ev") == Ev.GAP_SAMPLES for line in e["lines"])
 
-def fold_arrivals(events: Iterable[dict]) -> tuple[tuple[Arrival, ...], float | None]:
+def fold_arrivals(events: Iterable[dict]) -> tuple[tuple[Arrival, ...], float | None,
+                                                  tuple[float, float] | None]:
     """The collectives a rank entered, by its Flight Recorder (the last such event: a
-    pool's rank writes one per job), and its wall-clock offset."""
+    pool's rank writes one per job), its wall-clock offset, and the seconds its threads
+    ran on a CPU and waited for one over the job (None: not read)."""
     last = None
     for e in events:
         if e.get("ev") == Ev.ARRIVALS:
             last = e
     if last is None:
-        return (), None
+        return (), None, None
+    ran, waited = _seconds(last.get("cpu_ran")), _seconds(last.get("cpu_wait"))
+    cpu = (ran, waited) if ran is not None and waited is not None else None
     groups = {str(name): tuple(int(r) for r in ranks) for name, ranks in last["groups"].items()}
     default = last.get("default")
     return tuple(Arrival(None if name == default else name, groups[name], int(seq), str(op),
                          _time(at))
                  for name, seq, op, at in last["calls"] if name in groups), \
-        _time(last["offset"])
+        _time(last["offset"]), cpu
+
+def _seconds(value: object) -> float | None:
+    """A duration as written (read, never trusted: a number, not negative), else None."""
+    return float(value) if isinstance(value, (int, float)) and \
+        not isinstance(value, bool) and value >= 0 else None
+
 
 def fold(events: Iterable[dict]) -> tuple[Call, ...]:
     """Turn a rank's JSON events into one Call per call, in the order they were entered."""

@@ -29,6 +29,7 @@ import torch.distributed.distributed_c10d as c10d
 from distdoctor.models.calls import ASYNC_POINT_TO_POINT, NEW_GROUP, REDUCING, TRACED_OPS
 from distdoctor.models.calls import direction as direction_of
 from distdoctor.models.events import Ev
+from distdoctor.trace.cpuwait import cpu_seconds
 from distdoctor.trace.lines import frame_line, where
 
 # frames that are never the user's line: torch, this package's hooks, the standard library
@@ -48,6 +49,7 @@ class Tracer:
         self._local = threading.local()
         self._originals: dict[str, Callable] = {}
         self.last_event = self.started = time.monotonic()  # started: the job's start
+        self.cpu_at_start = cpu_seconds()  # its threads' time on and waiting for a CPU
         self.optimizer_steps = 0  # kept once count_optimizer_steps ran
         self._counting = False
         self.incomplete_said: set[str] = set()  # evidence already reported as cut short
@@ -85,6 +87,7 @@ class Tracer:
             self.incomplete_said = set()
             self.jobs += 1
             self.started = time.monotonic()
+            self.cpu_at_start = cpu_seconds()
             self.ended = False
             hooks = getattr(self, "_step_hooks", None)
             if hooks is not None:
