@@ -48,7 +48,8 @@ def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
         distdoctor, tmp_path, example, ranks, cures, changed):
     patch = tmp_path / "fix.patch"
     done, report, script = fix_run(distdoctor, tmp_path, example, ranks, "--apply",
-                                   "--patch", str(patch))
+                                   "--patch", str(patch), "--html",
+                                   str(tmp_path / "report.html"))
     assert done.returncode == 1, done.stdout  # the run it diagnosed had the bug
     [fix] = report["fixes"]
     assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), done.stdout
@@ -60,6 +61,9 @@ def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
     kept = [line for line in script.read_text().splitlines() if f"+{line}" not in changed]
     assert kept == [line for line in original.splitlines() if f"-{line}" not in changed]
     assert fix["applied"] == str(script.with_name(example + ".orig"))
+    page = (tmp_path / "report.html").read_text()  # the patch beside the cause it cures
+    assert page.index(f'<span class="kind">{cures}</span>') < page.index('<pre class="diff">')
+    assert "patch verified: the patched copy reports OK" in page
 
 
 def test_a_healthy_script_gets_no_patch(distdoctor, tmp_path):
@@ -73,8 +77,8 @@ def test_an_edit_that_does_not_cure_the_run_is_never_offered_nor_applied(
         distdoctor, tmp_path, monkeypatch):
     """A remedy forced to divide by 2 at world size 3: the patched copy still sums 1.5x,
     so the patch is refused, and --apply leaves the script as it was."""
-    def halve(source: str, line: int) -> str | None:
-        edited = average_the_sum(source, line)
+    def halve(source: str, line: int, also: tuple[int, ...]) -> str | None:
+        edited = average_the_sum(source, line, also)
         return edited.replace("dist.get_world_size()", "2") if edited else None
 
     monkeypatch.setitem(remedies.REMEDIES, "gradient-not-averaged", halve)

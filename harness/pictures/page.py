@@ -29,6 +29,8 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f3f3f3; }
 code, pre { font: 12.5px/1.4 ui-monospace, "SFMono-Regular", Menlo, monospace; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
+.diff .add { color: #116329; background: #dafbe1; }
+.diff .remove { color: #82071e; background: #ffebe9; }
 nav a { margin-right: 12px; }
 """
 
@@ -62,6 +64,16 @@ def finding(kind: str, summary: str, fix: str, extra: str = "") -> str:
     more = f"<br>{escape(extra)}" if extra else ""
     return (f'<div class="finding"><span class="kind">{escape(kind)}</span><br>'
             f'{escape(summary)}<br><b>fix:</b> {escape(fix)}{more}</div>')
+
+
+def diff(text: str) -> str:
+    """A unified diff, each added line marked "add" and each removed one "remove"."""
+    rows = []
+    for line in text.splitlines():
+        kind = "add" if line.startswith("+") and not line.startswith("+++") else \
+            "remove" if line.startswith("-") and not line.startswith("---") else ""
+        rows.append(f'<span class="{kind}">{escape(line)}</span>' if kind else escape(line))
+    return f'<pre class="diff">{chr(10).join(rows)}</pre>'
 
 
 def page(title: str, subtitle: str, sections: list[Section]) -> str:

@@ -40,6 +40,13 @@ def _script_findings(result) -> str:
     for cause in result.findings:
         html += page.finding(cause.kind, cause.summary, cause.fix,
                              f"look at: {cause.where}" if cause.where else "")
+        for fix in getattr(result, "fixes", ()):  # run --fix: the patch beside the first
+            if cause.kind == fix.cures[0]:  # cause it cures
+                html += page.paragraph(
+                    f"patch verified: the patched copy reports {fix.rerun}" if fix.verified
+                    else f"a patch was tried and did not verify (the patched copy reports "
+                         f"{fix.rerun}): none is offered", "note")
+                html += page.diff(fix.diff) if fix.verified else ""
     return html
 
 
