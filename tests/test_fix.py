@@ -30,6 +30,8 @@ def fix_run(distdoctor, tmp_path, example: str, ranks: int, *flags: str):
 
 
 DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
+SEND = "dist.send(outgoing, dst=(rank + 1) % world)"
+RECV = "dist.recv(incoming, src=(rank - 1) % world)"
 
 
 @pytest.mark.parametrize("example, ranks, cures, changed", [
@@ -41,6 +43,10 @@ DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
       f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
     ("unwaited_async_allreduce.py", 2, "failed-sync",  # (the replicas' parting follows)
      ["+    for work in works:", "+        work.wait()"]),
+    ("p2p_cycle.py", 3, "p2p-cycle",  # (a ring of three: two even ranks side by side)
+     [f"-{SEND}  # BUG: everyone sends first", f"-{RECV}",
+      "+if dist.get_rank() % 2 == 0:", f"+    {SEND}  # BUG: everyone sends first",
+      f"+    {RECV}", "+else:", f"+    {RECV}", f"+    {SEND}"]),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters",
      ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
 ])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distdoctor.fixing.remedies import (
+    alternate_the_pair,
     average_the_sum,
     broadcast_after_construction,
     find_unused,
@@ -124,3 +125,22 @@ def test_the_model_is_broadcast_from_rank_0_right_after_it_is_made():
     assert broadcast_after_construction(two, 4) is None  # which model: the user's to say
     plain = SEEDED.replace("import torch.distributed as d", "from torch import distributed")
     assert broadcast_after_construction(plain, 4) is None  # no module name to call by
+
+
+CYCLE = '''import torch.distributed as dist
+def exchange(x, y, peer):
+    dist.send(x, peer)  # first
+    dist.recv(y, peer)
+'''
+
+
+def test_a_send_and_receive_side_by_side_are_ordered_by_the_ranks_parity():
+    assert alternate_the_pair(CYCLE, 3) == CYCLE.replace(
+        "    dist.send(x, peer)  # first\n    dist.recv(y, peer)\n",
+        "    if dist.get_rank() % 2 == 0:\n        dist.send(x, peer)  # first\n"
+        "        dist.recv(y, peer)\n    else:\n        dist.recv(y, peer)\n"
+        "        dist.send(x, peer)\n")
+    apart = CYCLE.replace("    dist.recv", "    log()\n    dist.recv")
+    assert alternate_the_pair(apart, 3) is None  # not side by side: not ours to reorder
+    waited = CYCLE.replace("dist.send(x, peer)", "dist.isend(x, peer).wait()")
+    assert alternate_the_pair(waited, 3) is None

@@ -189,6 +189,47 @@ def _dotted(node: cst.BaseExpression) -> str:
     return ""
 
 
+def alternate_the_pair(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """p2p-cycle, every rank sending before it receives: the send at ``line`` and the
+    receive right after it (or the other way round) are made in that order on even ranks
+    and in the other on odd ones, so each send meets a receive. Needs ``import
+    torch.distributed as NAME`` (the rank is asked of it)."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    alias = _module_alias(tree.module, "torch.distributed")
+    first = next(iter(_statements_at(tree.module, positions, line)), None)
+    block = parents.get(first) if first is not None else None
+    if alias is None or first is None or not isinstance(block, (cst.IndentedBlock,
+                                                                  cst.Module)):
+        return None
+    body: list[cst.BaseStatement] = list(block.body)
+    at = body.index(first)
+    second = body[at + 1] if at + 1 < len(body) else None
+    kinds = [_blocking_p2p(s) for s in (first, second)]
+    if second is None or set(kinds) != {"send", "recv"}:
+        return None  # not a blocking send and receive side by side
+    assert isinstance(second, cst.SimpleStatementLine)
+    code = cst.Module(body=[]).code_for_node
+    kept = [code(s.with_changes(leading_lines=[])).strip() for s in (first, second)]
+    bare = [code(s.with_changes(leading_lines=[], trailing_whitespace=cst.TrailingWhitespace()))
+            .strip() for s in (first, second)]  # (the comments stay with the first copy)
+    paired = cst.parse_statement(
+        f"if {alias}.get_rank() % 2 == 0:\n    {kept[0]}\n    {kept[1]}\nelse:\n"
+        f"    {bare[1]}\n    {bare[0]}\n")
+    body[at:at + 2] = [paired.with_changes(leading_lines=first.leading_lines)]
+    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+
+
+def _blocking_p2p(statement: cst.CSTNode | None) -> str | None:
+    """"send" or "recv" for a statement that is one blocking point-to-point call."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    call = _only_call(statement)
+    name = _called_name(call.func) if call is not None else None
+    return name if name in ("send", "recv") else None
+
+
 def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
     """Where an ``all_reduce(..., async_op=True)`` statement keeps its Work: (name, False)
     for ``w = all_reduce(...)``, (list, True) for ``works.append(all_reduce(...))``."""
@@ -219,6 +260,7 @@ REMEDIES: dict[str, Remedy] = {
     "unused-parameters": find_unused,
     "failed-sync": wait_before_step,
     "divergent-parameters": broadcast_after_construction,
+    "p2p-cycle": alternate_the_pair,
 }
 
 
