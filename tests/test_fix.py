@@ -47,6 +47,13 @@ RECV = "dist.recv(incoming, src=(rank - 1) % world)"
      [f"-{SEND}  # BUG: everyone sends first", f"-{RECV}",
       "+if dist.get_rank() % 2 == 0:", f"+    {SEND}  # BUG: everyone sends first",
       f"+    {RECV}", "+else:", f"+    {RECV}", f"+    {SEND}"]),
+    ("no_distributed_sampler.py", 2, "duplicate-samples",
+     ["-from torch.utils.data import DataLoader, TensorDataset",
+      "+from torch.utils.data import DataLoader, TensorDataset, DistributedSampler",
+      "-loader = DataLoader(data, batch_size=8, shuffle=True)  # BUG: no DistributedSampler",
+      "+sampler = DistributedSampler(data, shuffle=True)",
+      "+loader = DataLoader(data, batch_size=8, sampler=sampler)  # BUG: no DistributedSampler",
+      "+    sampler.set_epoch(epoch)"]),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters",
      ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
 ])

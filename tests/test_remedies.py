@@ -11,6 +11,7 @@ from distdoctor.fixing.remedies import (
     broadcast_after_construction,
     find_unused,
     set_the_epoch,
+    shard_the_loader,
     wait_before_step,
 )
 
@@ -144,3 +145,27 @@ def test_a_send_and_receive_side_by_side_are_ordered_by_the_ranks_parity():
     assert alternate_the_pair(apart, 3) is None  # not side by side: not ours to reorder
     waited = CYCLE.replace("dist.send(x, peer)", "dist.isend(x, peer).wait()")
     assert alternate_the_pair(waited, 3) is None
+
+
+SHARED = '''import torch
+loader = torch.utils.data.DataLoader(
+    data,
+    shuffle=True,
+    batch_size=4,
+)
+for epoch in range(2):
+    for batch in loader:
+        step(batch)
+'''
+
+
+def test_a_shared_loader_is_given_a_sampler_of_its_dataset_and_told_the_epoch():
+    edited = shard_the_loader(SHARED.replace("torch.utils.data.DataLoader", "DataLoader"), 8)
+    assert edited is not None
+    assert "sampler = torch.utils.data.DistributedSampler(data, shuffle=True)\n" in edited
+    assert "    batch_size=4,\n    sampler=sampler,\n)\n" in edited and "shuffle=True,\n" \
+        not in edited.split("DistributedSampler", 1)[1]
+    assert "for epoch in range(2):\n    sampler.set_epoch(epoch)\n" in edited
+    given = SHARED.replace("shuffle=True", "sampler=mine")
+    assert shard_the_loader(given.replace("torch.utils.data.DataLoader", "DataLoader"),
+                            8) is None  # a sampler of the user's own: theirs to shard

@@ -230,6 +230,82 @@ def _blocking_p2p(statement: cst.CSTNode | None) -> str | None:
     return name if name in ("send", "recv") else None
 
 
+def shard_the_loader(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """duplicate-samples: the loader iterated at ``line`` reads the whole dataset on every
+    rank. It is given a DistributedSampler of its dataset (its ``shuffle`` moved onto the
+    sampler), made just before it, and the sampler is told the epoch at the head of the
+    loop around (set_the_epoch), as every sharded loader must be."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    loop = next((node for node in _nodes(tree.module, cst.For)
+                 if positions[node].start.line == line), None)
+    if loop is None or not isinstance(loop.iter, cst.Name):
+        return None
+    made = next((s for s in _nodes(tree.module, cst.SimpleStatementLine)
+                 if len(s.body) == 1 and isinstance(s.body[0], cst.Assign)
+                 and m.matches(s.body[0], m.Assign(targets=[m.AssignTarget(
+                     target=m.Name(loop.iter.value))], value=m.Call()))), None)
+    call = made.body[0].value if made is not None and \
+        isinstance(made.body[0], cst.Assign) else None
+    if made is None or not isinstance(call, cst.Call) or \
+            _called_name(call.func) != "DataLoader" or not call.args or \
+            call.args[0].keyword is not None or any(
+                a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler")
+                for a in call.args):
+        return None
+    named = _importable(tree.module, "torch.utils.data", "DistributedSampler")
+    if named is None:
+        return None
+    used = {n.value for n in _nodes(tree.module, cst.Name)}
+    sampler = next(n for n in ("sampler", "train_sampler", "shard_sampler") if n not in used)
+    shuffle = next((a.value for a in call.args if a.keyword is not None
+                    and a.keyword.value == "shuffle"), None)
+    code = cst.Module(body=[]).code_for_node
+    made_sampler = cst.parse_statement(
+        f"{sampler} = {named[0]}({code(call.args[0].value)}"
+        f"{', shuffle=' + code(shuffle) if shuffle is not None else ''})\n")
+    args = [a for a in call.args if a.keyword is None or a.keyword.value != "shuffle"]
+    told = made.with_changes(body=[made.body[0].with_changes(value=_with_argument(
+        call.with_changes(args=[*args[:-1], args[-1].with_changes(
+            comma=call.args[-1].comma)]),
+        cst.Arg(cst.Name(sampler), keyword=cst.Name("sampler"), equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""),
+            whitespace_after=cst.SimpleWhitespace("")))))])
+    block = parents[made]
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    body: list[cst.BaseStatement] = list(block.body)
+    at = body.index(made)
+    body[at:at + 1] = [made_sampler.with_changes(leading_lines=made.leading_lines),
+                       told.with_changes(leading_lines=[])]
+    edited = tree.module.deep_replace(block, block.with_changes(body=body))
+    if not isinstance(edited, cst.Module):
+        return None
+    edited = named[1](edited)
+    shifted = line + 1 if positions[made].start.line < line else line
+    return set_the_epoch(edited.code, shifted + named[2])
+
+
+def _importable(module: cst.Module, package: str, name: str):
+    """How to name ``package.name`` in ``module``: (the name to call, a function adding
+    what import it needs, the lines that adds), by an existing ``from package import``
+    (the name joined to it), else ``import torch`` (the dotted name); None otherwise."""
+    for imported in _nodes(module, cst.ImportFrom):
+        if imported.module is not None and _dotted(imported.module) == package and \
+                not isinstance(imported.names, cst.ImportStar):
+            names = list(imported.names)
+            if any(_dotted(a.name) == name for a in names):
+                return name, lambda tree: tree, 0
+            joined = imported.with_changes(names=[*names[:-1], names[-1].with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.ImportAlias(cst.Name(name))])
+            return name, lambda tree: tree.deep_replace(imported, joined), 0
+    if _module_alias(module, "torch") == "torch":
+        return f"{package}.{name}", lambda tree: tree, 0
+    return None
+
+
 def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
     """Where an ``all_reduce(..., async_op=True)`` statement keeps its Work: (name, False)
     for ``w = all_reduce(...)``, (list, True) for ``works.append(all_reduce(...))``."""
@@ -261,6 +337,7 @@ REMEDIES: dict[str, Remedy] = {
     "failed-sync": wait_before_step,
     "divergent-parameters": broadcast_after_construction,
     "p2p-cycle": alternate_the_pair,
+    "duplicate-samples": shard_the_loader,
 }
 
 
