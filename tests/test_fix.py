@@ -32,6 +32,7 @@ def fix_run(distdoctor, tmp_path, example: str, ranks: int, *flags: str):
 DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
 SEND = "dist.send(outgoing, dst=(rank + 1) % world)"
 RECV = "dist.recv(incoming, src=(rank - 1) % world)"
+EVAL_NOTE = "# BUG: model.module(...) or no_grad()"
 
 
 @pytest.mark.parametrize("example, ranks, cures, changed", [
@@ -54,6 +55,10 @@ RECV = "dist.recv(incoming, src=(rank - 1) % world)"
       "+sampler = DistributedSampler(data, shuffle=True)",
       "+loader = DataLoader(data, batch_size=8, sampler=sampler)  # BUG: no DistributedSampler",
       "+    sampler.set_epoch(epoch)"]),
+    ("eval_on_rank0_through_ddp.py", 2, "collective-mismatch",
+     [f"-        score = model(torch.randn(16, 8)).mean()  {EVAL_NOTE}",
+      "+        with torch.no_grad():",
+      f"+            score = model.module(torch.randn(16, 8)).mean()  {EVAL_NOTE}"]),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters",
      ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
 ])

@@ -9,6 +9,7 @@ from distdoctor.fixing.remedies import (
     alternate_the_pair,
     average_the_sum,
     broadcast_after_construction,
+    evaluate_the_module,
     find_unused,
     set_the_epoch,
     shard_the_loader,
@@ -169,3 +170,21 @@ def test_a_shared_loader_is_given_a_sampler_of_its_dataset_and_told_the_epoch():
     given = SHARED.replace("shuffle=True", "sampler=mine")
     assert shard_the_loader(given.replace("torch.utils.data.DataLoader", "DataLoader"),
                             8) is None  # a sampler of the user's own: theirs to shard
+
+
+EVALUATED = '''import torch
+model = DDP(net)
+for step in range(3):
+    train(model)
+    if rank == 0:
+        print(model(x).mean())
+'''
+
+
+def test_an_evaluation_on_one_rank_calls_the_wrapped_module_without_a_graph():
+    assert evaluate_the_module(EVALUATED, 6) == EVALUATED.replace(
+        "        print(model(x).mean())\n",
+        "        with torch.no_grad():\n            print(model.module(x).mean())\n")
+    assert evaluate_the_module(EVALUATED, 4) is None  # on every rank: not this cause
+    barrier = EVALUATED.replace("print(model(x).mean())", "dist.barrier()")
+    assert evaluate_the_module(barrier, 6) is None  # another shape of the mismatch

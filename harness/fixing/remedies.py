@@ -306,6 +306,43 @@ def _importable(module: cst.Module, package: str, name: str):
     return None
 
 
+def evaluate_the_module(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """collective-mismatch from a forward through the DDP wrapper on some ranks only (an
+    evaluation under a rank guard): DDP's forward makes collectives the other ranks never
+    make there. The statement at ``line`` calls the wrapped module instead
+    (``model.module(...)``), under ``torch.no_grad()``: no collective, no graph."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    wrappers = {a.targets[0].target.value for a in _nodes(tree.module, cst.Assign)
+                if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+                and isinstance(a.value, cst.Call)
+                and _called_name(a.value.func) in ("DistributedDataParallel", "DDP")}
+    torch = _module_alias(tree.module, "torch")
+    statement = next(iter(_statements_at(tree.module, positions, line)), None)
+    if statement is None or torch is None or _enclosing(statement, parents, cst.If) is None:
+        return None  # (a forward on every rank is not this cause)
+    calls = [c for c in _nodes(statement, cst.Call)
+             if isinstance(c.func, cst.Name) and c.func.value in wrappers]
+    if len(calls) != 1:
+        return None
+    inner = statement.deep_replace(calls[0], calls[0].with_changes(
+        func=cst.Attribute(calls[0].func, cst.Name("module"))))
+    if not isinstance(inner, cst.SimpleStatementLine):
+        return None
+    guarded = cst.parse_statement(f"with {torch}.no_grad():\n    pass\n")
+    assert isinstance(guarded, cst.With) and isinstance(guarded.body, cst.IndentedBlock)
+    guarded = guarded.with_changes(
+        body=guarded.body.with_changes(body=[inner.with_changes(leading_lines=[])]),
+        leading_lines=statement.leading_lines)
+    block = parents[statement]
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    body: list[cst.BaseStatement] = list(block.body)
+    body[body.index(statement)] = guarded
+    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+
+
 def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
     """Where an ``all_reduce(..., async_op=True)`` statement keeps its Work: (name, False)
     for ``w = all_reduce(...)``, (list, True) for ``works.append(all_reduce(...))``."""
@@ -338,10 +375,11 @@ REMEDIES: dict[str, Remedy] = {
     "divergent-parameters": broadcast_after_construction,
     "p2p-cycle": alternate_the_pair,
     "duplicate-samples": shard_the_loader,
+    "collective-mismatch": evaluate_the_module,
 }
 
 
-def _nodes(module: cst.Module, kind: type) -> list:
+def _nodes(module: cst.CSTNode, kind: type) -> list:
     found: list = []
 
     class Collect(cst.CSTVisitor):
