@@ -59,6 +59,12 @@ EVAL_NOTE = "# BUG: model.module(...) or no_grad()"
      [f"-        score = model(torch.randn(16, 8)).mean()  {EVAL_NOTE}",
       "+        with torch.no_grad():",
       f"+            score = model.module(torch.randn(16, 8)).mean()  {EVAL_NOTE}"]),
+    ("accumulate_without_no_sync.py", 2, "sync-every-microbatch",
+     ["+import contextlib", "-        loss = model(batch).pow(2).mean() / 4  # FORWARD",
+      "-        loss.backward()",
+      "+        with model.no_sync() if micro < 3 else contextlib.nullcontext():",
+      "+            loss = model(batch).pow(2).mean() / 4  # FORWARD",
+      "+            loss.backward()"]),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters",
      ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
 ])

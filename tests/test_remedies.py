@@ -13,6 +13,7 @@ from distdoctor.fixing.remedies import (
     find_unused,
     set_the_epoch,
     shard_the_loader,
+    sync_the_last,
     wait_before_step,
 )
 
@@ -188,3 +189,29 @@ def test_an_evaluation_on_one_rank_calls_the_wrapped_module_without_a_graph():
     assert evaluate_the_module(EVALUATED, 4) is None  # on every rank: not this cause
     barrier = EVALUATED.replace("print(model(x).mean())", "dist.barrier()")
     assert evaluate_the_module(barrier, 6) is None  # another shape of the mismatch
+
+
+ACCUMULATED = '''"""A script."""
+from __future__ import annotations
+
+import torch
+net = DDP(make())
+for step in range(2):
+    for micro in range(steps):
+        loss = net(x[micro])
+        loss.backward()
+    opt.step()
+'''
+
+
+def test_every_micro_batch_but_the_last_runs_inside_no_sync():
+    edited = sync_the_last(ACCUMULATED, 8)
+    imported = ACCUMULATED.replace("\nimport torch\n", "\nimport contextlib\nimport torch\n")
+    assert edited == imported.replace(
+        "        loss = net(x[micro])\n        loss.backward()\n",
+        "        with net.no_sync() if micro < steps - 1 else contextlib.nullcontext():\n"
+        "            loss = net(x[micro])\n            loss.backward()\n")
+    no_backward = ACCUMULATED.replace("        loss.backward()\n", "")
+    assert sync_the_last(no_backward, 8) is None  # nothing to keep from synchronising
+    listed = ACCUMULATED.replace("range(steps)", "batches")
+    assert sync_the_last(listed, 8) is None  # which one is last: not said by a count

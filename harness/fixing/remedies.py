@@ -314,10 +314,7 @@ def evaluate_the_module(source: str, line: int, also: tuple[int, ...] = ()) -> s
     tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
     positions = tree.resolve(PositionProvider)
     parents = tree.resolve(ParentNodeProvider)
-    wrappers = {a.targets[0].target.value for a in _nodes(tree.module, cst.Assign)
-                if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
-                and isinstance(a.value, cst.Call)
-                and _called_name(a.value.func) in ("DistributedDataParallel", "DDP")}
+    wrappers = _wrapper_names(tree.module)
     torch = _module_alias(tree.module, "torch")
     statement = next(iter(_statements_at(tree.module, positions, line)), None)
     if statement is None or torch is None or _enclosing(statement, parents, cst.If) is None:
@@ -341,6 +338,77 @@ def evaluate_the_module(source: str, line: int, also: tuple[int, ...] = ()) -> s
     body: list[cst.BaseStatement] = list(block.body)
     body[body.index(statement)] = guarded
     return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+
+
+def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """sync-every-microbatch: the micro-batch loop around ``line`` (``for i in
+    range(n):``) runs its forward and backward (from ``line`` to the statement holding
+    ``.backward()``) inside ``model.no_sync()`` for every micro-batch but the last, whose
+    backward synchronises the accumulated gradients once."""
+    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    positions = tree.resolve(PositionProvider)
+    parents = tree.resolve(ParentNodeProvider)
+    first = next(iter(_statements_at(tree.module, positions, line)), None)
+    if first is None:
+        return None
+    loop = _enclosing(first, parents, cst.For)
+    if loop is None or not isinstance(loop.body, cst.IndentedBlock) or \
+            parents.get(first) is not loop.body or not isinstance(loop.target, cst.Name) or \
+            not m.matches(loop.iter, m.Call(func=m.Name("range"), args=[m.Arg()])):
+        return None
+    wrappers = _wrapper_names(tree.module)
+    model = next((c.func.value for c in _nodes(first, cst.Call)
+                  if isinstance(c.func, cst.Name) and c.func.value in wrappers), None)
+    body: list[cst.BaseStatement] = list(loop.body.body)
+    start = body.index(first)
+    end = next((i for i in range(start, len(body)) if any(
+        isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"
+        for c in _nodes(body[i], cst.Call))), None)
+    if model is None or end is None:
+        return None
+    code = cst.Module(body=[]).code_for_node
+    assert isinstance(loop.iter, cst.Call)
+    count = loop.iter.args[0].value
+    last = str(int(count.value) - 1) if isinstance(count, cst.Integer) else \
+        f"{code(count)} - 1"
+    needs_import = _module_alias(tree.module, "contextlib") is None
+    wrapped = cst.parse_statement(
+        f"with {model}.no_sync() if {loop.target.value} < {last} else "
+        f"contextlib.nullcontext():\n    pass\n")
+    assert isinstance(wrapped, cst.With) and isinstance(wrapped.body, cst.IndentedBlock)
+    inner = [first.with_changes(leading_lines=[]), *body[start + 1:end + 1]]
+    body[start:end + 1] = [wrapped.with_changes(
+        body=wrapped.body.with_changes(body=inner), leading_lines=first.leading_lines)]
+    edited = tree.module.deep_replace(loop.body, loop.body.with_changes(body=body))
+    if not isinstance(edited, cst.Module):
+        return None
+    if needs_import:
+        edited = _with_import(edited, "contextlib")
+    return edited.code
+
+
+def _wrapper_names(module: cst.Module) -> set[str]:
+    """The names bound to a DistributedDataParallel(...) (or DDP(...)) the script makes."""
+    return {a.targets[0].target.value for a in _nodes(module, cst.Assign)
+            if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+            and isinstance(a.value, cst.Call)
+            and _called_name(a.value.func) in ("DistributedDataParallel", "DDP")}
+
+
+def _with_import(module: cst.Module, name: str) -> cst.Module:
+    """``import NAME`` on a line of its own, first among the module's imports (after its
+    docstring and ``from __future__``)."""
+    body = list(module.body)
+    at = next((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
+               and any(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)
+               and not m.matches(s.body[0], m.ImportFrom(module=m.Name("__future__")))),
+              len(body))
+    added = cst.parse_statement(f"import {name}\n")
+    if at < len(body):
+        added = added.with_changes(leading_lines=body[at].leading_lines)
+        body[at] = body[at].with_changes(leading_lines=[])
+    body.insert(at, added)
+    return module.with_changes(body=body)
 
 
 def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
@@ -376,6 +444,7 @@ REMEDIES: dict[str, Remedy] = {
     "p2p-cycle": alternate_the_pair,
     "duplicate-samples": shard_the_loader,
     "collective-mismatch": evaluate_the_module,
+    "sync-every-microbatch": sync_the_last,
 }
 
 
