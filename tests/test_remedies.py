@@ -215,3 +215,29 @@ def test_every_micro_batch_but_the_last_runs_inside_no_sync():
     assert sync_the_last(no_backward, 8) is None  # nothing to keep from synchronising
     listed = ACCUMULATED.replace("range(steps)", "batches")
     assert sync_the_last(listed, 8) is None  # which one is last: not said by a count
+
+
+def test_the_verified_copy_holds_the_scripts_code_and_nothing_else(tmp_path):
+    """The patched copy is run from a copy of what the script can import beside it: its
+    sibling modules and packages, never the rest of the folder (a home folder's data)."""
+    from distdoctor.fixing.patches import Proposal, verify
+
+    (tmp_path / "train.py").write_text("import helpers\n")
+    (tmp_path / "helpers.py").write_text("x = 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "data.bin").write_bytes(b"\0" * 10)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.py").write_text("")  # a folder, but no package
+    (tmp_path / "notes.txt").write_text("")
+    seen = []
+
+    def rerun(patched):
+        seen.extend(sorted(str(p.relative_to(patched.parent))
+                           for p in patched.parent.rglob("*")))
+        return "OK", []
+
+    proposal = Proposal(tmp_path / "train.py", "import helpers\n", "import helpers  # x\n",
+                        ("gradient-not-averaged",))
+    outcome = verify(proposal, "train.py", rerun, ["gradient-not-averaged"])
+    assert outcome.verified and seen == ["helpers.py", "pkg", "pkg/__init__.py", "train.py"]

@@ -147,10 +147,10 @@ def _place(where: str | None, cwd: Path) -> tuple[Path, int] | None:
 
 
 def _not_code(folder: str, names: list[str]) -> list[str]:
-    """What the copy leaves out: all but Python files and the folders holding them (the
-    script's folder may be a whole project with its data: the re-run starts in the same
-    working directory, so relative data paths still reach the user's own), and caches,
-    version control and virtual environments."""
-    skipped = ("__pycache__", ".git", ".venv", "venv", "node_modules", ".tox")
-    return [n for n in names if n in skipped or
-            not n.endswith(".py") and not (Path(folder) / n).is_dir()]
+    """What the copy leaves out: all but what the script can import from its folder (its
+    sibling Python files, and the packages beside it: folders with an ``__init__.py``),
+    so a script in a home folder copies its own code, not the home folder. The re-run
+    starts in the same working directory, so relative data paths still reach the user's
+    own data."""
+    return [n for n in names if not (n.endswith(".py") and (Path(folder) / n).is_file()
+                                     or (Path(folder) / n / "__init__.py").is_file())]
