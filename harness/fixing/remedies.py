@@ -23,10 +23,8 @@ Remedy = Callable[[str, int, tuple[int, ...]], "str | None"]
 def average_the_sum(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """gradient-not-averaged: after the all-reduce at ``line`` (a SUM by default), divide
     what it reduced by its group's size: ``X /= dist.get_world_size(group)``."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    for statement in _statements_at(tree.module, positions, line):
+    tree, positions, parents = _parsed(source)
+    for statement in _statements_at(tree, positions, line):
         call = _only_call(statement)
         if call is None or _called_name(call.func) != "all_reduce" or not call.args:
             continue
@@ -45,7 +43,7 @@ def average_the_sum(source: str, line: int, also: tuple[int, ...] = ()) -> str |
         divide = statement.with_changes(body=[cst.AugAssign(
             reduced, cst.DivideAssign(), size)],
             leading_lines=[], trailing_whitespace=cst.TrailingWhitespace())
-        return _insert_after(tree.module, parents, statement, divide)
+        return _insert_after(tree, parents, statement, divide)
     return None
 
 
@@ -53,14 +51,12 @@ def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     """repeated-epoch-order: the loader iterated at ``line`` draws from a
     DistributedSampler; at the head of the loop around it (the epoch loop), tell the
     sampler the epoch: ``sampler.set_epoch(epoch)``."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    loop = next((node for node in _nodes(tree.module, cst.For)
-                 if positions[node].start.line == line), None)
-    if loop is None or not isinstance(loop.iter, cst.Name):
+    tree, positions, parents = _parsed(source)
+    found = _loop_over_a_name(tree, positions, line)
+    if found is None:
         return None
-    sampler = _sampler_of(tree.module, loop.iter.value)
+    loop, loader = found
+    sampler = _sampler_of(tree, loader)
     outer = _enclosing(loop, parents, cst.For)
     if sampler is None or outer is None or not isinstance(outer.target, cst.Name) or \
             not isinstance(outer.body, cst.IndentedBlock):
@@ -71,7 +67,7 @@ def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
             func=m.Attribute(value=m.Name(sampler), attr=m.Name("set_epoch"))))])):
         return None  # told already (with a constant, maybe): not a mechanical edit
     edited = outer.with_changes(body=outer.body.with_changes(body=[call, *outer.body.body]))
-    return _code(tree.module.deep_replace(outer, edited))
+    return _code(tree.deep_replace(outer, edited))
 
 
 def find_unused(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
@@ -117,19 +113,17 @@ def wait_before_step(source: str, line: int, also: tuple[int, ...] = ()) -> str 
     """failed-sync, an asynchronous all-reduce never waited: its Work (``w = ...``) or the
     list its Works go to (``works.append(...)``) is waited on just before the optimizer
     step the report names among ``also``, so the reductions still overlap the rest."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    started = next(iter(_statements_at(tree.module, positions, line)), None)
+    tree, positions, parents = _parsed(source)
+    started = next(iter(_statements_at(tree, positions, line)), None)
     held = _work_holder(started) if started is not None else None
-    step = next((s for at in also for s in _statements_at(tree.module, positions, at)
+    step = next((s for at in also for s in _statements_at(tree, positions, at)
                  if (c := _only_call(s)) is not None and _called_name(c.func) == "step"),
                 None)
     if held is None or step is None:
         return None
     name, many = held
     if many:
-        used = {n.value for n in _nodes(tree.module, cst.Name)}
+        used = {n.value for n in _nodes(tree, cst.Name)}
         each = next(n for n in ("work", "pending", "handle", "_work") if n not in used)
         wait = cst.parse_statement(f"for {each} in {name}:\n    {each}.wait()\n")
     else:
@@ -140,7 +134,7 @@ def wait_before_step(source: str, line: int, also: tuple[int, ...] = ()) -> str 
     body: list[cst.BaseStatement] = list(block.body)
     body.insert(body.index(step), wait.with_changes(leading_lines=step.leading_lines))
     body[body.index(step)] = step.with_changes(leading_lines=[])
-    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+    return _code(tree.deep_replace(block, block.with_changes(body=body)))
 
 
 def broadcast_after_construction(source: str, line: int,
@@ -149,25 +143,24 @@ def broadcast_after_construction(source: str, line: int,
     after the model the script trains is made (the one name whose ``.parameters()`` it
     uses), every tensor of its state is broadcast from rank 0, as DDP does when it wraps
     one. Needs ``import torch.distributed as NAME``; several models are the user's."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    parents = tree.resolve(ParentNodeProvider)
-    owners = {c.func.value.value for c in _nodes(tree.module, cst.Call)
+    tree, _, parents = _parsed(source)
+    owners = {c.func.value.value for c in _nodes(tree, cst.Call)
               if isinstance(c.func, cst.Attribute) and c.func.attr.value == "parameters"
               and isinstance(c.func.value, cst.Name)}
-    alias = _module_alias(tree.module, "torch.distributed")
+    alias = _module_alias(tree, "torch.distributed")
     if len(owners) != 1 or alias is None:
         return None
     model = owners.pop()
-    made = next((s for s in _nodes(tree.module, cst.SimpleStatementLine)
+    made = next((s for s in _nodes(tree, cst.SimpleStatementLine)
                  if len(s.body) == 1 and m.matches(s.body[0], m.Assign(
                      targets=[m.AssignTarget(target=m.Name(model))]))), None)
     if made is None:
         return None
-    used = {n.value for n in _nodes(tree.module, cst.Name)}
+    used = {n.value for n in _nodes(tree, cst.Name)}
     each = next(n for n in ("tensor", "state", "_tensor") if n not in used)
     sync = cst.parse_statement(f"for {each} in {model}.state_dict().values():\n"
                                f"    {alias}.broadcast({each}, src=0)\n")
-    return _insert_after(tree.module, parents, made, sync)
+    return _insert_after(tree, parents, made, sync)
 
 
 def _module_alias(module: cst.Module, dotted: str) -> str | None:
@@ -194,11 +187,9 @@ def alternate_the_pair(source: str, line: int, also: tuple[int, ...] = ()) -> st
     receive right after it (or the other way round) are made in that order on even ranks
     and in the other on odd ones, so each send meets a receive. Needs ``import
     torch.distributed as NAME`` (the rank is asked of it)."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    alias = _module_alias(tree.module, "torch.distributed")
-    first = next(iter(_statements_at(tree.module, positions, line)), None)
+    tree, positions, parents = _parsed(source)
+    alias = _module_alias(tree, "torch.distributed")
+    first = next(iter(_statements_at(tree, positions, line)), None)
     block = parents.get(first) if first is not None else None
     if alias is None or first is None or not isinstance(block, (cst.IndentedBlock,
                                                                   cst.Module)):
@@ -218,7 +209,7 @@ def alternate_the_pair(source: str, line: int, also: tuple[int, ...] = ()) -> st
         f"if {alias}.get_rank() % 2 == 0:\n    {kept[0]}\n    {kept[1]}\nelse:\n"
         f"    {bare[1]}\n    {bare[0]}\n")
     body[at:at + 2] = [paired.with_changes(leading_lines=first.leading_lines)]
-    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+    return _code(tree.deep_replace(block, block.with_changes(body=body)))
 
 
 def _blocking_p2p(statement: cst.CSTNode | None) -> str | None:
@@ -235,17 +226,15 @@ def shard_the_loader(source: str, line: int, also: tuple[int, ...] = ()) -> str 
     rank. It is given a DistributedSampler of its dataset (its ``shuffle`` moved onto the
     sampler), made just before it, and the sampler is told the epoch at the head of the
     loop around (set_the_epoch), as every sharded loader must be."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    loop = next((node for node in _nodes(tree.module, cst.For)
-                 if positions[node].start.line == line), None)
-    if loop is None or not isinstance(loop.iter, cst.Name):
+    tree, positions, parents = _parsed(source)
+    found = _loop_over_a_name(tree, positions, line)
+    if found is None:
         return None
-    made = next((s for s in _nodes(tree.module, cst.SimpleStatementLine)
+    loop, loader = found
+    made = next((s for s in _nodes(tree, cst.SimpleStatementLine)
                  if len(s.body) == 1 and isinstance(s.body[0], cst.Assign)
                  and m.matches(s.body[0], m.Assign(targets=[m.AssignTarget(
-                     target=m.Name(loop.iter.value))], value=m.Call()))), None)
+                     target=m.Name(loader))], value=m.Call()))), None)
     call = made.body[0].value if made is not None and \
         isinstance(made.body[0], cst.Assign) else None
     if made is None or not isinstance(call, cst.Call) or \
@@ -254,10 +243,10 @@ def shard_the_loader(source: str, line: int, also: tuple[int, ...] = ()) -> str 
                 a.keyword is not None and a.keyword.value in ("sampler", "batch_sampler")
                 for a in call.args):
         return None
-    named = _importable(tree.module, "torch.utils.data", "DistributedSampler")
+    named = _importable(tree, "torch.utils.data", "DistributedSampler")
     if named is None:
         return None
-    used = {n.value for n in _nodes(tree.module, cst.Name)}
+    used = {n.value for n in _nodes(tree, cst.Name)}
     sampler = next(n for n in ("sampler", "train_sampler", "shard_sampler") if n not in used)
     shuffle = next((a.value for a in call.args if a.keyword is not None
                     and a.keyword.value == "shuffle"), None)
@@ -279,7 +268,7 @@ def shard_the_loader(source: str, line: int, also: tuple[int, ...] = ()) -> str 
     at = body.index(made)
     body[at:at + 1] = [made_sampler.with_changes(leading_lines=made.leading_lines),
                        told.with_changes(leading_lines=[])]
-    edited = tree.module.deep_replace(block, block.with_changes(body=body))
+    edited = tree.deep_replace(block, block.with_changes(body=body))
     if not isinstance(edited, cst.Module):
         return None
     edited = named[1](edited)
@@ -311,12 +300,10 @@ def evaluate_the_module(source: str, line: int, also: tuple[int, ...] = ()) -> s
     evaluation under a rank guard): DDP's forward makes collectives the other ranks never
     make there. The statement at ``line`` calls the wrapped module instead
     (``model.module(...)``), under ``torch.no_grad()``: no collective, no graph."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    wrappers = _wrapper_names(tree.module)
-    torch = _module_alias(tree.module, "torch")
-    statement = next(iter(_statements_at(tree.module, positions, line)), None)
+    tree, positions, parents = _parsed(source)
+    wrappers = _wrapper_names(tree)
+    torch = _module_alias(tree, "torch")
+    statement = next(iter(_statements_at(tree, positions, line)), None)
     if statement is None or torch is None or _enclosing(statement, parents, cst.If) is None:
         return None  # (a forward on every rank is not this cause)
     calls = [c for c in _nodes(statement, cst.Call)
@@ -337,7 +324,7 @@ def evaluate_the_module(source: str, line: int, also: tuple[int, ...] = ()) -> s
         return None
     body: list[cst.BaseStatement] = list(block.body)
     body[body.index(statement)] = guarded
-    return _code(tree.module.deep_replace(block, block.with_changes(body=body)))
+    return _code(tree.deep_replace(block, block.with_changes(body=body)))
 
 
 def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
@@ -345,10 +332,8 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     range(n):``) runs its forward and backward (from ``line`` to the statement holding
     ``.backward()``) inside ``model.no_sync()`` for every micro-batch but the last, whose
     backward synchronises the accumulated gradients once."""
-    tree = cst.metadata.MetadataWrapper(cst.parse_module(source))
-    positions = tree.resolve(PositionProvider)
-    parents = tree.resolve(ParentNodeProvider)
-    first = next(iter(_statements_at(tree.module, positions, line)), None)
+    tree, positions, parents = _parsed(source)
+    first = next(iter(_statements_at(tree, positions, line)), None)
     if first is None:
         return None
     loop = _enclosing(first, parents, cst.For)
@@ -356,7 +341,7 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
             parents.get(first) is not loop.body or not isinstance(loop.target, cst.Name) or \
             not m.matches(loop.iter, m.Call(func=m.Name("range"), args=[m.Arg()])):
         return None
-    wrappers = _wrapper_names(tree.module)
+    wrappers = _wrapper_names(tree)
     model = next((c.func.value for c in _nodes(first, cst.Call)
                   if isinstance(c.func, cst.Name) and c.func.value in wrappers), None)
     body: list[cst.BaseStatement] = list(loop.body.body)
@@ -371,7 +356,7 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     count = loop.iter.args[0].value
     last = str(int(count.value) - 1) if isinstance(count, cst.Integer) else \
         f"{code(count)} - 1"
-    needs_import = _module_alias(tree.module, "contextlib") is None
+    needs_import = _module_alias(tree, "contextlib") is None
     wrapped = cst.parse_statement(
         f"with {model}.no_sync() if {loop.target.value} < {last} else "
         f"contextlib.nullcontext():\n    pass\n")
@@ -379,7 +364,7 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     inner = [first.with_changes(leading_lines=[]), *body[start + 1:end + 1]]
     body[start:end + 1] = [wrapped.with_changes(
         body=wrapped.body.with_changes(body=inner), leading_lines=first.leading_lines)]
-    edited = tree.module.deep_replace(loop.body, loop.body.with_changes(body=body))
+    edited = tree.deep_replace(loop.body, loop.body.with_changes(body=body))
     if not isinstance(edited, cst.Module):
         return None
     if needs_import:
@@ -446,6 +431,23 @@ REMEDIES: dict[str, Remedy] = {
     "collective-mismatch": evaluate_the_module,
     "sync-every-microbatch": sync_the_last,
 }
+
+
+def _parsed(source: str):
+    """The script's tree, and where each node is and what holds it."""
+    wrapper = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    return wrapper.module, wrapper.resolve(PositionProvider), \
+        wrapper.resolve(ParentNodeProvider)
+
+
+def _loop_over_a_name(module: cst.Module, positions, line: int
+                      ) -> tuple[cst.For, str] | None:
+    """The ``for ... in NAME:`` loop at ``line`` (over a loader) and NAME, else None."""
+    loop = next((node for node in _nodes(module, cst.For)
+                 if positions[node].start.line == line), None)
+    if loop is None or not isinstance(loop.iter, cst.Name):
+        return None
+    return loop, loop.iter.value
 
 
 def _nodes(module: cst.CSTNode, kind: type) -> list:
