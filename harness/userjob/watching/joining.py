@@ -19,6 +19,7 @@ from typing import Callable
 
 from distdoctor.analysis.startup import launcher_numbering, never_forms, startup_of
 from distdoctor.models.events import Ev
+from distdoctor.userjob.watching.notes import live_notes
 
 JOINING = "joining"  # the notes' folder, under the command's trace folder
 GROUP = "pg-joining"  # the process group written for the ranks stopped inside the call
@@ -53,22 +54,12 @@ def waiting(traces: Path, members: Callable[[], list[int]],
     (``members``: the command's processes, asked only when some note exists; the note of
     a process gone that did not raise is stale). ``ended``: the command has ended, and
     every note left is read (its launcher stopped the ranks still inside the call)."""
-    notes = sorted((traces / JOINING).glob("*.json"))
-    if not notes:
-        return []
-    alive, found = set(members()) if not ended else set(), []
-    for note in notes:
-        try:
-            event = json.loads(note.read_text())
-        except (OSError, ValueError):
-            continue  # removed as we read it: the call returned
-        pid, since = event.get("pid") if isinstance(event, dict) else None, \
-            event.get("t") if isinstance(event, dict) else None
-        raised = event.get("raised") if isinstance(event, dict) else None
-        raised = raised if isinstance(raised, str) else None
-        if isinstance(pid, int) and (ended or pid in alive or raised is not None) \
-                and isinstance(since, (int, float)):
-            found.append(Waiting(pid, event, float(since), raised))
+    found = []
+    for event in live_notes(traces / JOINING, members, ended):
+        since, raised = event.get("t"), event.get("raised")
+        if isinstance(since, (int, float)):
+            found.append(Waiting(event["pid"], event, float(since),
+                                 raised if isinstance(raised, str) else None))
     return found
 
 
