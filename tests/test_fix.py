@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distdoctor.fixing import remedies
-from distdoctor.fixing.remedies import average_the_sum
+from distdoctor.fixing.gradients import average_the_sum
 
 pytestmark = pytest.mark.tier("e2e")
 

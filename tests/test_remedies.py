@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor.fixing.remedies import (
-    alternate_the_pair,
-    average_the_sum,
-    broadcast_after_construction,
-    evaluate_the_module,
-    find_unused,
-    set_the_epoch,
-    shard_the_loader,
-    sync_the_last,
-    wait_before_step,
-)
+from distdoctor.fixing.collectives import alternate_the_pair, evaluate_the_module
+from distdoctor.fixing.data import set_the_epoch, shard_the_loader
+from distdoctor.fixing.gradients import average_the_sum, sync_the_last, wait_before_step
+from distdoctor.fixing.replicas import broadcast_after_construction, find_unused
 
 pytestmark = pytest.mark.tier("unit")
 
