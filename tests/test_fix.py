@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+from lanes import Job, Step
 
 from distdoctor.fixing import remedies
 from distdoctor.fixing.gradients import average_the_sum
@@ -33,9 +35,18 @@ DDP_LINE = "model = nn.parallel.DistributedDataParallel(Model()"
 SEND = "dist.send(outgoing, dst=(rank + 1) % world)"
 RECV = "dist.recv(incoming, src=(rank - 1) % world)"
 EVAL_NOTE = "# BUG: model.module(...) or no_grad()"
+CLIP = "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # BUG: rank 0 only"
+SCHEDULE = "scheduler.step()  # BUG: the schedule advances on rank 0 alone"
+LOAD = ["state = torch.load(checkpoint)",
+        "optimizer.load_state_dict(state[\"optimizer\"])  # BUG: rank 0's momentum alone"]
+GATHER = "state = {k: v.full_tensor() for k, v in net.state_dict().items()}  # BUG: rank 0 only"
+STEPS = ["steps = torch.tensor([batches])", "dist.all_reduce(steps, op=dist.ReduceOp.MIN)"]
+NULL = "contextlib.nullcontext()"
+SKIP = ["skip = torch.tensor([float(not math.isfinite(loss.item()))])",
+        "dist.all_reduce(skip, op=dist.ReduceOp.MAX)"]
 
-
-@pytest.mark.parametrize("example, ranks, cures, changed", [
+# (example, ranks, the cause its patch cures, the diff's changed lines, no other)
+CASES = [
     ("summed_gradients.py", 3, "gradient-not-averaged",
      ["+        p.grad /= dist.get_world_size()"]),
     ("epoch_not_set.py", 2, "repeated-epoch-order", ["+    sampler.set_epoch(epoch)"]),
@@ -67,16 +78,82 @@ EVAL_NOTE = "# BUG: model.module(...) or no_grad()"
       "+            loss.backward()"]),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters",
      ["+for tensor in model.state_dict().values():", "+    dist.broadcast(tensor, src=0)"]),
-])
-def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
-        distdoctor, tmp_path, example, ranks, cures, changed):
-    patch = tmp_path / "fix.patch"
-    done, report, script = fix_run(distdoctor, tmp_path, example, ranks, "--apply",
-                                   "--patch", str(patch), "--html",
-                                   str(tmp_path / "report.html"))
-    assert done.returncode == 1, done.stdout  # the run it diagnosed had the bug
+    # a call under a rank guard, made on every rank (the rest of the condition kept)
+    ("ddp_barrier_on_rank0.py", 2, "collective-mismatch",
+     ["-    if dist.get_rank() == 0 and step == 1:", "+    if step == 1:"]),
+    ("rank_zero_metric.py", 2, "collective-mismatch",
+     ["-    if rank == 0 and step == 1:", "+    if step == 1:"]),
+    ("ddp_log_on_rank0.py", 2, "collective-mismatch",
+     ["-    if dist.get_rank() == 0:",
+      "-        dist.all_reduce(loss.detach())  # BUG: a collective only rank 0 makes",
+      "+    dist.all_reduce(loss.detach())  # BUG: a collective only rank 0 makes"]),
+    ("conditional_collective.py", 2, "collective-mismatch",
+     ["-if dist.get_rank() == 0:",
+      "-    dist.all_reduce(metrics)  # BUG: a collective only rank 0 calls",
+      "+dist.all_reduce(metrics)  # BUG: a collective only rank 0 calls"]),
+    ("mesh_metric_on_rank0.py", 2, "collective-mismatch",
+     ["-if dist.get_rank() == 0:",
+      "-    dist.all_reduce(metric)  # BUG: a collective only rank 0 makes",
+      "+dist.all_reduce(metric)  # BUG: a collective only rank 0 makes"]),
+    ("fsdp_checkpoint_on_rank0.py", 2, "collective-mismatch",
+     ["-if dist.get_rank() == 0:", f"-    {GATHER}", f"+{GATHER}"]),
+    ("group_on_subset.py", 4, "collective-mismatch",  # (group creation is a collective)
+     ["-if rank < 2:", "-    pair = dist.new_group([0, 1])  # BUG: only its members make it",
+      "+pair = dist.new_group([0, 1])  # BUG: only its members make it"]),
+    ("clip_on_rank0.py", 2, "rank-dependent-update", [f"+    {CLIP}", f"-        {CLIP}"]),
+    ("scheduler_on_rank_0.py", 2, "rank-dependent-update",
+     [f"+    {SCHEDULE}", f"-        {SCHEDULE}"]),
+    ("resume_optimizer_on_rank0.py", 2, "rank-dependent-update",  # (with what it needs)
+     [f"+{LOAD[0]}", f"+{LOAD[1]}", f"-    {LOAD[0]}", f"-    {LOAD[1]}"]),
+    ("batchnorm_buffers_not_broadcast.py", 2, "divergent-buffers",
+     ["-model = DDP(net, broadcast_buffers=False)  # BUG: and no SyncBatchNorm",
+      "+model = DDP(net, broadcast_buffers=True)  # BUG: and no SyncBatchNorm"]),
+    ("accumulate_sync_on_first.py", 2, "unsynced-microbatches",
+     [f"-        with model.no_sync() if micro > 0 else {NULL}:  # BUG: micro < 3",
+      f"+        with model.no_sync() if micro < 3 else {NULL}:  # BUG: micro < 3"]),
+    # a decision one rank makes alone, agreed by an all-reduce first
+    ("skip_step_on_nonfinite_loss.py", 2, "partial-step",
+     ["-    if not math.isfinite(loss.item()):", f"+    {SKIP[0]}", f"+    {SKIP[1]}",
+      "+    if skip.item():"]),
+    ("data_ran_out.py", 2, "rank-exited-early",
+     ["-for step in range(batches):", f"+{STEPS[0]}", f"+{STEPS[1]}",
+      "+for step in range(int(steps.item())):"]),
+]
+
+
+def _fix_job(number: int) -> str:
+    return f"run --fix {CASES[number][0]} on {CASES[number][1]} ranks"
+
+
+def lane_jobs(root: Path) -> list[Job]:
+    """Each case's ``run --fix --apply`` on a copy of its example, as a background job
+    (tests/lanes.py): two runs of real ranks each, the bug's and the patched copy's."""
+    jobs = []
+    for number, (example, ranks, _, _) in enumerate(CASES):
+        base = root / str(number)  # short: TMPDIR is in it (see conftest.py)
+        (base / "project").mkdir(parents=True)
+        shutil.copy(EXAMPLES / example, base / "project" / example)
+        argv = (sys.executable, "-m", "distdoctor", "run", "--nproc-per-node", str(ranks),
+                "--fix", "--apply", "--patch", str(base / "fix.patch"), "--report",
+                str(base / "report.json"), "--html", str(base / "report.html"),
+                str(base / "project" / example))
+        jobs.append(Job(_fix_job(number), (Step("fix", argv, str(base), {"TMPDIR": str(base)},
+                                                timeout=300.0),)))
+    return jobs
+
+
+@pytest.mark.timeout(900)  # the first test may wait for its job
+@pytest.mark.parametrize("number", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(lanes, number):
+    example, _, cures, changed = CASES[number]
+    done = lanes.result(_fix_job(number))["fix"]
+    base = Path(lanes.job(_fix_job(number)).steps[0].cwd)
+    report = json.loads((base / "report.json").read_text())
+    script, patch = base / "project" / example, base / "fix.patch"
+    assert done.returncode == 1, done.stdout[-3000:]  # the run it diagnosed had the bug
     [fix] = report["fixes"]
-    assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), done.stdout
+    assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), \
+        done.stdout[-3000:]
     assert [line for line in fix["diff"].splitlines()  # the lines it changes, no other
             if line[:1] in "+-" and line[:3] not in ("+++", "---")] == changed
     assert patch.read_text() == fix["diff"] and fix["diff"] in done.stdout
@@ -85,7 +162,7 @@ def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(
     kept = [line for line in script.read_text().splitlines() if f"+{line}" not in changed]
     assert kept == [line for line in original.splitlines() if f"-{line}" not in changed]
     assert fix["applied"] == str(script.with_name(example + ".orig"))
-    page = (tmp_path / "report.html").read_text()  # the patch beside the cause it cures
+    page = (base / "report.html").read_text()  # the patch beside the cause it cures
     assert page.index(f'<span class="kind">{cures}</span>') < page.index('<pre class="diff">')
     assert "patch verified: the patched copy reports OK" in page
 

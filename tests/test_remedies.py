@@ -7,8 +7,19 @@ import pytest
 
 from distdoctor.fixing.collectives import alternate_the_pair, evaluate_the_module
 from distdoctor.fixing.data import set_the_epoch, shard_the_loader
-from distdoctor.fixing.gradients import average_the_sum, sync_the_last, wait_before_step
-from distdoctor.fixing.replicas import broadcast_after_construction, find_unused
+from distdoctor.fixing.gradients import (
+    average_the_sum,
+    sync_the_last,
+    sync_the_last_instead,
+    wait_before_step,
+)
+from distdoctor.fixing.guards import agree_on_the_skip, agree_on_the_steps, out_of_the_guard
+from distdoctor.fixing.remedies import REMEDIES
+from distdoctor.fixing.replicas import (
+    broadcast_after_construction,
+    broadcast_the_buffers,
+    find_unused,
+)
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -234,3 +245,116 @@ def test_the_verified_copy_holds_the_scripts_code_and_nothing_else(tmp_path):
                         ("gradient-not-averaged",))
     outcome = verify(proposal, "train.py", rerun, ["gradient-not-averaged"])
     assert outcome.verified and seen == ["helpers.py", "pkg", "pkg/__init__.py", "train.py"]
+
+
+GUARDED = '''import os
+import torch.distributed as dist
+main = int(os.environ["RANK"]) == 0
+for step in range(4):
+    train()
+    if main and step % 2 == 0:  # every other step
+        best = dist.all_reduce(metric)
+        print(best)
+        saved = load(path)
+        opt.load_state_dict(saved)  # the state
+'''
+
+
+def test_a_call_under_a_rank_guard_is_made_on_every_rank_with_what_it_needs():
+    """The rank is known through a name bound to what names it (``main``); the rest of
+    the condition still guards the call; what the call needs moves with it; what it does
+    not stays under the guard."""
+    assert out_of_the_guard(GUARDED, 7) == GUARDED.replace(
+        "    if main and step % 2 == 0:  # every other step\n"
+        "        best = dist.all_reduce(metric)\n",
+        "    if step % 2 == 0:\n        best = dist.all_reduce(metric)\n"
+        "    if main and step % 2 == 0:  # every other step\n")
+    moved = out_of_the_guard(GUARDED, 10)
+    assert moved is not None and moved.splitlines()[5:11] == [
+        "    if step % 2 == 0:", "        saved = load(path)",
+        "        opt.load_state_dict(saved)  # the state",
+        "    if main and step % 2 == 0:  # every other step",
+        "        best = dist.all_reduce(metric)", "        print(best)"]
+
+
+def test_the_shapes_a_guard_remedy_leaves_alone():
+    assert out_of_the_guard(GUARDED, 5) is None  # not under a guard
+    not_rank = GUARDED.replace("main and step % 2 == 0", "step % 2 == 0")
+    assert out_of_the_guard(not_rank, 7) is None  # a guard, but not the rank's
+    one_sided = "import torch.distributed as dist\nif dist.get_rank() == 0:\n" \
+        "    dist.barrier()\nelse:\n    other()\n"
+    assert out_of_the_guard(one_sided, 3) is None  # an else, its if left empty
+    assert out_of_the_guard(one_sided.replace("    dist.barrier()\n",
+                                              "    dist.barrier()\n    log()\n"), 3) \
+        == one_sided.replace("if dist", "dist.barrier()\nif dist").replace(
+            "    dist.barrier()\n", "    log()\n")
+
+
+SKIPPED = '''import math
+import torch
+import torch.distributed as dist
+for batch in loader:
+    loss = model(batch)
+    # a bad batch
+    if not math.isfinite(loss.item()):
+        print("skipping")
+        continue
+    loss.backward()
+'''
+
+
+def test_a_skip_one_rank_decides_is_agreed_by_every_rank_first():
+    assert agree_on_the_skip(SKIPPED, 9) == SKIPPED.replace(
+        "    if not math.isfinite(loss.item()):\n",
+        "    skip = torch.tensor([float(not math.isfinite(loss.item()))])\n"
+        "    dist.all_reduce(skip, op=dist.ReduceOp.MAX)\n    if skip.item():\n")
+    taken = SKIPPED.replace("loss = model(batch)", "skip = model(batch)")
+    assert "skip_flag = torch.tensor(" in (agree_on_the_skip(taken, 9) or "")
+    assert agree_on_the_skip(SKIPPED, 8) is None  # a print, not a skip
+    assert agree_on_the_skip(SKIPPED.replace("import torch\n", ""), 9) is None
+
+
+COUNTED = '''import torch
+import torch.distributed as dist
+for step in range(len(shard)):
+    dist.all_reduce(grad)
+'''
+
+
+def test_a_loop_as_long_as_each_ranks_shard_runs_the_fewest_steps_of_any():
+    assert agree_on_the_steps(COUNTED, 4) == COUNTED.replace(
+        "for step in range(len(shard)):\n",
+        "steps = torch.tensor([len(shard)])\n"
+        "dist.all_reduce(steps, op=dist.ReduceOp.MIN)\n"
+        "for step in range(int(steps.item())):\n")
+    assert agree_on_the_steps(COUNTED.replace("len(shard)", "6"), 4) is None  # fixed
+
+
+def test_a_forward_under_a_guard_is_evaluated_before_any_call_moves_out_of_it():
+    """collective-mismatch has several shapes: the most specific remedy is tried first."""
+    cure = REMEDIES["collective-mismatch"]
+    assert cure(EVALUATED, 6) == evaluate_the_module(EVALUATED, 6)
+    barrier = EVALUATED.replace("print(model(x).mean())", "dist.barrier()")
+    assert cure(barrier, 6) == out_of_the_guard(barrier, 6)
+
+
+def test_buffers_kept_apart_are_broadcast_again_and_nothing_else():
+    told = "model = DDP(net, broadcast_buffers=False)  # keep\n"
+    assert broadcast_the_buffers(told, 1) == told.replace("False", "True")
+    assert broadcast_the_buffers(told.replace("False", "True"), 1) is None
+    assert broadcast_the_buffers(told + told.replace("model", "other"), 1) is None  # which?
+
+
+ACCUMULATED_OFF = '''for micro in range(steps):
+    with net.no_sync() if micro != 0 else nullcontext():
+        net(x[micro]).backward()
+'''
+
+
+def test_the_micro_batch_that_synchronises_becomes_the_last():
+    assert sync_the_last_instead(ACCUMULATED_OFF, 3) == ACCUMULATED_OFF.replace(
+        "micro != 0", "micro < steps - 1")
+    assert sync_the_last_instead(ACCUMULATED_OFF.replace("micro != 0", "micro < steps - 1"),
+                                 3) is None  # right already: the cause is elsewhere
+    always = "for micro in range(4):\n    with net.no_sync():\n        net(x).backward()\n"
+    assert sync_the_last_instead(always, 3) is None  # never synced: the user's to decide

@@ -142,3 +142,30 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     if needs_import:
         edited = with_import(edited, "contextlib")
     return edited.code
+
+
+def sync_the_last_instead(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """unsynced-microbatches: the micro-batch at ``line`` runs under ``with model.no_sync()
+    if COND else ...:`` whose COND lets another micro-batch than the last synchronise (or
+    none). COND becomes ``i < n - 1`` for the loop ``for i in range(n):`` around it, so
+    only the last backward all-reduces, and the whole sum."""
+    tree, positions, parents = parsed(source)
+    first = next(iter(statements_at(tree, positions, line)), None)
+    block = enclosing(first, parents, cst.With) if first is not None else None
+    loop = enclosing(block, parents, cst.For) if block is not None else None
+    if block is None or loop is None or len(block.items) != 1 or \
+            not isinstance(loop.target, cst.Name) or \
+            not m.matches(loop.iter, m.Call(func=m.Name("range"), args=[m.Arg(keyword=None)])):
+        return None
+    chosen = block.items[0].item
+    if not m.matches(chosen, m.IfExp(body=m.Call(func=m.Attribute(attr=m.Name("no_sync"))))):
+        return None  # (no_sync for every micro-batch, or another context: the user's)
+    assert isinstance(chosen, cst.IfExp) and isinstance(loop.iter, cst.Call)
+    count = loop.iter.args[0].value
+    code = cst.Module(body=[]).code_for_node
+    last = str(int(count.value) - 1) if isinstance(count, cst.Integer) else \
+        f"{code(count)} - 1"
+    test = cst.parse_expression(f"{loop.target.value} < {last}")
+    if chosen.test.deep_equals(test):
+        return None  # (already so: the cause is elsewhere)
+    return source_of(tree.deep_replace(chosen.test, test))

@@ -27,6 +27,8 @@ NO_MECHANICAL_EDIT = {
     "straggler": "a rank slower than the others: where its time goes is the user's to cut",
     "rank-crashed": "a crash in the user's own logic: its traceback names what to mend",
     "hang-unknown": "nothing proves a cause: no edit could be checked against one",
+    "non-finite": "a value that is not finite: where it comes from (the data, a learning "
+                  "rate, an overflow) is the user's to mend",
 }
 
 

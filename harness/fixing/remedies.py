@@ -16,10 +16,32 @@ from typing import Callable
 
 from distdoctor.fixing.collectives import alternate_the_pair, evaluate_the_module
 from distdoctor.fixing.data import set_the_epoch, shard_the_loader
-from distdoctor.fixing.gradients import average_the_sum, sync_the_last, wait_before_step
-from distdoctor.fixing.replicas import broadcast_after_construction, find_unused
+from distdoctor.fixing.gradients import (
+    average_the_sum,
+    sync_the_last,
+    sync_the_last_instead,
+    wait_before_step,
+)
+from distdoctor.fixing.guards import agree_on_the_skip, agree_on_the_steps, out_of_the_guard
+from distdoctor.fixing.replicas import (
+    broadcast_after_construction,
+    broadcast_the_buffers,
+    find_unused,
+)
 
 Remedy = Callable[[str, int, tuple[int, ...]], "str | None"]
+
+
+def first_of(*remedies: Remedy) -> Remedy:
+    """One remedy from several for a cause of several shapes: the first that edits, the
+    most specific first (a forward through the DDP wrapper under a rank guard is evaluated
+    through its module before any call is moved out of the guard)."""
+    def remedy(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+        return next((edited for r in remedies
+                     if (edited := r(source, line, also)) not in (None, source)), None)
+    remedy.__doc__ = " / ".join(r.__name__ for r in remedies)
+    return remedy
+
 
 # the remedies by the cause they cure (models.CauseKind)
 REMEDIES: dict[str, Remedy] = {
@@ -30,6 +52,11 @@ REMEDIES: dict[str, Remedy] = {
     "divergent-parameters": broadcast_after_construction,
     "p2p-cycle": alternate_the_pair,
     "duplicate-samples": shard_the_loader,
-    "collective-mismatch": evaluate_the_module,
+    "collective-mismatch": first_of(evaluate_the_module, out_of_the_guard),
     "sync-every-microbatch": sync_the_last,
+    "rank-dependent-update": out_of_the_guard,
+    "partial-step": agree_on_the_skip,
+    "rank-exited-early": agree_on_the_steps,
+    "divergent-buffers": broadcast_the_buffers,
+    "unsynced-microbatches": sync_the_last_instead,
 }

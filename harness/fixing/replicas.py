@@ -58,3 +58,18 @@ def broadcast_after_construction(source: str, line: int,
     sync = cst.parse_statement(f"for {each} in {model}.state_dict().values():\n"
                                f"    {alias}.broadcast({each}, src=0)\n")
     return insert_after(tree, parents, made, sync)
+
+
+def broadcast_the_buffers(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """divergent-buffers: the one DistributedDataParallel(...) told
+    ``broadcast_buffers=False`` is told True (its default), so rank 0's buffers (running
+    statistics) reach every replica at each forward. A wrapper that broadcasts already
+    keeps its buffers apart some other way: not this edit."""
+    module = cst.parse_module(source)
+    told = [a for c in nodes(module, cst.Call)
+            if called_name(c.func) in ("DistributedDataParallel", "DDP")
+            for a in c.args if a.keyword is not None and a.keyword.value == "broadcast_buffers"
+            and m.matches(a.value, m.Name("False"))]
+    if len(told) != 1:
+        return None
+    return source_of(module.deep_replace(told[0].value, cst.Name("True")))
