@@ -115,6 +115,13 @@ CASES = [
     ("skip_step_on_nonfinite_loss.py", 2, "partial-step",
      ["-    if not math.isfinite(loss.item()):", f"+    {SKIP[0]}", f"+    {SKIP[1]}",
       "+    if skip.item():"]),
+    ("ddp_uneven_inputs.py", 2, "rank-exited-early",  # (DDP's answer: Join)
+     ["+from torch.distributed.algorithms.join import Join",
+      "-for batch in batches:", "-    optimizer.zero_grad()",
+      "-    model(batch).pow(2).mean().backward()  # BACKWARD", "-    optimizer.step()",
+      "+with Join([model]):", "+    for batch in batches:", "+        optimizer.zero_grad()",
+      "+        model(batch).pow(2).mean().backward()  # BACKWARD",
+      "+        optimizer.step()"]),
     ("data_ran_out.py", 2, "rank-exited-early",
      ["-for step in range(batches):", f"+{STEPS[0]}", f"+{STEPS[1]}",
       "+for step in range(int(steps.item())):"]),
@@ -165,6 +172,55 @@ def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(lanes, num
     page = (base / "report.html").read_text()  # the patch beside the cause it cures
     assert page.index(f'<span class="kind">{cures}</span>') < page.index('<pre class="diff">')
     assert "patch verified: the patched copy reports OK" in page
+
+
+# every other example: healthy (no finding, so no patch), or its cause no edit is offered
+# for, and why (each said in one line by run --fix)
+HEALTHY = {"averaged_gradients.py", "sampler_ok.py", "accumulate_with_no_sync.py",
+           "clean.py", "tp_clean.py", "tp_sequence_parallel_ok.py", "test_with_distdoctor.py"}
+NO_PATCH = {
+    "rank_spins.py": "busy-rank: a rank's own work", "tree_broadcast_spins.py": "busy-rank",
+    "straggler_extra_compute.py": "straggler", "straggler_rank0_logging.py": "straggler",
+    "straggler_slow_loader.py": "straggler", "rank_busy_validation.py": "busy-rank",
+    "rank_raises.py": "rank-crashed", "model_width_differs.py": "rank-crashed",
+    "nan_in_one_shard.py": "non-finite: where it comes from is the user's",
+    "rank_exits.py": "rank-exited-early by sys.exit: a fixed loop, no count to agree",
+    "shape_mismatch.py": "collective-mismatch of sizes: which is right is the user's",
+    "reduce_op_mismatch.py": "collective-mismatch of ops: which is right is the user's",
+    "fsdp_gather_on_rank0_aborts.py": "a guard whose else makes collectives of its own",
+    "grads_paired_per_rank_order.py": "failed-sync with no Work to wait for",
+    "groups_in_opposite_orders.py": "group-cycle: no remedy yet",
+    "lr_from_local_batch.py": "rank-dependent-update with no guard: a setting computed "
+                              "from the rank's own share",
+    "tp_partial_output.py": "tensor-parallel plans: no remedy yet",
+    "tp_sequence_parallel_head.py": "tensor-parallel plans: no remedy yet",
+    **{name.name: "a start-up mismatch: the launch, not the script's lines"
+       for name in EXAMPLES.glob("startup_*.py")},
+}
+
+
+def test_every_example_is_patched_healthy_or_said_why_not():
+    """The examples are the catalogue of a user's bugs: each either has a verified patch
+    (CASES), is healthy, or is listed with why no edit is offered."""
+    patched = {c[0] for c in CASES}
+    assert not patched & (HEALTHY | set(NO_PATCH)) and not HEALTHY & set(NO_PATCH)
+    assert {p.name for p in EXAMPLES.glob("*.py")} == patched | HEALTHY | set(NO_PATCH)
+
+
+def test_uneven_ddp_inputs_name_where_the_others_wait(lanes):
+    """DDP's gradient all-reduces are made from C++, untraced: a rank that ran out is
+    still named with where the others wait, the forward whose all-reduce has no partner."""
+    number = next(i for i, c in enumerate(CASES) if c[0] == "ddp_uneven_inputs.py")
+    lanes.result(_fix_job(number))
+    base = Path(lanes.job(_fix_job(number)).steps[0].cwd)
+    cause = json.loads((base / "report.json").read_text())["cause"]
+    assert cause["summary"] == (
+        "rank 1 ended after 0 traced calls and 3 DDP training forwards (DDP's own "
+        "collectives, not traced) (last: DDP's gradient all-reduce of its training forward "
+        "#3 at project/ddp_uneven_inputs.py:19), while the others still expected it: rank 0 "
+        "in DDP's gradient all-reduce of its training forward #4 at "
+        "project/ddp_uneven_inputs.py:19")
+    assert cause["where"] == str(base / "project" / "ddp_uneven_inputs.py") + ":19"
 
 
 def test_a_healthy_script_gets_no_patch(distdoctor, tmp_path):

@@ -13,7 +13,12 @@ from distdoctor.fixing.gradients import (
     sync_the_last_instead,
     wait_before_step,
 )
-from distdoctor.fixing.guards import agree_on_the_skip, agree_on_the_steps, out_of_the_guard
+from distdoctor.fixing.guards import (
+    agree_on_the_skip,
+    agree_on_the_steps,
+    join_the_uneven,
+    out_of_the_guard,
+)
 from distdoctor.fixing.remedies import REMEDIES
 from distdoctor.fixing.replicas import (
     broadcast_after_construction,
@@ -358,3 +363,22 @@ def test_the_micro_batch_that_synchronises_becomes_the_last():
                                  3) is None  # right already: the cause is elsewhere
     always = "for micro in range(4):\n    with net.no_sync():\n        net(x).backward()\n"
     assert sync_the_last_instead(always, 3) is None  # never synced: the user's to decide
+
+
+UNEVEN = '''import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(net)
+for epoch in range(2):
+    for batch in shard:
+        model(batch).sum().backward()
+'''
+
+
+def test_a_ddp_loop_over_uneven_shards_is_joined():
+    assert join_the_uneven(UNEVEN, 6) == UNEVEN.replace(
+        "DDP\n", "DDP\nfrom torch.distributed.algorithms.join import Join\n").replace(
+        "    for batch in shard:\n        model(batch).sum().backward()\n",
+        "    with Join([model]):\n        for batch in shard:\n"
+        "            model(batch).sum().backward()\n")
+    assert join_the_uneven(UNEVEN.replace("model(batch)", "net(batch)"), 6) is None  # no DDP
+    assert join_the_uneven(join_the_uneven(UNEVEN, 6) or "", 8) is None  # joined already

@@ -140,7 +140,7 @@ def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     if not isinstance(edited, cst.Module):
         return None
     if needs_import:
-        edited = with_import(edited, "contextlib")
+        edited = with_import(edited, "import contextlib")
     return edited.code
 
 

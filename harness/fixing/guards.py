@@ -17,6 +17,8 @@ from distdoctor.fixing.syntax import (
     parsed,
     source_of,
     statements_at,
+    with_import,
+    wrapper_names,
 )
 
 # the words a name or attribute ends with when it holds a rank (rank, local_rank,
@@ -131,6 +133,35 @@ def agree_on_the_steps(source: str, line: int, also: tuple[int, ...] = ()) -> st
     at = body.index(loop)
     body[at:at + 1] = [*agreed, loop.with_changes(iter=ranged, leading_lines=[])]
     return source_of(tree.deep_replace(outer, outer.with_changes(body=body)))
+
+
+def join_the_uneven(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
+    """rank-exited-early under DDP from uneven inputs (a rank's shard ran out first): the
+    loop around ``line``, whose forward goes through the DDP wrapper, runs inside
+    ``with Join([model]):``, torch's answer: a rank that ran out shadows the others'
+    gradient all-reduces until every rank is done."""
+    tree, positions, parents = parsed(source)
+    statement = next(iter(statements_at(tree, positions, line)), None)
+    loop = enclosing(statement, parents, cst.For) if statement is not None else None
+    outer = parents.get(loop) if loop is not None else None
+    if loop is None or not isinstance(outer, (cst.IndentedBlock, cst.Module)):
+        return None
+    used = [n for n in wrapper_names(tree)
+            if any(isinstance(c.func, cst.Name) and c.func.value == n
+                   for c in nodes(loop, cst.Call))]
+    if len(used) != 1 or any(called_name(c.func) == "Join" for c in nodes(tree, cst.Call)):
+        return None  # (no forward through one wrapper in the loop, or joined already)
+    joined = cst.parse_statement(f"with Join([{used[0]}]):\n    pass\n")
+    assert isinstance(joined, cst.With) and isinstance(joined.body, cst.IndentedBlock)
+    body: list[cst.BaseStatement] = list(outer.body)
+    body[body.index(loop)] = joined.with_changes(
+        body=joined.body.with_changes(body=[loop.with_changes(leading_lines=[])]),
+        leading_lines=loop.leading_lines)
+    edited = tree.deep_replace(outer, outer.with_changes(body=body))
+    if not isinstance(edited, cst.Module):
+        return None
+    return with_import(edited, "from torch.distributed.algorithms.join import Join",
+                       last=True).code
 
 
 def rank_names(module: cst.Module) -> set[str]:

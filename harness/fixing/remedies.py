@@ -22,7 +22,12 @@ from distdoctor.fixing.gradients import (
     sync_the_last_instead,
     wait_before_step,
 )
-from distdoctor.fixing.guards import agree_on_the_skip, agree_on_the_steps, out_of_the_guard
+from distdoctor.fixing.guards import (
+    agree_on_the_skip,
+    agree_on_the_steps,
+    join_the_uneven,
+    out_of_the_guard,
+)
 from distdoctor.fixing.replicas import (
     broadcast_after_construction,
     broadcast_the_buffers,
@@ -56,7 +61,7 @@ REMEDIES: dict[str, Remedy] = {
     "sync-every-microbatch": sync_the_last,
     "rank-dependent-update": out_of_the_guard,
     "partial-step": agree_on_the_skip,
-    "rank-exited-early": agree_on_the_steps,
+    "rank-exited-early": first_of(join_the_uneven, agree_on_the_steps),
     "divergent-buffers": broadcast_the_buffers,
     "unsynced-microbatches": sync_the_last_instead,
 }

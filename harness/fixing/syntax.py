@@ -110,15 +110,19 @@ def with_argument(call: cst.Call, added: cst.Arg) -> cst.Call:
             first_line=cst.TrailingWhitespace(), empty_lines=[])))])
 
 
-def with_import(module: cst.Module, name: str) -> cst.Module:
-    """``import NAME`` on a line of its own, first among the module's imports (after its
-    docstring and ``from __future__``)."""
+def with_import(module: cst.Module, statement: str, last: bool = False) -> cst.Module:
+    """An import statement (``import contextlib``) on a line of its own, first among the
+    module's imports (after its docstring and ``from __future__``), or, ``last``, after
+    them (a ``from torch... import`` after the ``import torch`` it needs)."""
     body = list(module.body)
-    at = next((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
+    imports = [i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
                and any(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)
-               and not m.matches(s.body[0], m.ImportFrom(module=m.Name("__future__")))),
-              len(body))
-    added = cst.parse_statement(f"import {name}\n")
+               and not m.matches(s.body[0], m.ImportFrom(module=m.Name("__future__")))]
+    added = cst.parse_statement(f"{statement}\n")
+    if last and imports:
+        body.insert(imports[-1] + 1, added)
+        return module.with_changes(body=body)
+    at = imports[0] if imports else len(body)
     if at < len(body):
         added = added.with_changes(leading_lines=body[at].leading_lines)
         body[at] = body[at].with_changes(leading_lines=[])

@@ -260,25 +260,41 @@ def _calls_made(rank: RankRecord) -> str:
     return said
 
 
+def _last_made(rank: RankRecord) -> tuple[str, str] | None:
+    """A rank's last collective as far as the trace shows it (its last traced call, or,
+    where DDP's own untraced ones came later, the training forward that made them), and
+    where it was made."""
+    calls, forwards = rank.evidence.calls, rank.evidence.ddp_forwards
+    call = calls[-1] if calls else None
+    forward = forwards[-1] if forwards else None
+    if forward is not None and (call is None or forward.t is not None
+                                and forward.t > call.entered):
+        return (f"DDP's gradient all-reduce of its training forward #{len(forwards)} at "
+                f"{relative_line(forward.where)}"), forward.where
+    if call is not None:
+        return call.describe(relative=True), call.where
+    return None
+
+
 def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     """Peers failed only because ranks left: name who left, after how many calls, and
     where the others were waiting for them."""
+    made = {r.rank: found for r in record.ranks if (found := _last_made(r)) is not None}
     left = "; ".join(grouped({r.rank: f"ended after {_calls_made(r)}" + (
-        f" (last: {r.evidence.calls[-1].describe(relative=True)})" if r.evidence.calls else "")
-        for r in early}, " "))
-    waiting = "; ".join(grouped({r.rank: r.evidence.calls[-1].describe(relative=True)
-                                 for r in record.ranks if not r.end.ok and r.evidence.calls},
-                                " in "))
+        f" (last: {made[r.rank][0]})" if r.rank in made else "") for r in early}, " "))
+    waiting = "; ".join(grouped({r.rank: made[r.rank][0] for r in record.ranks
+                                 if not r.end.ok and r.rank in made}, " in "))
     # the line the others wait at (the call the early ranks never made) first, then where
     # the early ranks made their last call
-    expected = [r.evidence.calls[-1].where for r in record.ranks
-                if not r.end.ok and r.evidence.calls]
-    last = [r.evidence.calls[-1].where for r in early if r.evidence.calls]
+    expected = [made[r.rank][1] for r in record.ranks if not r.end.ok and r.rank in made]
+    last = [made[r.rank][1] for r in early if r.rank in made]
     lines = list(dict.fromkeys(expected + last))
     return Cause("rank-exited-early", [r.rank for r in early],
-                 f"{left}, while the others still expected it: {waiting}",
+                 f"{left}, while the others still expected it"
+                 + (f": {waiting}" if waiting else ""),
                  "make every rank make the same collective calls: the same number of steps "
-                 "on every rank (pad or drop the last batches), and no rank returning early",
+                 "on every rank (pad or drop the last batches, or Join for DDP's uneven "
+                 "inputs), and no rank returning early",
                  lines[0] if lines else None, also_at=lines[1:])
 
 
