@@ -266,3 +266,20 @@ def test_a_cause_of_another_shape_than_its_remedy_knows_gets_no_patch(distdoctor
     assert "distdoctor run --fix: failed-sync: the code at grads_paired_per_rank_order.py:" \
         in done.stdout and "is not a shape its remedy knows" in done.stdout
     assert script.read_text() == (EXAMPLES / "grads_paired_per_rank_order.py").read_text()
+
+
+def test_a_patch_path_that_cannot_be_written_is_one_line_and_exit_2(distdoctor, tmp_path):
+    """A missing folder is refused before any rank starts; a path that cannot be written
+    (a folder) once the patch verified: the report still written, the script untouched."""
+    missing = distdoctor("run", "--fix", "--patch", str(tmp_path / "no" / "fix.patch"),
+                         "summed_gradients.py")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip().splitlines() == [
+        f"distdoctor run: error: --patch {tmp_path / 'no' / 'fix.patch'}: no such folder to write it in"]
+    done, report, script = fix_run(distdoctor, tmp_path, "summed_gradients.py", 3, "--apply",
+                                   "--patch", str(tmp_path))
+    assert done.returncode == 2 and report["fixes"][0]["verified"], done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"distdoctor run: error: the verified patch was not written: Is a directory: {tmp_path}")
+    assert "Traceback" not in done.stderr
+    assert script.read_text() == (EXAMPLES / "summed_gradients.py").read_text()

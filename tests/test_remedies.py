@@ -382,3 +382,14 @@ def test_a_ddp_loop_over_uneven_shards_is_joined():
         "            model(batch).sum().backward()\n")
     assert join_the_uneven(UNEVEN.replace("model(batch)", "net(batch)"), 6) is None  # no DDP
     assert join_the_uneven(join_the_uneven(UNEVEN, 6) or "", 8) is None  # joined already
+
+
+def test_a_file_changed_since_its_patch_was_made_is_never_written(tmp_path):
+    from distdoctor.fixing.patches import Proposal, apply
+
+    script = tmp_path / "train.py"
+    script.write_text("x = 2  # edited meanwhile\n")
+    with pytest.raises(OSError, match="changed while its patch was verified: not applied"):
+        apply(Proposal(script, "x = 1\n", "x = 1 / 2\n", ("gradient-not-averaged",)))
+    assert script.read_text() == "x = 2  # edited meanwhile\n"
+    assert not script.with_name("train.py.orig").exists()

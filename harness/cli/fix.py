@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from distdoctor.cli.args import UsageError
+
 
 def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
     """The run's report as ``run`` prints it, then what --fix found: a verified diff, or
@@ -25,7 +27,7 @@ def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
     proposal, said = propose(findings, script, Path.cwd())
     for line in said:
         print(f"\ndistdoctor run --fix: {line}", flush=True)
-    fixes = []
+    fixes, refused = [], ""
     if proposal is not None:
         print(f"\ndistdoctor run --fix: re-running a patched copy on {args.nproc_per_node} "
               f"ranks to verify it ...", flush=True)
@@ -36,20 +38,27 @@ def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
             print(f"distdoctor run --fix: verified, the patched copy reports {outcome.rerun}"
                   f" ({', '.join(proposal.cures)} gone, nothing new):\n\n{outcome.diff}",
                   flush=True)
-            if args.patch:
-                Path(args.patch).write_text(outcome.diff)
-                print(f"wrote {args.patch}", flush=True)
-            if args.apply:
-                applied = str(apply(proposal))
-                print(f"applied to {args.script} (the original is in {applied})", flush=True)
+            try:
+                if args.patch:
+                    Path(args.patch).write_text(outcome.diff)
+                    print(f"wrote {args.patch}", flush=True)
+                if args.apply:
+                    applied = str(apply(proposal))
+                    print(f"applied to {args.script} (the original is in {applied})",
+                          flush=True)
+            except OSError as exc:  # said in one line once the report is written
+                refused = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
         else:
             print(f"distdoctor run --fix: the edit for {', '.join(proposal.cures)} did not "
                   f"verify: the patched copy reports {outcome.rerun}; no patch is offered",
                   flush=True)
         fixes.append(FixReport(list(proposal.cures), outcome.verified, outcome.rerun,
                                outcome.diff if outcome.verified else "", applied))
-    return publish(record, dataclasses.replace(result, fixes=fixes), "run", args.report,
+    code = publish(record, dataclasses.replace(result, fixes=fixes), "run", args.report,
                    args.html)
+    if refused:
+        raise UsageError(f"the verified patch was not written: {refused}")
+    return code
 
 
 def _rerun(patched: Path, args: argparse.Namespace) -> tuple[str, list[str]]:

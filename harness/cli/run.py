@@ -157,6 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     if (args.patch or args.apply) and not args.fix:
         raise UsageError("--patch and --apply go with --fix")
+    if args.patch and not Path(args.patch).resolve().parent.is_dir():
+        raise UsageError(f"--patch {args.patch}: no such folder to write it in")
     if args.launch_command is not None:
         if args.fix:
             raise UsageError("--fix is for SCRIPT: with -- COMMAND it is not built yet")

@@ -130,10 +130,10 @@ def apply(proposal: Proposal) -> Path:
     """Write a verified proposal into the user's file, the original kept beside it as
     FILE.orig (never overwritten: a second --apply keeps the first original)."""
     backup = proposal.path.with_name(proposal.path.name + ".orig")
-    if not backup.exists():
-        shutil.copy2(proposal.path, backup)
     if proposal.path.read_text() != proposal.before:
         raise OSError(f"{proposal.path} changed while its patch was verified: not applied")
+    if not backup.exists():
+        shutil.copy2(proposal.path, backup)
     proposal.path.write_text(proposal.after)
     return backup
 
