@@ -128,6 +128,82 @@ CASES = [
 ]
 
 
+METRIC = "dist.all_reduce(loss.detach())  # BUG: a collective on rank 0 only"
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "3", "summed_gradients.py")
+# run --fix -- COMMAND: (the example, distdoctor's options, the command, the cause its
+# patch cures, the diff's changed lines); the command runs in a folder holding the example
+COMMANDS = [
+    ("selflaunch/spawn_metric_on_rank0.py", ("--deadline", "3"),  # (mp.spawn)
+     (sys.executable, "selflaunch/spawn_metric_on_rank0.py"), "collective-mismatch",
+     [f"+        {METRIC}", f"-            {METRIC}"]),
+    ("selflaunch/spawn_summed_gradients.py", (),  # (two groups, one mp.spawn each: both)
+     (sys.executable, "selflaunch/spawn_summed_gradients.py"), "gradient-not-averaged",
+     ["+            p.grad /= dist.get_world_size()"]),
+    ("summed_gradients.py", (), TORCHRUN, "gradient-not-averaged",
+     ["+        p.grad /= dist.get_world_size()"]),
+]
+
+
+def _command_job(number: int) -> str:
+    return f"run --fix -- {' '.join(COMMANDS[number][2][1:])}"
+
+
+def _command_jobs(root: Path) -> list[Job]:
+    jobs = []
+    for number, (example, options, command, _, _) in enumerate(COMMANDS):
+        base = root / f"c{number}"
+        (base / "project" / example).parent.mkdir(parents=True)
+        shutil.copy(EXAMPLES / example, base / "project" / example)
+        argv = (sys.executable, "-m", "distdoctor", "run", *options, "--fix", "--apply",
+                "--report", str(base / "report.json"), "--", *command)
+        jobs.append(Job(_command_job(number), (Step("fix", argv, str(base / "project"),
+                                                    {"TMPDIR": str(base)}, timeout=300.0),)))
+    wrapped = root / "wrapped"  # a command that names no script: a shell runs torchrun
+    (wrapped / "project").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "summed_gradients.py", wrapped / "project")
+    jobs.append(Job("run --fix -- sh -c torchrun", (Step("fix", (
+        sys.executable, "-m", "distdoctor", "run", "--fix", "--apply", "--report",
+        str(wrapped / "report.json"), "--", "sh", "-c", " ".join(TORCHRUN)),
+        str(wrapped / "project"), {"TMPDIR": str(wrapped)}, timeout=300.0),)))
+    return jobs
+
+
+@pytest.mark.timeout(900)  # the first test may wait for its job
+@pytest.mark.parametrize("number", range(len(COMMANDS)), ids=[c[0] for c in COMMANDS])
+def test_a_command_is_re_run_the_same_way_with_its_patched_copy(lanes, number):
+    """run --fix -- COMMAND, whatever launches the ranks (mp.spawn, torchrun): the same
+    command re-run with the patched copy in place of the script it names."""
+    example, _, _, cures, changed = COMMANDS[number]
+    done = lanes.result(_command_job(number))["fix"]
+    project = Path(lanes.job(_command_job(number)).steps[0].cwd)
+    report = json.loads((project.parent / "report.json").read_text())
+    assert done.returncode == 1, done.stdout[-3000:]
+    [fix] = report["fixes"]
+    assert (fix["cures"], fix["verified"], fix["rerun"]) == ([cures], True, "OK"), \
+        done.stdout[-3000:]
+    assert [line for line in fix["diff"].splitlines()
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")] == changed
+    assert fix["diff"].startswith(f"--- a/{example}\n+++ b/{example}\n")
+    assert (project / (example + ".orig")).read_text() == (EXAMPLES / example).read_text()
+    assert fix["applied"] == str(project / (example + ".orig"))
+    # the re-run is quiet: torchrun's warning is the first run's alone
+    assert done.stderr.count("Setting OMP_NUM_THREADS") == (COMMANDS[number][2] == TORCHRUN)
+
+
+def test_a_command_that_does_not_name_the_script_gets_no_patch(lanes):
+    """Behind a shell, the command has no argument to swap for the patched copy: said in
+    one line, nothing re-run, nothing applied."""
+    done = lanes.result("run --fix -- sh -c torchrun")["fix"]
+    project = Path(lanes.job("run --fix -- sh -c torchrun").steps[0].cwd)
+    report = json.loads((project.parent / "report.json").read_text())
+    assert done.returncode == 1 and report["fixes"] == [], done.stdout[-3000:]
+    assert "distdoctor run --fix: the command does not name summed_gradients.py, so a " \
+        "patched copy of it cannot be run the same way: no patch is offered" in done.stdout
+    assert "re-running" not in done.stdout
+    assert not (project / "summed_gradients.py.orig").exists()
+
+
 def _fix_job(number: int) -> str:
     return f"run --fix {CASES[number][0]} on {CASES[number][1]} ranks"
 
@@ -146,7 +222,7 @@ def lane_jobs(root: Path) -> list[Job]:
                 str(base / "project" / example))
         jobs.append(Job(_fix_job(number), (Step("fix", argv, str(base), {"TMPDIR": str(base)},
                                                 timeout=300.0),)))
-    return jobs
+    return jobs + _command_jobs(root)
 
 
 @pytest.mark.timeout(900)  # the first test may wait for its job
@@ -275,7 +351,8 @@ def test_a_patch_path_that_cannot_be_written_is_one_line_and_exit_2(distdoctor, 
                          "summed_gradients.py")
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.strip().splitlines() == [
-        f"distdoctor run: error: --patch {tmp_path / 'no' / 'fix.patch'}: no such folder to write it in"]
+        f"distdoctor run: error: --patch {tmp_path / 'no' / 'fix.patch'}: no such folder "
+        "to write it in"]
     done, report, script = fix_run(distdoctor, tmp_path, "summed_gradients.py", 3, "--apply",
                                    "--patch", str(tmp_path))
     assert done.returncode == 2 and report["fixes"][0]["verified"], done.stdout

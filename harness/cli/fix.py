@@ -1,59 +1,36 @@
-"""``distdoctor run --fix SCRIPT``: the report, then a patch for what an edit can cure,
-verified by running the patched copy the same way before it is shown, saved or applied."""
+"""``distdoctor run --fix``: the report, then a patch for what an edit can cure, verified
+by running the patched copy the same way before it is shown, saved or applied. The same
+for both forms: ``run --fix SCRIPT`` re-runs the copy on as many ranks; ``run --fix --
+COMMAND`` re-runs the same command with the patched copy in place of the file it names."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 from distdoctor.cli.args import UsageError
 
+# what a re-run gives back: its verdict's first line, and its causes' kinds
+Rerun = Callable[[Path], "tuple[str, list[str]]"]
+# a re-run's kinds that no check names: the patched command failed in a way no report
+# explains (no group formed, an exit code of its own), so the patch is not verified
+NO_GROUP, COMMAND_FAILED = "no-process-group", "command-failed"
+
 
 def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
-    """The run's report as ``run`` prints it, then what --fix found: a verified diff, or
-    why none is offered; the JSON report carries the same."""
+    """``run --fix SCRIPT``: the run's report as ``run`` prints it, then what --fix found."""
     from distdoctor.cli.published import publish
-    from distdoctor.fixing.patches import Finding, apply, propose, verify
     from distdoctor.userjob.reporting.record import explain
-    from distdoctor.userjob.reporting.report import FixReport, render
+    from distdoctor.userjob.reporting.report import render
 
     result = explain(record, args.script, args.all_frames)
     print(render(result, "run"), flush=True)
-    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
-    if not findings:
-        print("\ndistdoctor run --fix: nothing to fix", flush=True)
-        return publish(record, result, "run", args.report, args.html)
-    proposal, said = propose(findings, script, Path.cwd())
-    for line in said:
-        print(f"\ndistdoctor run --fix: {line}", flush=True)
-    fixes, refused = [], ""
-    if proposal is not None:
-        print(f"\ndistdoctor run --fix: re-running a patched copy on {args.nproc_per_node} "
-              f"ranks to verify it ...", flush=True)
-        outcome = verify(proposal, args.script, lambda patched: _rerun(patched, args),
-                         [f.kind for f in findings])
-        applied = None
-        if outcome.verified:
-            print(f"distdoctor run --fix: verified, the patched copy reports {outcome.rerun}"
-                  f" ({', '.join(proposal.cures)} gone, nothing new):\n\n{outcome.diff}",
-                  flush=True)
-            try:
-                if args.patch:
-                    Path(args.patch).write_text(outcome.diff)
-                    print(f"wrote {args.patch}", flush=True)
-                if args.apply:
-                    applied = str(apply(proposal))
-                    print(f"applied to {args.script} (the original is in {applied})",
-                          flush=True)
-            except OSError as exc:  # said in one line once the report is written
-                refused = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
-        else:
-            print(f"distdoctor run --fix: the edit for {', '.join(proposal.cures)} did not "
-                  f"verify: the patched copy reports {outcome.rerun}; no patch is offered",
-                  flush=True)
-        fixes.append(FixReport(list(proposal.cures), outcome.verified, outcome.rerun,
-                               outcome.diff if outcome.verified else "", applied))
+    fixes, refused = fix_findings(result, script, args.script,
+                                  lambda patched: _rerun(patched, args), args)
     code = publish(record, dataclasses.replace(result, fixes=fixes), "run", args.report,
                    args.html)
     if refused:
@@ -61,11 +38,71 @@ def report_with_fixes(record, script: Path, args: argparse.Namespace) -> int:
     return code
 
 
+def command_fixes(result, argv: list[str], args: argparse.Namespace):
+    """``run --fix -- COMMAND``: the fixes for the report chosen among the command's
+    groups (the hung one, or the first that failed), and why none where none. The file
+    patched is the one the first curable cause names; the command must name it (``torchrun
+    ... train.py``) for its patched copy to be run the same way."""
+    from distdoctor.fixing.patches import Finding, target
+
+    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
+    script = target(findings, Path.cwd())
+    if script is not None and not any(_names(arg, script) for arg in argv[1:]):
+        print(f"\ndistdoctor run --fix: the command does not name {_shown(script)}, so a "
+              f"patched copy of it cannot be run the same way: no patch is offered (name "
+              f"the script in the command, or use run --fix SCRIPT)", flush=True)
+        return [], ""
+    return fix_findings(result, script, _shown(script) if script else "",
+                        lambda patched: _rerun_command(argv, script, patched, args), args)
+
+
+def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
+                 args: argparse.Namespace):
+    """What --fix found for a report's causes: a verified diff, or why none is offered,
+    printed; the patch saved (--patch) and applied (--apply) only once verified. The
+    fixes for the JSON report, and why a verified patch could not be written, if so."""
+    from distdoctor.fixing.patches import Finding, apply, propose, verify
+    from distdoctor.userjob.reporting.report import FixReport
+
+    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
+    if not findings:
+        print("\ndistdoctor run --fix: nothing to fix", flush=True)
+        return [], ""
+    proposal, said = propose(findings, script, Path.cwd()) if script is not None else \
+        (None, [f"{f.kind}: no patch (no remedy edits the lines it names)" for f in findings])
+    for line in said:
+        print(f"\ndistdoctor run --fix: {line}", flush=True)
+    if proposal is None:
+        return [], ""
+    print("\ndistdoctor run --fix: re-running a patched copy the same way to verify it ...",
+          flush=True)
+    outcome = verify(proposal, name, rerun, [f.kind for f in findings])
+    applied, refused = None, ""
+    if outcome.verified:
+        print(f"distdoctor run --fix: verified, the patched copy reports {outcome.rerun}"
+              f" ({', '.join(proposal.cures)} gone, nothing new):\n\n{outcome.diff}",
+              flush=True)
+        try:
+            if args.patch:
+                Path(args.patch).write_text(outcome.diff)
+                print(f"wrote {args.patch}", flush=True)
+            if args.apply:
+                applied = str(apply(proposal))
+                print(f"applied to {name} (the original is in {applied})", flush=True)
+        except OSError as exc:  # said in one line once the report is written
+            refused = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
+    else:
+        print(f"distdoctor run --fix: the edit for {', '.join(proposal.cures)} did not "
+              f"verify: the patched copy reports {outcome.rerun}; no patch is offered",
+              flush=True)
+    return [FixReport(list(proposal.cures), outcome.verified, outcome.rerun,
+                      outcome.diff if outcome.verified else "", applied)], refused
+
+
 def _rerun(patched: Path, args: argparse.Namespace) -> tuple[str, list[str]]:
     """The patched copy run as the first run was (ranks, deadline, arguments, address),
     quietly: its verdict's first line and its causes' kinds."""
     from distdoctor.launch import procs
-    from distdoctor.models.calls import ranks_phrase
     from distdoctor.userjob.launching.launcher import run_script
     from distdoctor.userjob.reporting.record import explain, script_record
 
@@ -77,6 +114,67 @@ def _rerun(patched: Path, args: argparse.Namespace) -> tuple[str, list[str]]:
         procs.wait_reaped()
     report = explain(script_record(again.ends, again.traces, again.wall_s, again.started,
                                    args.deadline), str(patched))
+    return _verdict(report), [c.kind for c in report.findings]
+
+
+def _rerun_command(argv: list[str], script: Path, patched: Path,
+                   args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The same command with the patched copy in place of the script it names, run as
+    ``run -- COMMAND`` runs it: every group's causes, and the first failed group's
+    verdict (a command that formed no group, or failed with no cause, is not OK)."""
+    from distdoctor.userjob.launching.command import CommandStartError, run_command
+    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.traces import TraceError, load
+
+    swapped = [str(patched) if index and _names(arg, script) else arg
+               for index, arg in enumerate(argv)]
+    try:
+        result = run_command(swapped, args.deadline, light=args.light, quiet=True)
+    except CommandStartError as exc:
+        return f"FAILED: {exc}", [COMMAND_FAILED]
+    try:
+        if result.unformed is not None:
+            return f"FAILED: {result.unformed.kind}", [result.unformed.kind]
+        if not result.groups:
+            return f"FAILED: no process group formed (exit code {result.code})", [NO_GROUP]
+        verdict, kinds = "OK", []
+        for directory in result.groups:
+            try:
+                job = load([str(directory)])
+            except (TraceError, OSError) as exc:
+                return f"FAILED: its traces cannot be read ({exc})", [COMMAND_FAILED]
+            report = explain(script_record(job.ends, job.events, 0.0, 0.0, args.deadline),
+                             " ".join(swapped))
+            kinds += [c.kind for c in report.findings]
+            verdict = _verdict(report) if verdict == "OK" else verdict
+        if verdict == "OK" and result.code != 0:
+            return f"FAILED: the command exited with code {result.code}", [COMMAND_FAILED]
+        return verdict, kinds
+    finally:
+        shutil.rmtree(result.root, ignore_errors=True)
+
+
+def _verdict(report) -> str:
+    from distdoctor.models.calls import ranks_phrase
+
     cause = report.cause
-    verdict = "OK" if cause is None else f"FAILED: {cause.kind} ({ranks_phrase(cause.ranks)})"
-    return verdict, [c.kind for c in report.findings]
+    return "OK" if cause is None else f"FAILED: {cause.kind} ({ranks_phrase(cause.ranks)})"
+
+
+def _names(arg: str, script: Path) -> bool:
+    """Whether a command's argument is the script's path (as the user wrote it: relative
+    to the working directory, or absolute)."""
+    if not arg.endswith(".py") or "\0" in arg:
+        return False
+    try:
+        return (Path.cwd() / arg).resolve() == script
+    except (OSError, RuntimeError):  # (a path that cannot be resolved names no script)
+        return False
+
+
+def _shown(script: Path) -> str:
+    """The script as the report names it: relative to the working directory when under it."""
+    try:
+        return os.path.relpath(script)
+    except ValueError:
+        return str(script)

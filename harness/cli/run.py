@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -113,7 +114,9 @@ def add_commands(commands) -> None:
                           "is an edit of its lines (a sum not averaged, a sampler never told "
                           "the epoch, ...), run the patched copy the same way in a "
                           "temporary folder, and show the diff only if that run no longer "
-                          "reports what it cures and reports nothing new")
+                          "reports what it cures and reports nothing new. With -- COMMAND, "
+                          "the same command is re-run with the patched copy in place of "
+                          "the script it names")
     run.add_argument("--patch", metavar="PATH",
                      help="with --fix: also write the verified patch to PATH (git apply)")
     run.add_argument("--apply", action="store_true",
@@ -160,8 +163,6 @@ def run_command(args: argparse.Namespace) -> int:
     if args.patch and not Path(args.patch).resolve().parent.is_dir():
         raise UsageError(f"--patch {args.patch}: no such folder to write it in")
     if args.launch_command is not None:
-        if args.fix:
-            raise UsageError("--fix is for SCRIPT: with -- COMMAND it is not built yet")
         return launch_command(args)
     if args.script is None:
         raise UsageError("give a SCRIPT, or -- and a COMMAND to run as is")
@@ -265,8 +266,16 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
         if chosen is None and (report.status != "ok" or directory == result.groups[-1]):
             chosen = (record, report)
     print(f"\ndistdoctor run: '{command}' {how} after {result.wall_s:.1f} s", flush=True)
+    refused = ""
+    if chosen is not None and args.fix:
+        from distdoctor.cli.fix import command_fixes
+
+        fixes, refused = command_fixes(chosen[1], args.launch_command, args)
+        chosen = (chosen[0], dataclasses.replace(chosen[1], fixes=fixes))
     if chosen is not None:
         publish(*chosen, "run", args.report, args.html)
+    if refused:
+        raise UsageError(f"the verified patch was not written: {refused}")
     return 1 if failed or result.code != 0 else 0
 
 

@@ -109,6 +109,16 @@ def propose(findings: Sequence[Finding], script: Path, cwd: Path
     return Proposal(script.resolve(), before, after, tuple(reversed(cures))), said
 
 
+def target(findings: Sequence[Finding], cwd: Path) -> Path | None:
+    """The file a patch of a command's run edits: the one the first cause a remedy may
+    cure names (a command names no script of its own)."""
+    for finding in findings:
+        place = _place(finding.where, cwd)
+        if finding.kind in REMEDIES and place is not None:
+            return place[0]
+    return None
+
+
 def verify(proposal: Proposal, name: str, rerun: Callable[[Path], tuple[str, list[str]]],
            before: Sequence[str]) -> Outcome:
     """Run the patched copy (``rerun(script)``: its verdict line and cause kinds) in a
