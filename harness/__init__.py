@@ -42,10 +42,10 @@ edge, and on any import circle):
 - ``faultloop``: on the built-in workloads, run a spec and assess it; inject a fault, apply
   the findings' fix, verify.
   imports: models, analysis, trace, launch, training, tensor, pipeline, checks, faults
-- ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
-  imports: models, analysis, launch, userjob
 - ``fixing``: a user's script patched for a cause (libcst edits), verified by a re-run.
   imports: nothing
+- ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
+  imports: models, analysis, launch, userjob, fixing
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.

@@ -61,7 +61,7 @@ def assert_trains_like_one_process(build: Callable[[], tuple[Any, Any]],
                   for detail in [_parting(reference[at], snapshots[at], atol, rtol)]
                   if detail}
         if parted:
-            raise _explained(many, at, parted, world_size, deadline)
+            raise _explained(many, at, parted, world_size, deadline, (build, step))
 
 
 def _train(build, step, batches) -> list[dict[str, torch.Tensor]]:
@@ -114,7 +114,8 @@ def _batch_norm(record) -> bool:
                for sample in rank.evidence.buffers for name in sample.names)
 
 
-def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float):
+def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float,
+               functions: tuple[Callable, ...]):
     from distdoctor.models.calls import ranks_phrase
     from distdoctor.testing.verdict import RankFailure, relative_paths
     from distdoctor.userjob.reporting.record import explain, script_record
@@ -141,6 +142,60 @@ def _explained(result, at: int, parted: dict[int, str], n: int, deadline: float)
     elif not report.findings:
         lines.append("no detector named a cause: compare the step's gradient averaging, "
                      "initial parameters and data split by hand")
+    lines += _suggested_edit(report.findings, functions)
     kind = report.findings[0].kind if report.findings else "differs"
     ranks = tuple(report.findings[0].ranks) if report.findings else tuple(sorted(parted))
     return RankFailure(kind, ranks, relative_paths("\n".join(lines)))
+
+
+def _suggested_edit(findings, functions: tuple[Callable, ...]) -> list[str]:
+    """The edit ``distdoctor run --fix`` would make for the causes, shown when it changes
+    only the lines of the user's own ``build`` or ``step`` (a remedy that would edit some
+    other function of the file is not offered: nothing here re-runs it to check)."""
+    import inspect
+    import os
+    from pathlib import Path
+
+    from distdoctor.fixing.patches import Finding, propose
+
+    try:
+        spans = [(inspect.getsourcefile(f), *_span(f)) for f in functions]
+    except (OSError, TypeError):  # (a function without source: a builtin, a lambda's REPL)
+        return []
+    files = {file for file, _, _ in spans if file}
+    if len(files) != 1:
+        return []
+    script = Path(files.pop()).resolve()
+    proposal, _ = propose([Finding(c.kind, c.where, tuple(c.also_at)) for c in findings],
+                          script, Path.cwd())
+    if proposal is None:
+        return []
+    diff = proposal.diff(os.path.relpath(script))
+    if not all(any(first <= line <= last for _, first, last in spans)
+               for line in _changed_lines(diff)):
+        return []
+    return [f"suggested edit ({', '.join(proposal.cures)}; the remedy distdoctor run --fix "
+            f"makes, not re-run here: apply it and run the test again):", diff.rstrip("\n")]
+
+
+def _span(function: Callable) -> tuple[int, int]:
+    import inspect
+
+    source, first = inspect.getsourcelines(function)
+    return first, first + len(source) - 1
+
+
+def _changed_lines(diff: str) -> list[int]:
+    """The original file's lines a unified diff removes, or next to which it adds."""
+    changed, line = [], 0
+    for text in diff.splitlines():
+        if text.startswith("@@"):
+            line = int(text.split()[1].lstrip("-").split(",")[0])
+        elif text.startswith("-") and not text.startswith("---"):
+            changed.append(line)
+            line += 1
+        elif text.startswith("+") and not text.startswith("+++"):
+            changed.append(max(line - 1, 1))
+        elif not text.startswith(("---", "+++", "\\")):
+            line += 1
+    return changed
