@@ -393,3 +393,23 @@ def test_a_file_changed_since_its_patch_was_made_is_never_written(tmp_path):
         apply(Proposal(script, "x = 1\n", "x = 1 / 2\n", ("gradient-not-averaged",)))
     assert script.read_text() == "x = 2  # edited meanwhile\n"
     assert not script.with_name("train.py.orig").exists()
+
+
+def test_a_sampler_made_inline_is_told_the_epoch_through_its_loader():
+    inline = ("loader = DataLoader(data, sampler=DistributedSampler(data))\n"
+              "for epoch in range(3):\n    for x in loader:\n        train(x)\n")
+    assert set_the_epoch(inline, 3) == inline.replace(
+        "range(3):\n", "range(3):\n    loader.sampler.set_epoch(epoch)\n")
+    told = inline.replace("        train(x)\n",
+                          "        train(x)\n    loader.sampler.set_epoch(0)\n")
+    assert set_the_epoch(told, 3) is None  # told (a constant): the user's to mend
+
+
+def test_a_guard_through_the_scripts_own_rank_function_is_a_rank_guard():
+    """``def is_main(): return dist.get_rank() == 0`` and accelerate's attribute."""
+    helper = ("import torch.distributed as dist\ndef is_main():\n"
+              "    return dist.get_rank() == 0\nif is_main():\n    dist.barrier()\n")
+    assert out_of_the_guard(helper, 5) == helper.replace(
+        "if is_main():\n    dist.barrier()\n", "dist.barrier()\n")
+    accelerated = "if accelerator.is_main_process:\n    accelerator.wait_for_everyone()\n"
+    assert out_of_the_guard(accelerated, 2) == "accelerator.wait_for_everyone()\n"

@@ -79,8 +79,10 @@ def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
     outcome = verify(proposal, name, rerun, [f.kind for f in findings])
     applied, refused = None, ""
     if outcome.verified:
+        still = "" if outcome.rerun == "OK" else \
+            " (what it still reports, this patch does not cure: see the report's fix)"
         print(f"distdoctor run --fix: verified, the patched copy reports {outcome.rerun}"
-              f" ({', '.join(proposal.cures)} gone, nothing new):\n\n{outcome.diff}",
+              f" ({', '.join(proposal.cures)} gone, nothing new){still}:\n\n{outcome.diff}",
               flush=True)
         try:
             if args.patch:

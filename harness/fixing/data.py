@@ -21,22 +21,21 @@ from distdoctor.fixing.syntax import (
 def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """repeated-epoch-order: the loader iterated at ``line`` draws from a
     DistributedSampler; at the head of the loop around it (the epoch loop), tell the
-    sampler the epoch: ``sampler.set_epoch(epoch)``."""
+    sampler the epoch: ``sampler.set_epoch(epoch)``, by the name the script gave it, or
+    as ``loader.sampler`` where it made the sampler inline."""
     tree, positions, parents = parsed(source)
     found = loop_over_a_name(tree, positions, line)
     if found is None:
         return None
     loop, loader = found
-    sampler = _sampler_of(tree, loader)
+    sampler = _sampler_of(tree, loader) or f"{loader}.sampler"
     outer = enclosing(loop, parents, cst.For)
-    if sampler is None or outer is None or not isinstance(outer.target, cst.Name) or \
+    if outer is None or not isinstance(outer.target, cst.Name) or \
             not isinstance(outer.body, cst.IndentedBlock):
         return None
-    call = cst.parse_statement(f"{sampler}.set_epoch({outer.target.value})\n")
-    head = outer.body.body[0] if outer.body.body else None
-    if head is not None and m.matches(head, m.SimpleStatementLine(body=[m.Expr(m.Call(
-            func=m.Attribute(value=m.Name(sampler), attr=m.Name("set_epoch"))))])):
+    if any(called_name(c.func) == "set_epoch" for c in nodes(outer, cst.Call)):
         return None  # told already (with a constant, maybe): not a mechanical edit
+    call = cst.parse_statement(f"{sampler}.set_epoch({outer.target.value})\n")
     edited = outer.with_changes(body=outer.body.with_changes(body=[call, *outer.body.body]))
     return source_of(tree.deep_replace(outer, edited))
 

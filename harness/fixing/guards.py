@@ -24,6 +24,9 @@ from distdoctor.fixing.syntax import (
 # the words a name or attribute ends with when it holds a rank (rank, local_rank,
 # dist.get_rank(), args.local_rank, os.environ["RANK"])
 RANK_WORD = "rank"
+# and the names the field gives "this is rank 0" (accelerate's is_main_process, nanoGPT's
+# master_process, is_master)
+MAIN_WORDS = ("main_process", "is_main", "is_master", "master_process")
 
 
 def out_of_the_guard(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
@@ -167,10 +170,16 @@ def join_the_uneven(source: str, line: int, also: tuple[int, ...] = ()) -> str |
 def rank_names(module: cst.Module) -> set[str]:
     """The names that hold a rank: named so (``rank``, ``local_rank``), or bound to what
     names one (``master = rank == 0``, ``rank, world = dist.get_rank(), ...``)."""
-    found = {n.value for n in nodes(module, cst.Name) if n.value.lower().endswith(RANK_WORD)}
+    found = {n.value for n in nodes(module, cst.Name)
+             if n.value.lower().endswith((RANK_WORD, *MAIN_WORDS))}
     assigns = nodes(module, cst.Assign)
+    functions = nodes(module, cst.FunctionDef)
     while True:
         more = set(found)
+        for function in functions:  # ``def is_main(): return dist.get_rank() == 0``
+            if any(r.value is not None and names_the_rank(r.value, found)
+                   for r in nodes(function, cst.Return)):
+                more.add(function.name.value)
         for assign in assigns:
             for target in assign.targets:
                 for name, value in _pairs(target.target, assign.value):
@@ -199,7 +208,8 @@ def names_the_rank(node: cst.CSTNode, ranked: set[str]) -> bool:
     if any((called_name(c.func) or "").lower().endswith(RANK_WORD)
            for c in nodes(node, cst.Call)):
         return True
-    if any(a.attr.value.lower().endswith(RANK_WORD) for a in nodes(node, cst.Attribute)):
+    if any(a.attr.value.lower().endswith((RANK_WORD, *MAIN_WORDS))
+           for a in nodes(node, cst.Attribute)):
         return True
     return any(RANK_WORD.upper() in s.value for s in nodes(node, cst.SimpleString))
 
