@@ -47,12 +47,14 @@ def command_fixes(result, argv: list[str], args: argparse.Namespace):
 
     findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
     script = target(findings, Path.cwd())
-    if script is not None and not any(_names(arg, script) for arg in argv[1:]):
+    if script is None:  # (no cause a remedy may cure: each said why)
+        return fix_findings(result, None, "", lambda patched: ("", []), args)
+    if not any(_names(arg, script) for arg in argv[1:]):
         print(f"\ndistdoctor run --fix: the command does not name {_shown(script)}, so a "
               f"patched copy of it cannot be run the same way: no patch is offered (name "
               f"the script in the command, or use run --fix SCRIPT)", flush=True)
         return [], ""
-    return fix_findings(result, script, _shown(script) if script else "",
+    return fix_findings(result, script, _shown(script),
                         lambda patched: _rerun_command(argv, script, patched, args), args)
 
 
@@ -139,7 +141,7 @@ def _rerun_command(argv: list[str], script: Path, patched: Path,
             return f"FAILED: {result.unformed.kind}", [result.unformed.kind]
         if not result.groups:
             return f"FAILED: no process group formed (exit code {result.code})", [NO_GROUP]
-        verdict, kinds = "OK", []
+        verdict, kinds = "OK", list[str]()
         for directory in result.groups:
             try:
                 job = load([str(directory)])

@@ -16,7 +16,7 @@ def parsed(source: str):
         wrapper.resolve(ParentNodeProvider)
 
 
-def nodes(module: cst.CSTNode, kind: type) -> list:
+def nodes(module: cst.CSTNode, kind: type | tuple[type, ...]) -> list:
     found: list = []
 
     class Collect(cst.CSTVisitor):
