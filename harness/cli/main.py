@@ -21,6 +21,7 @@ from distdoctor.cli import diagnose as diagnose_cli
 from distdoctor.cli import faults as faults_cli
 from distdoctor.cli import memory as memory_cli
 from distdoctor.cli import pipeline as pipeline_cli
+from distdoctor.cli import resume as resume_cli
 from distdoctor.cli import run as script_cli
 from distdoctor.cli import train as train_cli
 from distdoctor.cli.args import Parser, UsageError
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.add_commands(commands)
     pipeline_cli.add_commands(commands)
     script_cli.add_commands(commands)
+    resume_cli.add_commands(commands)
     attach_cli.add_commands(commands)
     collectives_cli.add_commands(commands)
     memory_cli.add_commands(commands)

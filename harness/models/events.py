@@ -49,6 +49,13 @@ class Ev:
     EXIT = "exit"
     STALLED = "stalled"
     INCOMPLETE = "incomplete"  # a recorder failed: its evidence stops here (see below)
+    # under resume-check (trace/resume.py): what a resume must restore, digested before
+    # each step; each checkpoint saved and loaded, each RNG state set; a rank stopped
+    STATE = "state"
+    SAVE = "save"
+    LOAD = "load"
+    RNG = "rng"
+    STOPPED = "stopped"
 
 
 TRACE_EVENTS = frozenset(v for k, v in vars(Ev).items() if k.isupper())

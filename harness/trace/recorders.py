@@ -14,6 +14,7 @@ def install_recorders(tracer) -> None:
     from distdoctor.trace.nonfinite import record_nonfinite
     from distdoctor.trace.optimizer import record_optimizer
     from distdoctor.trace.phases import record_phases
+    from distdoctor.trace.resume import record_resume
     from distdoctor.trace.tensorparallel import record_tensor_parallel
 
     record_batches(tracer)
@@ -23,3 +24,4 @@ def install_recorders(tracer) -> None:
     record_optimizer(tracer)
     record_tensor_parallel(tracer)
     record_phases(tracer)
+    record_resume(tracer)  # (only under resume-check)

@@ -1,0 +1,180 @@
+"""``distdoctor resume-check SCRIPT``: does a run resumed from its own checkpoint train like
+the same run never stopped? Three runs of the user's unchanged script on real ranks: once
+through; once stopped right after its K-th checkpoint is written; once more, resuming as
+the script resumes. Each of the two trains in a fresh folder of its own (relative
+checkpoint paths do not carry from one to the other; the user's own files are reachable
+through links), and the step after the checkpoint on is compared (analysis/resume.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+from distdoctor.cli.args import DEADLINE, UsageError, count, seconds
+
+
+def add_commands(commands) -> None:
+    check = commands.add_parser(
+        "resume-check", help="check that your script, stopped after a checkpoint and "
+                             "resumed, trains like one that never stopped",
+        usage="distdoctor resume-check [OPTIONS] SCRIPT [ARGS...]",
+        description="Run SCRIPT three times on N ranks: once through; once stopped right "
+                    "after its K-th checkpoint is written (torch.save or "
+                    "torch.distributed.checkpoint.save, on any rank), as a crash would stop "
+                    "it; and once more from the same folder, so it resumes the way your code "
+                    "resumes. Then compare the resumed run with the uninterrupted one, step "
+                    "by step from the checkpoint on, on every rank: the parameters, the "
+                    "gradients, the optimiser's state and learning rate, the RNG states "
+                    "(torch, numpy, random) and the sampler's epoch, bitwise. Name the first "
+                    "thing that differs, on which ranks, and where it was saved and "
+                    "restored. Exit 0 when the resume matches, 1 when it does not, 2 when it "
+                    "cannot be checked (no K-th checkpoint, a run that failed, a checkpoint "
+                    "outside the run's own folder).")
+    check.add_argument("--at", type=count(1), default=1, metavar="K",
+                       help="stop after the K-th checkpoint is written (default 1)")
+    check.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
+                       help="ranks to run (default 2)")
+    check.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
+                       help=f"each run's deadline, as run's ({DEADLINE})")
+    check.add_argument("--report", metavar="PATH", help="also write the verdict as JSON")
+    check.add_argument("script", help="the training script, unchanged")
+    check.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    check.set_defaults(handler=resume_check)
+
+
+def resume_check(args: argparse.Namespace) -> int:
+    from distdoctor.analysis.resume import checkpoint_step, compare
+    from distdoctor.models.events import Ev
+    from distdoctor.trace.resume import MARK_ENV, RESUME_ENV, STOP_ENV
+
+    script = Path(args.script).resolve()
+    if not script.is_file():
+        raise UsageError(f"no such script: {args.script}")
+    if args.report and not Path(args.report).resolve().parent.is_dir():
+        raise UsageError(f"--report {args.report}: no such folder to write it in")
+    home = Path.cwd()
+    scratch = Path(tempfile.mkdtemp(prefix="distdoctor-resume-"))
+    try:
+        whole, stopped = scratch / "uninterrupted", scratch / "resumed"
+        for folder in (whole, stopped):
+            _linked(home, folder)
+        print(f"distdoctor resume-check: 1 of 3: {script.name} once through, in a folder of "
+              f"its own ...", flush=True)
+        first = _run(script, args, whole, {RESUME_ENV: "1"})
+        _inside(first, whole)
+        print(f"distdoctor resume-check: 2 of 3: stopped right after its checkpoint "
+              f"#{args.at} ...", flush=True)
+        mark = stopped / ".distdoctor-stop"
+        second = _run(script, args, stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
+                                              MARK_ENV: str(mark)}, expect_ok=False)
+        step = checkpoint_step(second, args.at)
+        if step is None:
+            raise UsageError(f"{script.name} wrote fewer than {args.at} checkpoints "
+                             f"(torch.save, torch.distributed.checkpoint.save): nothing to "
+                             f"resume from at --at {args.at}")
+        _inside(second, stopped)
+        steps = max((e["step"] for trace in first for e in trace
+                     if e.get("ev") == Ev.STATE), default=0)
+        if step >= steps:
+            raise UsageError(f"checkpoint #{args.at} of {script.name} is written after its "
+                             f"last step ({steps}): nothing after it to compare; give a "
+                             f"smaller --at")
+        mark.unlink(missing_ok=True)
+        print(f"distdoctor resume-check: 3 of 3: resumed in the same folder (checkpoint "
+              f"#{args.at} was written after step {step}) ...", flush=True)
+        third = _run(script, args, stopped, {RESUME_ENV: "1"})
+        found = compare(first, second, third, step)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if found.kind == "not-deterministic":
+        raise UsageError(f"cannot check {script.name}: {found.summary}; {found.fix}")
+    verdict = "OK" if found.ok else "FAILED"
+    print(f"distdoctor resume-check: {verdict}: {found.summary}", flush=True)
+    if found.fix:
+        print(f"  fix: {found.fix}", flush=True)
+    if args.report:
+        Path(args.report).write_text(json.dumps({"status": verdict.lower(), **asdict(found)},
+                                                indent=2) + "\n")
+        print(f"\nwrote {args.report}", flush=True)
+    return 0 if found.ok else 1
+
+
+def _run(script: Path, args: argparse.Namespace, folder: Path, env: dict[str, str],
+         expect_ok: bool = True) -> list[tuple[dict, ...]]:
+    """One run of the script on real ranks, from ``folder`` (its TMPDIR there too), with
+    the resume recorder on: each rank's trace. A run meant to finish that failed cannot be
+    compared: said in one line."""
+    from distdoctor.launch import procs
+    from distdoctor.userjob.launching.launcher import ScriptStartError, run_script
+    from distdoctor.userjob.reporting.record import explain, script_record
+
+    with _inside_folder(folder, {**env, "TMPDIR": str(folder)}):
+        try:
+            result = run_script(str(script), args.args, args.nproc_per_node, args.deadline,
+                                echo=False)
+        except ScriptStartError as exc:
+            raise UsageError(str(exc).splitlines()[0]) from None
+        finally:
+            procs.wait_reaped()
+    if expect_ok and not result.ok:
+        report = explain(script_record(result.ends, result.traces, result.wall_s,
+                                       result.started, args.deadline), script.name)
+        cause = report.cause
+        raise UsageError(f"a run of {script.name} failed, so it cannot be compared: "
+                         f"{cause.kind + ': ' + cause.summary if cause else 'it did not finish'}"
+                         f" (distdoctor run {script.name} says more)")
+    return [tuple(trace) for trace in result.traces]
+
+
+@contextmanager
+def _inside_folder(folder: Path, env: dict[str, str]):
+    """The ranks start from ``folder`` with ``env`` (they inherit this process's working
+    directory and environment); both restored after."""
+    home, before = Path.cwd(), {name: os.environ.get(name) for name in env}
+    cached = tempfile.tempdir  # (forked ranks would inherit it, not read TMPDIR)
+    os.chdir(folder)
+    os.environ.update(env)
+    tempfile.tempdir = None
+    try:
+        yield
+    finally:
+        os.chdir(home)
+        tempfile.tempdir = cached
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _linked(home: Path, folder: Path) -> None:
+    """A fresh folder whose entries link to the user's working directory's: relative reads
+    reach the user's files; new files (a checkpoint) are the run's own."""
+    folder.mkdir()
+    for entry in home.iterdir():
+        (folder / entry.name).symlink_to(entry)
+
+
+def _inside(traces: list[tuple[dict, ...]], folder: Path) -> None:
+    """Every checkpoint written in the run's own folder: one written elsewhere (an
+    absolute path, or a folder that links to the user's) would be shared by the runs."""
+    from distdoctor.models.events import Ev
+
+    own = folder.resolve()
+    for trace in traces:
+        for e in trace:
+            if e.get("ev") != Ev.SAVE or not e.get("path"):
+                continue
+            path = folder / e["path"]  # (an absolute path stays itself)
+            if not (path.parent.resolve() / path.name).is_relative_to(own):
+                raise UsageError(
+                    f"the checkpoint at {e.get('where')} is written to {e['path']}, outside "
+                    f"the run's own folder (an absolute path, or a folder of yours): the "
+                    f"three runs would share it. Give the script a relative checkpoint path "
+                    f"in a folder it creates")

@@ -1,0 +1,102 @@
+"""The resume comparison on traces written by hand: the first step and the first thing,
+in the order a step depends on them, that differs after the resume; what differs
+between two runs from the start is not compared; RNG states that nothing draws from are
+not a failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from distdoctor.analysis.resume import checkpoint_step, compare
+from distdoctor.models.events import Ev
+
+pytestmark = pytest.mark.tier("unit")
+
+SAME = {"params": "p", "grads": "g", "optimizer_state": "o", "settings": [{"lr": 0.1}],
+        "rng_torch": "t", "rng_numpy": "n", "rng_python": "r"}
+
+
+def run(steps: range, changes: dict[int, dict] | None = None, first: int = 1,
+        saves: tuple[int, ...] = (), loads: bool = False) -> tuple[dict, ...]:
+    """A rank's trace: a batch and a state per step (the step's own digests, made to
+    differ by ``changes[step]``), numbered from ``first`` as the rank counts them."""
+    trace: list[dict] = [{"ev": Ev.LOAD, "where": "/w/train.py:9"}] if loads else []
+    for count, step in enumerate(steps, first):
+        trace.append({"ev": Ev.BATCH, "steps": count - 1, "sampler_epoch": step // 4,
+                      "ids": [step, step + 100]})
+        state = {k: (f"{v}{step}" if isinstance(v, str) else v) for k, v in SAME.items()}
+        trace.append({"ev": Ev.STATE, "step": count, **state, **(changes or {}).get(step, {})})
+        if step in saves:
+            trace.append({"ev": Ev.SAVE, "n": saves.index(step) + 1, "step": count,
+                          "where": "/w/train.py:30"})
+    return tuple(trace)
+
+
+def test_a_resume_that_restores_everything_matches_and_says_what_it_compared():
+    whole = [run(range(1, 9)), run(range(1, 9))]
+    stopped = [run(range(1, 5), saves=(2, 4)), run(range(1, 5), saves=(2, 4))]
+    assert checkpoint_step(stopped, 2) == 4 and checkpoint_step(stopped, 3) is None
+    resumed = [run(range(5, 9), loads=True), run(range(5, 9), loads=True)]
+    found = compare(whole, stopped, resumed, 4)
+    assert found.ok and found.compared_steps == (5, 8), found.summary
+
+
+def test_the_first_thing_a_step_depends_on_is_blamed_first():
+    """Rank 1's momentum and gradients differ at step 6: the optimiser's state is named,
+    not the gradients it follows from, with the lines that saved and loaded."""
+    whole = [run(range(1, 9))] * 2
+    stopped = [run(range(1, 5), saves=(4,))] * 2
+    parted = {6: {"optimizer_state": "other", "grads": "other"}, 7: {"params": "other"}}
+    resumed = [run(range(5, 9), loads=True), run(range(5, 9), parted, loads=True)]
+    found = compare(whole, stopped, resumed, 4)
+    assert (found.ok, found.kind, found.ranks) == (False, "optimizer_state", (1,))
+    assert found.summary.startswith("rank 1: the optimiser's state at step 6 after the "
+                                    "resume differs from the uninterrupted run's")
+    assert "saved by every rank at /w/train.py:30; loaded by every rank at /w/train.py:9" \
+        in found.summary
+
+
+def test_an_rng_state_is_blamed_with_the_gradients_and_harmless_without():
+    whole = [run(range(1, 7))] * 2
+    stopped = [run(range(1, 3), saves=(2,))] * 2
+    drawn = {3: {"rng_torch": "rank0s", "grads": "other"}}
+    found = compare(whole, stopped, [run(range(3, 7), loads=True),
+                                     run(range(3, 7), drawn, loads=True)], 2)
+    assert (found.kind, found.ranks, found.measured["which"]) == ("rng", (1,), ["torch"])
+    unused = {3: {"rng_torch": "rank0s"}}
+    found = compare(whole, stopped, [run(range(3, 7), loads=True),
+                                     run(range(3, 7), unused, loads=True)], 2)
+    assert found.ok and "rank 1' RNG state differs from step 3, harmless" in found.summary
+
+
+def test_other_samples_at_the_same_step_are_the_loaders_position():
+    whole = [run(range(1, 7))] * 2
+    stopped = [run(range(1, 3), saves=(2,))] * 2
+    replayed = [run(range(1, 5), first=1, loads=True)] * 2  # reads steps 1.. again
+    found = compare(whole, stopped, replayed, 2)
+    assert (found.kind, found.ranks) == ("params", (0, 1))  # its parameters are step 1's
+    same_params = [run(range(3, 7), {s: {"_": 0} for s in range(3, 7)}, loads=True)] * 2
+    shifted = [tuple({**e, "ids": [0]} if e["ev"] == Ev.BATCH else e for e in t)
+               for t in same_params]
+    found = compare(whole, stopped, shifted, 2)
+    assert (found.kind, found.measured["step"]) == ("batch", 3)
+
+
+def test_what_two_runs_from_the_start_disagree_on_is_not_compared():
+    """numpy's state, seeded by the OS: left out; gradients: the run is not deterministic."""
+    whole = [run(range(1, 7))] * 2
+    numpy_moves = {s: {"rng_numpy": f"os{s}"} for s in range(1, 7)}
+    stopped = [run(range(1, 3), numpy_moves, saves=(2,))] * 2
+    assert compare(whole, stopped, [run(range(3, 7), numpy_moves, loads=True)] * 2, 2).ok
+    noisy = [run(range(1, 3), {1: {"grads": "noise"}}, saves=(2,))] * 2
+    found = compare(whole, noisy, [run(range(3, 7), loads=True)] * 2, 2)
+    assert found.kind == "not-deterministic" and "(in grads)" in found.summary
+
+
+def test_a_run_that_starts_over_or_resumes_at_another_step_is_named():
+    whole = [run(range(1, 7))] * 2
+    stopped = [run(range(1, 3), saves=(2,))] * 2
+    over = compare(whole, stopped, [run(range(1, 7))] * 2, 2)
+    assert over.kind == "not-resumed" and "it started over" in over.summary
+    short = compare(whole, stopped, [run(range(3, 6), loads=True)] * 2, 2)
+    assert short.kind == "steps" and short.measured == {"made": 3, "expected": 4}

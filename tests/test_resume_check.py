@@ -1,0 +1,101 @@
+"""``distdoctor resume-check`` on real ranks: each resume bug of examples/resume named with
+its step, ranks and lines; the healthy resume OK; what cannot be checked is one line and
+exit 2. Each check is three runs of the script, in the background lanes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from lanes import Job, Step
+
+pytestmark = pytest.mark.tier("e2e")
+
+RESUME = Path(__file__).parent.parent / "examples" / "resume"
+CHECKS = ["resume_every_state.py", "resume_rng_from_rank0.py",
+          "resume_scheduler_forgotten.py", "resume_epoch_started_over.py"]
+
+
+def lane_jobs(root: Path) -> list[Job]:
+    jobs = []
+    for number, example in enumerate(CHECKS):
+        base = root / str(number)
+        base.mkdir(parents=True)
+        argv = (sys.executable, "-m", "distdoctor", "resume-check", "--report",
+                str(base / "report.json"), str(RESUME / example))
+        jobs.append(Job(f"resume-check {example}", (Step("check", argv, str(base),
+                                                         timeout=300.0),)))
+    return jobs
+
+
+def checked(lanes, example: str):
+    done = lanes.result(f"resume-check {example}")["check"]
+    base = Path(lanes.job(f"resume-check {example}").steps[0].cwd)
+    report = base / "report.json"
+    return done, json.loads(report.read_text()) if report.exists() else None, base
+
+
+def line(example: str, marker: str) -> str:
+    text = (RESUME / example).read_text().splitlines()
+    return f"{RESUME / example}:{next(i for i, t in enumerate(text, 1) if marker in t)}"
+
+
+@pytest.mark.timeout(900)  # the first test may wait for its job
+def test_a_resume_that_restores_every_state_trains_like_one_that_never_stopped(lanes):
+    done, report, base = checked(lanes, "resume_every_state.py")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert (report["status"], report["checkpoint_step"], report["compared_steps"]) == \
+        ("ok", 2, [3, 8])
+    assert "1 of 3" in done.stdout and "3 of 3" in done.stdout
+    assert sorted(p.name for p in base.iterdir()) == ["report.json"]  # no folder left
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("example, kind, ranks, step, said", [
+    ("resume_rng_from_rank0.py", "rng", [1], 3,
+     [f"saved by rank 0 only at {line('resume_rng_from_rank0.py', 'torch.save(')}",
+      f"its state set by every rank at {line('resume_rng_from_rank0.py', 'set_rng_state')}"]),
+    ("resume_scheduler_forgotten.py", "settings", [0, 1], 4,
+     ["lr 0.05 uninterrupted, 0.1 resumed", "the scheduler starts over"]),
+    ("resume_epoch_started_over.py", "batch", [0, 1], 2,
+     ["the data loader's position is not restored"]),
+])
+def test_each_resume_bug_is_named_with_its_step_ranks_and_lines(lanes, example, kind, ranks,
+                                                                step, said):
+    done, report, _ = checked(lanes, example)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert (report["kind"], report["ranks"], report["measured"]["step"]) == \
+        (kind, ranks, step), report["summary"]
+    for text in said:
+        assert text in report["summary"]
+    assert f"distdoctor resume-check: FAILED: {report['summary']}" in done.stdout
+
+
+def test_a_checkpoint_outside_the_runs_folder_or_too_few_cannot_be_checked(distdoctor,
+                                                                           tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nimport torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nw = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(w.parameters(), lr=0.1)\n"
+        "w(torch.ones(1, 2)).sum().backward()\nopt.step()\n"
+        "torch.save(w.state_dict(), sys.argv[1])  # SAVE\ndist.destroy_process_group()\n")
+    absolute = distdoctor("resume-check", str(script), str(tmp_path / "last.pt"))
+    assert absolute.returncode == 2, absolute.stdout + absolute.stderr
+    assert absolute.stderr.strip().splitlines()[-1] == (
+        f"distdoctor resume-check: error: the checkpoint at {script}:9 is written to "
+        f"{tmp_path / 'last.pt'}, outside the run's own folder (an absolute path, or a "
+        f"folder of yours): the three runs would share it. Give the script a relative "
+        f"checkpoint path in a folder it creates")
+    too_few = distdoctor("resume-check", "--at", "2", str(script), "last.pt")
+    assert too_few.returncode == 2 and "Traceback" not in too_few.stderr
+    assert too_few.stderr.strip().splitlines()[-1] == (
+        "distdoctor resume-check: error: train.py wrote fewer than 2 checkpoints "
+        "(torch.save, torch.distributed.checkpoint.save): nothing to resume from at --at 2")
+    last = distdoctor("resume-check", str(script), "last.pt")
+    assert last.returncode == 2 and last.stderr.strip().splitlines()[-1] == (
+        "distdoctor resume-check: error: checkpoint #1 of train.py is written after its "
+        "last step (1): nothing after it to compare; give a smaller --at")
+    assert not (Path.cwd() / "last.pt").exists()  # written in the runs' own folders
