@@ -15,7 +15,8 @@ pytestmark = pytest.mark.tier("e2e")
 
 RESUME = Path(__file__).parent.parent / "examples" / "resume"
 CHECKS = ["resume_every_state.py", "resume_rng_from_rank0.py",
-          "resume_scheduler_forgotten.py", "resume_epoch_started_over.py"]
+          "resume_scheduler_forgotten.py", "resume_epoch_started_over.py",
+          "resume_dcp_rng_replicated.py"]
 
 
 def lane_jobs(root: Path) -> list[Job]:
@@ -71,6 +72,18 @@ def test_each_resume_bug_is_named_with_its_step_ranks_and_lines(lanes, example, 
     for text in said:
         assert text in report["summary"]
     assert f"distdoctor resume-check: FAILED: {report['summary']}" in done.stdout
+
+
+@pytest.mark.timeout(900)
+def test_a_distributed_checkpoint_that_keeps_one_ranks_rng_state_is_named(lanes):
+    """DCP writes one copy of a tensor every rank saves under one key: which rank's is
+    DCP's choice, so the test asks for one rank, not which."""
+    done, report, _ = checked(lanes, "resume_dcp_rng_replicated.py")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert (report["kind"], len(report["ranks"]), report["measured"]["which"]) == \
+        ("rng", 1, ["torch"]), report["summary"]
+    assert f"loaded by every rank at {line('resume_dcp_rng_replicated.py', 'dcp.load(')}" \
+        in report["summary"]
 
 
 def test_a_checkpoint_outside_the_runs_folder_or_too_few_cannot_be_checked(distdoctor,

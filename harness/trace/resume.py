@@ -84,14 +84,22 @@ def record_resume(tracer: Any) -> None:
         dcp.save = saved("torch.distributed.checkpoint.save")(dcp.save)
     except ImportError:  # (a torch built without distributed: no DCP to note)
         pass
-    original_load = torch.load
+    def loaded(what: str) -> Callable[[Callable], Callable]:
+        def wrap(original: Callable) -> Callable:
+            def load(*args: Any, **kwargs: Any) -> Any:
+                tracer.write(ev=Ev.LOAD, what=what, step=tracer.optimizer_steps,
+                             path=_path_of(args, kwargs), where=user_line())
+                return original(*args, **kwargs)
+            return load
+        return wrap
 
-    def load(*args: Any, **kwargs: Any) -> Any:
-        tracer.write(ev=Ev.LOAD, what="torch.load", step=tracer.optimizer_steps,
-                     path=_path_of(args, kwargs), where=user_line())
-        return original_load(*args, **kwargs)
+    torch.load = loaded("torch.load")(torch.load)
+    try:
+        import torch.distributed.checkpoint as dcp
 
-    torch.load = load
+        dcp.load = loaded("torch.distributed.checkpoint.load")(dcp.load)
+    except ImportError:  # (a torch built without distributed: no DCP to note)
+        pass
     _note_rng_restores(tracer)
 
 
