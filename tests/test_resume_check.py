@@ -5,6 +5,7 @@ exit 2. Each check is three runs of the script, in the background lanes."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,6 +29,14 @@ def lane_jobs(root: Path) -> list[Job]:
                 str(base / "report.json"), str(RESUME / example))
         jobs.append(Job(f"resume-check {example}", (Step("check", argv, str(base),
                                                          timeout=300.0),)))
+    base = root / "torchrun"  # the command form: torchrun starts the ranks, three times
+    base.mkdir(parents=True)
+    shutil.copy(RESUME / "resume_rng_from_rank0.py", base / "train.py")
+    argv = (sys.executable, "-m", "distdoctor", "resume-check", "--report",
+            str(base / "report.json"), "--", sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc-per-node", "2", "train.py")
+    jobs.append(Job("resume-check -- torchrun", (Step("check", argv, str(base),
+                                                      timeout=300.0),)))
     return jobs
 
 
@@ -84,6 +93,18 @@ def test_a_distributed_checkpoint_that_keeps_one_ranks_rng_state_is_named(lanes)
         ("rng", 1, ["torch"]), report["summary"]
     assert f"loaded by every rank at {line('resume_dcp_rng_replicated.py', 'dcp.load(')}" \
         in report["summary"]
+
+
+@pytest.mark.timeout(900)
+def test_a_command_is_checked_the_same_way(lanes):
+    """resume-check -- torchrun ...: the command run three times from fresh folders (the
+    script reached through the folder's link to it), its group's ranks compared."""
+    done = lanes.result("resume-check -- torchrun")["check"]
+    base = Path(lanes.job("resume-check -- torchrun").steps[0].cwd)
+    report = json.loads((base / "report.json").read_text())
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert (report["kind"], report["ranks"], report["measured"]["step"]) == ("rng", [1], 3)
+    assert sorted(p.name for p in base.iterdir()) == ["report.json", "train.py"]
 
 
 def test_a_checkpoint_outside_the_runs_folder_or_too_few_cannot_be_checked(distdoctor,

@@ -57,9 +57,13 @@ def _usage_error(message: str, args: argparse.Namespace) -> int:
     return 2
 
 
+# the commands that take ``-- COMMAND`` in place of a SCRIPT
+TAKES_A_COMMAND = ("run", "resume-check")
+
+
 def _launch_command(argv: list[str]) -> list[str] | None:
     """``distdoctor run [OPTIONS] -- COMMAND ...``: the command after the first ``--``."""
-    if not argv or argv[0] != "run" or "--" not in argv:
+    if not argv or argv[0] not in TAKES_A_COMMAND or "--" not in argv:
         return None
     return argv[argv.index("--") + 1:]
 

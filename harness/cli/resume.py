@@ -15,6 +15,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from distdoctor.cli.args import DEADLINE, UsageError, count, seconds
 
@@ -23,7 +24,8 @@ def add_commands(commands) -> None:
     check = commands.add_parser(
         "resume-check", help="check that your script, stopped after a checkpoint and "
                              "resumed, trains like one that never stopped",
-        usage="distdoctor resume-check [OPTIONS] SCRIPT [ARGS...]",
+        usage="distdoctor resume-check [OPTIONS] SCRIPT [ARGS...]\n"
+              "       distdoctor resume-check [OPTIONS] -- COMMAND [ARGS...]",
         description="Run SCRIPT three times on N ranks: once through; once stopped right "
                     "after its K-th checkpoint is written (torch.save or "
                     "torch.distributed.checkpoint.save, on any rank), as a crash would stop "
@@ -35,7 +37,9 @@ def add_commands(commands) -> None:
                     "thing that differs, on which ranks, and where it was saved and "
                     "restored. Exit 0 when the resume matches, 1 when it does not, 2 when it "
                     "cannot be checked (no K-th checkpoint, a run that failed, a checkpoint "
-                    "outside the run's own folder).")
+                    "outside the run's own folder). After --, run any COMMAND (torchrun "
+                    "..., python train.py that spawns its ranks) the same three times; its "
+                    "first process group is compared.")
     check.add_argument("--at", type=count(1), default=1, metavar="K",
                        help="stop after the K-th checkpoint is written (default 1)")
     check.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
@@ -43,9 +47,9 @@ def add_commands(commands) -> None:
     check.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
                        help=f"each run's deadline, as run's ({DEADLINE})")
     check.add_argument("--report", metavar="PATH", help="also write the verdict as JSON")
-    check.add_argument("script", help="the training script, unchanged")
+    check.add_argument("script", nargs="?", help="the training script, unchanged")
     check.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
-    check.set_defaults(handler=resume_check)
+    check.set_defaults(handler=resume_check, launch_command=None)
 
 
 def resume_check(args: argparse.Namespace) -> int:
@@ -53,47 +57,62 @@ def resume_check(args: argparse.Namespace) -> int:
     from distdoctor.models.events import Ev
     from distdoctor.trace.resume import MARK_ENV, RESUME_ENV, STOP_ENV
 
-    script = Path(args.script).resolve()
-    if not script.is_file():
-        raise UsageError(f"no such script: {args.script}")
+    home = Path.cwd()
+    if args.launch_command is not None:
+        if not args.launch_command:
+            raise UsageError("give the COMMAND to run after --")
+        if args.nproc_per_node != 2:
+            raise UsageError("--nproc-per-node is for SCRIPT; with -- COMMAND the command's "
+                             "own launcher starts the ranks")
+        name = " ".join(args.launch_command)
+        runs: Callable = lambda folder, env, expect_ok=True: _run_command(  # noqa: E731
+            args.launch_command, args.deadline, folder, env, expect_ok)
+    elif args.script is None:
+        raise UsageError("give a SCRIPT, or -- and a COMMAND to run as is")
+    else:
+        script = Path(args.script).resolve()
+        if not script.is_file():
+            raise UsageError(f"no such script: {args.script}")
+        name = script.name
+        runs = lambda folder, env, expect_ok=True: _run(  # noqa: E731
+            _in(script, home, folder), args, folder, env, expect_ok)
     if args.report and not Path(args.report).resolve().parent.is_dir():
         raise UsageError(f"--report {args.report}: no such folder to write it in")
-    home = Path.cwd()
     scratch = Path(tempfile.mkdtemp(prefix="distdoctor-resume-"))
     try:
         whole, stopped = scratch / "uninterrupted", scratch / "resumed"
         for folder in (whole, stopped):
             _linked(home, folder)
-        print(f"distdoctor resume-check: 1 of 3: {script.name} once through, in a folder of "
+        print(f"distdoctor resume-check: 1 of 3: {name} once through, in a folder of "
               f"its own ...", flush=True)
-        first = _run(script, args, whole, {RESUME_ENV: "1"})
+        first = runs(whole, {RESUME_ENV: "1"})
         _inside(first, whole)
         print(f"distdoctor resume-check: 2 of 3: stopped right after its checkpoint "
               f"#{args.at} ...", flush=True)
         mark = stopped / ".distdoctor-stop"
-        second = _run(script, args, stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
-                                              MARK_ENV: str(mark)}, expect_ok=False)
+        second = runs(stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
+                                MARK_ENV: str(mark)}, expect_ok=False)
         step = checkpoint_step(second, args.at)
         if step is None:
-            raise UsageError(f"{script.name} wrote fewer than {args.at} checkpoints "
+            raise UsageError(f"{name} wrote fewer than {args.at} checkpoints "
                              f"(torch.save, torch.distributed.checkpoint.save): nothing to "
                              f"resume from at --at {args.at}")
         _inside(second, stopped)
         steps = max((e["step"] for trace in first for e in trace
                      if e.get("ev") == Ev.STATE), default=0)
         if step >= steps:
-            raise UsageError(f"checkpoint #{args.at} of {script.name} is written after its "
+            raise UsageError(f"checkpoint #{args.at} of {name} is written after its "
                              f"last step ({steps}): nothing after it to compare; give a "
                              f"smaller --at")
         mark.unlink(missing_ok=True)
         print(f"distdoctor resume-check: 3 of 3: resumed in the same folder (checkpoint "
               f"#{args.at} was written after step {step}) ...", flush=True)
-        third = _run(script, args, stopped, {RESUME_ENV: "1"})
+        third = runs(stopped, {RESUME_ENV: "1"})
         found = compare(first, second, third, step)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if found.kind == "not-deterministic":
-        raise UsageError(f"cannot check {script.name}: {found.summary}; {found.fix}")
+        raise UsageError(f"cannot check {name}: {found.summary}; {found.fix}")
     verdict = "OK" if found.ok else "FAILED"
     print(f"distdoctor resume-check: {verdict}: {found.summary}", flush=True)
     if found.fix:
@@ -130,6 +149,40 @@ def _run(script: Path, args: argparse.Namespace, folder: Path, env: dict[str, st
                          f"{cause.kind + ': ' + cause.summary if cause else 'it did not finish'}"
                          f" (distdoctor run {script.name} says more)")
     return [tuple(trace) for trace in result.traces]
+
+
+def _run_command(argv: list[str], deadline: float, folder: Path, env: dict[str, str],
+                 expect_ok: bool = True) -> list[tuple[dict, ...]]:
+    """One run of the command, quiet, from ``folder``: its first process group's traces
+    (each rank's, by its rank). A run meant to finish that failed cannot be compared."""
+    from distdoctor.userjob.launching.command import CommandStartError, run_command
+    from distdoctor.userjob.reporting.traces import TraceError, load
+
+    with _inside_folder(folder, {**env, "TMPDIR": str(folder)}):
+        try:
+            result = run_command(argv, deadline, quiet=True)
+        except CommandStartError as exc:
+            raise UsageError(str(exc)) from None
+    try:
+        if expect_ok and result.code != 0:
+            raise UsageError(f"a run of '{' '.join(argv)}' failed (exit code {result.code}), "
+                             f"so it cannot be compared (distdoctor run -- ... says why)")
+        if not result.groups:
+            raise UsageError(f"'{' '.join(argv)}' formed no process group under distdoctor: "
+                             f"nothing to compare")
+        try:
+            job = load([str(result.groups[0])])
+        except (TraceError, OSError) as exc:
+            raise UsageError(f"cannot read the run's traces: {exc}") from None
+        return [tuple(trace) for trace in job.events]
+    finally:
+        shutil.rmtree(result.root, ignore_errors=True)
+
+
+def _in(script: Path, home: Path, folder: Path) -> Path:
+    """The script as the run's folder reaches it (through its link, so a path the script
+    makes from its own ``__file__`` is in the run's folder), where it is under ``home``."""
+    return folder / script.relative_to(home) if script.is_relative_to(home) else script
 
 
 @contextmanager
