@@ -45,10 +45,10 @@ edge, and on any import circle):
 - ``fixing``: a user's script patched for a cause (libcst edits), verified by a re-run.
   imports: nothing
 - ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
-  imports: models, analysis, launch, userjob, fixing
+  imports: models, analysis, trace, launch, userjob, fixing
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
-  imports: models, analysis, text, faults, memory, dumps, launch, pipeline, userjob, collectives,
-  faultloop, fixing, pictures
+  imports: models, analysis, text, faults, memory, dumps, trace, launch, pipeline, userjob,
+  collectives, faultloop, fixing, pictures
 """

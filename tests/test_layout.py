@@ -169,9 +169,10 @@ LAYERS = {
     "faultloop": {"models", "analysis", "trace", "launch", "training", "tensor", "pipeline",
                   "checks", "faults"},
     "fixing": set(),
-    "testing": {"models", "analysis", "launch", "userjob", "fixing"},
+    "testing": {"models", "analysis", "trace", "launch", "userjob", "fixing"},
     "pictures": {"models", "analysis", "memory", "pipeline"},
-    "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "launch", "pipeline",
+    "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "trace", "launch",
+            "pipeline",
             "userjob", "collectives", "faultloop", "fixing", "pictures"},
     "__main__": {"cli"},  # python -m distdoctor
 }

@@ -60,6 +60,8 @@ EXPECTED = {
     "test_momentum_resumed_on_rank_zero": "failed",
     "test_synced_on_the_first_micro_batch": "failed",
     "test_batch_norm_kept_per_rank": "failed",
+    "test_resume_restores_every_state": "passed",
+    "test_resume_from_rank_zeros_rng": "failed",
 }
 
 
@@ -205,6 +207,16 @@ def test_replicas_that_differ_are_named_by_entry_rank_and_gap(user_run):
     gap = (other.weight - first.weight).abs().max().item()
     text = user_run["test_replicas_differ"][1]
     assert f"param weight: ranks 1, 2 vs rank 0: max abs difference {gap:.3g}" in text
+
+
+def test_a_resume_that_parts_from_the_training_never_stopped_is_named(user_run):
+    """Rank 0's checkpoint, RNG state included, loaded by every rank: rank 1's dropout
+    draws rank 0's masks after the resume."""
+    text = user_run["test_resume_from_rank_zeros_rng"][1]
+    assert "the resume after step 1 parts from the training never stopped" in text, text
+    assert "rank 1: the RNG state and the gradients with it at step 2 after the resume " \
+        "differ from the uninterrupted run's" in text
+    assert f"loaded by every rank at {case_line('cases_user.py', 'resume-load')}" in text
 
 
 def test_training_that_parts_from_one_process_is_given_its_cause(user_run):

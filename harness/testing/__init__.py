@@ -12,7 +12,8 @@ from importlib import import_module
 # start in an environment that has distdoctor) does not import torch
 _PUBLIC = {"RankFailure": "verdict", "StragglerWarning": "verdict",
            "assert_same_on_all_ranks": "same",
-           "assert_trains_like_one_process": "oneprocess"}
+           "assert_trains_like_one_process": "oneprocess",
+           "assert_resumes_like_uninterrupted": "resumes"}
 __all__ = list(_PUBLIC)
 
 

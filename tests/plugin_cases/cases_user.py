@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distdoctor.testing import RankFailure, assert_same_on_all_ranks, assert_trains_like_one_process
+from distdoctor.testing import (
+    RankFailure,
+    assert_resumes_like_uninterrupted,
+    assert_same_on_all_ranks,
+    assert_trains_like_one_process,
+)
 
 
 @pytest.mark.world_size(4)
@@ -326,3 +331,47 @@ def build_batch_norm_kept_per_rank():
 def test_batch_norm_kept_per_rank():
     assert_trains_like_one_process(build_batch_norm_kept_per_rank, step, BATCHES,
                                    world_size=2)
+
+
+# -- a checkpoint and its resume, against the training never stopped ------------------
+
+def build_dropout():
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)))
+    torch.manual_seed(100 + dist.get_rank())  # each rank's own dropout masks
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def save_every_rank(model, optimizer, folder):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": torch.get_rng_state()}, f"{folder}/rank{dist.get_rank()}.pt")
+
+
+def load_every_rank(model, optimizer, folder):
+    saved = torch.load(f"{folder}/rank{dist.get_rank()}.pt")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["rng"])
+
+
+def save_on_rank_zero(model, optimizer, folder):
+    if dist.get_rank() == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "rng": torch.get_rng_state()}, f"{folder}/last.pt")
+
+
+def load_rank_zeros(model, optimizer, folder):  # LINE resume-load
+    saved = torch.load(f"{folder}/last.pt")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["rng"])
+
+
+def test_resume_restores_every_state():
+    assert_resumes_like_uninterrupted(build_dropout, step, BATCHES, save_every_rank,
+                                      load_every_rank, at=1, world_size=2)
+
+
+def test_resume_from_rank_zeros_rng():
+    assert_resumes_like_uninterrupted(build_dropout, step, BATCHES, save_on_rank_zero,
+                                      load_rank_zeros, at=1, world_size=2)
