@@ -29,6 +29,12 @@ def lane_jobs(root: Path) -> list[Job]:
                 str(base / "report.json"), str(RESUME / example))
         jobs.append(Job(f"resume-check {example}", (Step("check", argv, str(base),
                                                          timeout=300.0),)))
+    base = root / "steps"  # --steps: the runs after the checkpoint stopped one step on
+    base.mkdir(parents=True)
+    jobs.append(Job("resume-check --steps 1", (Step("check", (
+        sys.executable, "-m", "distdoctor", "resume-check", "--steps", "1", "--report",
+        str(base / "report.json"), str(RESUME / "resume_scheduler_forgotten.py")), str(base),
+        timeout=300.0),)))
     base = root / "torchrun"  # the command form: torchrun starts the ranks, three times
     base.mkdir(parents=True)
     shutil.copy(RESUME / "resume_rng_from_rank0.py", base / "train.py")
@@ -93,6 +99,18 @@ def test_a_distributed_checkpoint_that_keeps_one_ranks_rng_state_is_named(lanes)
         ("rng", 1, ["torch"]), report["summary"]
     assert f"loaded by every rank at {line('resume_dcp_rng_replicated.py', 'dcp.load(')}" \
         in report["summary"]
+
+
+@pytest.mark.timeout(900)
+def test_steps_bound_the_runs_after_the_checkpoint(lanes):
+    """--steps 1: runs 2 and 3 stop one step past the checkpoint (step 3), before the
+    forgotten schedule shows (step 4): OK, and says which step it compared."""
+    done = lanes.result("resume-check --steps 1")["check"]
+    base = Path(lanes.job("resume-check --steps 1").steps[0].cwd)
+    report = json.loads((base / "report.json").read_text())
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert report["compared_steps"] == [3, 3] and "bitwise at step 3 on" in report["summary"]
+    assert "once through to step 3" in done.stdout
 
 
 @pytest.mark.timeout(900)

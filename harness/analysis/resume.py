@@ -191,8 +191,9 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
         note = (f"; {ranks_phrase(sorted(rng_apart))}' RNG state differs from step "
                 f"{min(rng_apart.values())}, harmless while nothing draws from it in "
                 f"training, but not restored")
+    compared = f"step {total}" if total == step + 1 else f"steps {step + 1}-{total}"
     return Resumption(True, f"resumed after step {step} and matched the uninterrupted run "
-                      f"bitwise at steps {step + 1}-{total} on every rank (parameters, "
+                      f"bitwise at {compared} on every rank (parameters, "
                       f"gradients, optimiser state and settings, the batches read){note}",
                       checkpoint_step=step, compared_steps=(step + 1, total),
                       measured={"rng_apart": {str(r): s for r, s in rng_apart.items()}})

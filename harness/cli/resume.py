@@ -1,7 +1,8 @@
 """``distdoctor resume-check SCRIPT``: does a run resumed from its own checkpoint train like
 the same run never stopped? Three runs of the user's unchanged script on real ranks: once
-through; once stopped right after its K-th checkpoint is written; once more, resuming as
-the script resumes. Each of the two trains in a fresh folder of its own (relative
+stopped right after its K-th checkpoint is written (first: the step it was written after
+bounds the others under --steps); once through; once more, resuming as the script
+resumes. Each of the two trains in a fresh folder of its own (relative
 checkpoint paths do not carry from one to the other; the user's own files are reachable
 through links), and the step after the checkpoint on is compared (analysis/resume.py)."""
 
@@ -26,12 +27,13 @@ def add_commands(commands) -> None:
                              "resumed, trains like one that never stopped",
         usage="distdoctor resume-check [OPTIONS] SCRIPT [ARGS...]\n"
               "       distdoctor resume-check [OPTIONS] -- COMMAND [ARGS...]",
-        description="Run SCRIPT three times on N ranks: once through; once stopped right "
-                    "after its K-th checkpoint is written (torch.save or "
-                    "torch.distributed.checkpoint.save, on any rank), as a crash would stop "
-                    "it; and once more from the same folder, so it resumes the way your code "
-                    "resumes. Then compare the resumed run with the uninterrupted one, step "
-                    "by step from the checkpoint on, on every rank: the parameters, the "
+        description="Run SCRIPT three times on N ranks: once stopped right after its K-th "
+                    "checkpoint is written (torch.save or torch.distributed.checkpoint.save, "
+                    "on any rank), as a crash would stop it; once through, in another fresh "
+                    "folder; and once more from the first folder, so it resumes the way "
+                    "your code resumes. Then compare the resumed run with the uninterrupted "
+                    "one, step by step from the checkpoint on, on every rank: the "
+                    "parameters, the "
                     "gradients, the optimiser's state and learning rate, the RNG states "
                     "(torch, numpy, random) and the sampler's epoch, bitwise. Name the first "
                     "thing that differs, on which ranks, and where it was saved and "
@@ -42,6 +44,9 @@ def add_commands(commands) -> None:
                     "first process group is compared.")
     check.add_argument("--at", type=count(1), default=1, metavar="K",
                        help="stop after the K-th checkpoint is written (default 1)")
+    check.add_argument("--steps", type=count(1), default=None, metavar="N",
+                       help="compare N steps after the checkpoint, and stop the runs there "
+                            "(default: run the script to its end)")
     check.add_argument("--nproc-per-node", type=count(1), default=2, metavar="N",
                        help="ranks to run (default 2)")
     check.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
@@ -55,7 +60,7 @@ def add_commands(commands) -> None:
 def resume_check(args: argparse.Namespace) -> int:
     from distdoctor.analysis.resume import checkpoint_step, compare
     from distdoctor.models.events import Ev
-    from distdoctor.trace.resume import MARK_ENV, RESUME_ENV, STOP_ENV
+    from distdoctor.trace.resume import LIMIT_ENV, MARK_ENV, RESUME_ENV, STOP_ENV
 
     home = Path.cwd()
     if args.launch_command is not None:
@@ -83,12 +88,8 @@ def resume_check(args: argparse.Namespace) -> int:
         whole, stopped = scratch / "uninterrupted", scratch / "resumed"
         for folder in (whole, stopped):
             _linked(home, folder)
-        print(f"distdoctor resume-check: 1 of 3: {name} once through, in a folder of "
-              f"its own ...", flush=True)
-        first = runs(whole, {RESUME_ENV: "1"})
-        _inside(first, whole)
-        print(f"distdoctor resume-check: 2 of 3: stopped right after its checkpoint "
-              f"#{args.at} ...", flush=True)
+        print(f"distdoctor resume-check: 1 of 3: {name}, stopped right after its "
+              f"checkpoint #{args.at}, in a folder of its own ...", flush=True)
         mark = stopped / ".distdoctor-stop"
         second = runs(stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
                                 MARK_ENV: str(mark)}, expect_ok=False)
@@ -98,16 +99,23 @@ def resume_check(args: argparse.Namespace) -> int:
                              f"(torch.save, torch.distributed.checkpoint.save): nothing to "
                              f"resume from at --at {args.at}")
         _inside(second, stopped)
+        mark.unlink(missing_ok=True)
+        limited = {LIMIT_ENV: str(step + args.steps)} if args.steps else {}
+        print(f"distdoctor resume-check: 2 of 3: {name} once through"
+              f"{f' to step {step + args.steps}' if args.steps else ''}, in another ...",
+              flush=True)
+        first = runs(whole, {RESUME_ENV: "1", **limited})
+        _inside(first, whole)
         steps = max((e["step"] for trace in first for e in trace
                      if e.get("ev") == Ev.STATE), default=0)
         if step >= steps:
             raise UsageError(f"checkpoint #{args.at} of {name} is written after its "
                              f"last step ({steps}): nothing after it to compare; give a "
                              f"smaller --at")
-        mark.unlink(missing_ok=True)
-        print(f"distdoctor resume-check: 3 of 3: resumed in the same folder (checkpoint "
+        print(f"distdoctor resume-check: 3 of 3: resumed in the first folder (checkpoint "
               f"#{args.at} was written after step {step}) ...", flush=True)
-        third = runs(stopped, {RESUME_ENV: "1"})
+        third = runs(stopped, {RESUME_ENV: "1",
+                               **({LIMIT_ENV: str(args.steps)} if args.steps else {})})
         found = compare(first, second, third, step)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -33,6 +33,7 @@ from distdoctor.trace.tracer import incomplete, user_line
 RESUME_ENV = "DISTDOCTOR_RESUME"  # set: record the state at each step
 STOP_ENV = "DISTDOCTOR_RESUME_STOP"  # K: stop after the K-th save
 MARK_ENV = "DISTDOCTOR_RESUME_MARK"  # the file that tells every rank to stop
+LIMIT_ENV = "DISTDOCTOR_RESUME_LIMIT"  # N: stop once N steps are done (resume-check --steps)
 
 
 def record_resume(tracer: Any) -> None:
@@ -45,11 +46,13 @@ def record_resume(tracer: Any) -> None:
 
     step_hooks(tracer)  # the step counter, shared with the other recorders
     stop_after = int(os.environ.get(STOP_ENV, "0") or 0)
+    limit = int(os.environ.get(LIMIT_ENV, "0") or 0)
     mark = os.environ.get(MARK_ENV, "")
     saves = [0]
 
     def before_step(optimizer: Any, *_: Any) -> None:
-        if mark and os.path.exists(mark) and tracer.optimizer_steps >= _step_in(mark):
+        if limit and tracer.optimizer_steps >= limit or \
+                mark and os.path.exists(mark) and tracer.optimizer_steps >= _step_in(mark):
             # the K-th checkpoint is written after this rank's last step: stop here, as a
             # crash would, every rank at the same step (its other savers saved too)
             tracer.write(ev=Ev.STOPPED, step=tracer.optimizer_steps)
