@@ -4,6 +4,7 @@ exit 2. Each check is three runs of the script, in the background lanes."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import sys
@@ -26,7 +27,8 @@ def lane_jobs(root: Path) -> list[Job]:
         base = root / str(number)
         base.mkdir(parents=True)
         argv = (sys.executable, "-m", "distdoctor", "resume-check", "--report",
-                str(base / "report.json"), str(RESUME / example))
+                str(base / "report.json"), "--html", str(base / "report.html"),
+                str(RESUME / example))
         jobs.append(Job(f"resume-check {example}", (Step("check", argv, str(base),
                                                          timeout=300.0),)))
     base = root / "steps"  # --steps: the runs after the checkpoint stopped one step on
@@ -65,7 +67,7 @@ def test_a_resume_that_restores_every_state_trains_like_one_that_never_stopped(l
     assert (report["status"], report["checkpoint_step"], report["compared_steps"]) == \
         ("ok", 2, [3, 8])
     assert "1 of 3" in done.stdout and "3 of 3" in done.stdout
-    assert sorted(p.name for p in base.iterdir()) == ["report.json"]  # no folder left
+    assert sorted(p.name for p in base.iterdir()) == ["report.html", "report.json"]  # only
 
 
 @pytest.mark.timeout(900)
@@ -87,6 +89,8 @@ def test_each_resume_bug_is_named_with_its_step_ranks_and_lines(lanes, example, 
     for text in said:
         assert text in report["summary"]
     assert f"distdoctor resume-check: FAILED: {report['summary']}" in done.stdout
+    page = (Path(lanes.job(f"resume-check {example}").steps[0].cwd) / "report.html").read_text()
+    assert f"FAILED: {kind}" in page and html.escape(report["summary"]) in page
 
 
 @pytest.mark.timeout(900)

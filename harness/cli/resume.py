@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from distdoctor.cli.args import DEADLINE, UsageError, count, seconds
+from distdoctor.cli.args import DEADLINE, UsageError, count, html_file, seconds
 
 
 def add_commands(commands) -> None:
@@ -52,6 +52,8 @@ def add_commands(commands) -> None:
     check.add_argument("--deadline", type=seconds, default=60.0, metavar="SECONDS",
                        help=f"each run's deadline, as run's ({DEADLINE})")
     check.add_argument("--report", metavar="PATH", help="also write the verdict as JSON")
+    check.add_argument("--html", type=html_file, metavar="PATH",
+                       help="also write the verdict as one self-contained HTML page")
     check.add_argument("script", nargs="?", help="the training script, unchanged")
     check.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     check.set_defaults(handler=resume_check, launch_command=None)
@@ -129,6 +131,12 @@ def resume_check(args: argparse.Namespace) -> int:
         Path(args.report).write_text(json.dumps({"status": verdict.lower(), **asdict(found)},
                                                 indent=2) + "\n")
         print(f"\nwrote {args.report}", flush=True)
+    if args.html:
+        from distdoctor.pictures import page
+        from distdoctor.pictures.resume import resume_page
+
+        page.write(args.html, resume_page(found, name))
+        print(f"\nwrote {args.html}", flush=True)
     return 0 if found.ok else 1
 
 
