@@ -96,14 +96,9 @@ def agree_on_the_skip(source: str, line: int, also: tuple[int, ...] = ()) -> str
         return None
     flag = _unused(tree, "skip", "skip_flag", "skip_step")
     code = cst.Module(body=[]).code_for_node
-    agreed = [cst.parse_statement(f"{flag} = {torch}.tensor([float({code(guard.test)})])\n"),
-              cst.parse_statement(f"{dist}.all_reduce({flag}, op={dist}.ReduceOp.MAX)\n")]
-    agreed[0] = agreed[0].with_changes(leading_lines=guard.leading_lines)
-    body: list[cst.BaseStatement] = list(outer.body)
-    at = body.index(guard)
-    body[at:at + 1] = [*agreed, guard.with_changes(
-        test=cst.parse_expression(f"{flag}.item()"), leading_lines=[])]
-    return source_of(tree.deep_replace(outer, outer.with_changes(body=body)))
+    return _agreed_before(tree, outer, guard, (torch, dist), flag,
+                          f"float({code(guard.test)})", "MAX", guard.with_changes(
+                              test=cst.parse_expression(f"{flag}.item()")))
 
 
 def agree_on_the_steps(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
@@ -127,14 +122,25 @@ def agree_on_the_steps(source: str, line: int, also: tuple[int, ...] = ()) -> st
         return None
     steps = _unused(tree, "steps", "agreed_steps", "fewest_steps")
     code = cst.Module(body=[]).code_for_node
-    agreed = [cst.parse_statement(f"{steps} = {torch}.tensor([{code(count)}])\n"),
-              cst.parse_statement(f"{dist}.all_reduce({steps}, op={dist}.ReduceOp.MIN)\n")]
-    agreed[0] = agreed[0].with_changes(leading_lines=loop.leading_lines)
     ranged = loop.iter.with_changes(args=[loop.iter.args[0].with_changes(
         value=cst.parse_expression(f"int({steps}.item())"))])
+    return _agreed_before(tree, outer, loop, (torch, dist), steps, code(count), "MIN",
+                          loop.with_changes(iter=ranged))
+
+
+def _agreed_before(tree: cst.Module, outer: cst.IndentedBlock | cst.Module,
+                   statement: cst.If | cst.For, aliases: tuple[str, str], name: str,
+                   value: str, op: str, replaced: cst.If | cst.For) -> str | None:
+    """``statement`` replaced by ``replaced``, after ``NAME = torch.tensor([VALUE])`` and
+    its all-reduce with ``op`` (MAX: any rank's flag; MIN: the fewest steps), which take
+    over the statement's leading comments."""
+    torch, dist = aliases
+    agreed = [cst.parse_statement(f"{name} = {torch}.tensor([{value}])\n"),
+              cst.parse_statement(f"{dist}.all_reduce({name}, op={dist}.ReduceOp.{op})\n")]
+    agreed[0] = agreed[0].with_changes(leading_lines=statement.leading_lines)
     body: list[cst.BaseStatement] = list(outer.body)
-    at = body.index(loop)
-    body[at:at + 1] = [*agreed, loop.with_changes(iter=ranged, leading_lines=[])]
+    at = body.index(statement)
+    body[at:at + 1] = [*agreed, replaced.with_changes(leading_lines=[])]
     return source_of(tree.deep_replace(outer, outer.with_changes(body=body)))
 
 

@@ -65,45 +65,49 @@ def record_resume(tracer: Any) -> None:
 
     register_optimizer_step_pre_hook(before_step)
 
-    def saved(what: str) -> Callable[[Callable], Callable]:
-        def wrap(original: Callable) -> Callable:
-            def save(*args: Any, **kwargs: Any) -> Any:
-                result = original(*args, **kwargs)
-                saves[0] += 1
-                tracer.write(ev=Ev.SAVE, n=saves[0], what=what, step=tracer.optimizer_steps,
-                             path=_path_of(args, kwargs), where=user_line())
-                if stop_after and saves[0] == stop_after and mark:
-                    with open(f"{mark}.{os.getpid()}", "w") as note:  # whole, then
-                        note.write(str(tracer.optimizer_steps))  # in place at once: every
-                    os.replace(f"{mark}.{os.getpid()}", mark)  # rank stops past this step
-                return result
-            return save
-        return wrap
+    def stopping(step: int) -> None:
+        """After this rank's K-th save: every rank stops once past this step."""
+        saves[0] += 1
+        if stop_after and saves[0] == stop_after and mark:
+            with open(f"{mark}.{os.getpid()}", "w") as note:  # whole, then in place at
+                note.write(str(step))  # once: a reader never sees it half written
+            os.replace(f"{mark}.{os.getpid()}", mark)
 
-    torch.save = saved("torch.save")(torch.save)
-    try:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save = saved("torch.distributed.checkpoint.save")(dcp.save)
-    except ImportError:  # (a torch built without distributed: no DCP to note)
-        pass
-    def loaded(what: str) -> Callable[[Callable], Callable]:
-        def wrap(original: Callable) -> Callable:
-            def load(*args: Any, **kwargs: Any) -> Any:
-                tracer.write(ev=Ev.LOAD, what=what, step=tracer.optimizer_steps,
-                             path=_path_of(args, kwargs), where=user_line())
-                return original(*args, **kwargs)
-            return load
-        return wrap
-
-    torch.load = loaded("torch.load")(torch.load)
-    try:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.load = loaded("torch.distributed.checkpoint.load")(dcp.load)
-    except ImportError:  # (a torch built without distributed: no DCP to note)
-        pass
+    for module, name, kind in _checkpoint_calls():
+        setattr(module, name, _noted(tracer, getattr(module, name), kind,
+                                     f"{module.__name__}.{name}",
+                                     stopping if kind == Ev.SAVE else None, saves))
     _note_rng_restores(tracer)
+
+
+def _checkpoint_calls() -> list[tuple[Any, str, str]]:
+    """(module, function, event) of each call that saves or loads a checkpoint."""
+    calls: list[tuple[Any, str, str]] = [(torch, "save", Ev.SAVE), (torch, "load", Ev.LOAD)]
+    try:
+        import torch.distributed.checkpoint as dcp
+
+        calls += [(dcp, "save", Ev.SAVE), (dcp, "load", Ev.LOAD)]
+    except ImportError:  # (a torch built without distributed: no DCP to note)
+        pass
+    return calls
+
+
+def _noted(tracer: Any, original: Callable, kind: str, what: str,
+           after: Callable[[int], None] | None, saves: list[int]) -> Callable:
+    """``original``, its call noted with the user's line: a load as it starts, a save once
+    it returned (numbered, then ``after``: the stop that follows the K-th)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kind == Ev.LOAD:
+            tracer.write(ev=kind, what=what, step=tracer.optimizer_steps,
+                         path=_path_of(args, kwargs), where=user_line())
+            return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        tracer.write(ev=kind, n=saves[0] + 1, what=what, step=tracer.optimizer_steps,
+                     path=_path_of(args, kwargs), where=user_line())
+        if after is not None:
+            after(tracer.optimizer_steps)
+        return result
+    return call
 
 
 def _step_in(mark: str) -> int:
