@@ -225,7 +225,9 @@ def test_a_command_that_never_forms_a_group_runs_untraced_with_the_users_sitecus
     ["run", "--"], ["run", "--nproc-per-node", "4", "--", "python", "x.py"],
     ["run", "--", "/nonexistent/distdoctor-command"], ["attach", "0"], ["attach", "x"],
     ["attach", "999999999"], ["run", "--patch", "p.diff", "clean.py"],
-    ["run", "--apply", "clean.py"], ["run", "--fix", "--", "python", "x.py"],
+    ["run", "--apply", "clean.py"], ["resume-check", "--"], ["resume-check"],
+    ["resume-check", "--nproc-per-node", "3", "--", "python", "x.py"],
+    ["resume-check", "--", "/nonexistent/distdoctor-command"],
 ])
 def test_bad_usage_is_one_line_and_exit_code_2(distdoctor, argv):
     done = distdoctor(*argv)

@@ -85,7 +85,7 @@ def stop_before_ranks(monkeypatch):
 def test_every_sub_command_is_reached_by_the_generator():
     assert {words[0] for words in COMMANDS} == {
         "train", "diagnose", "demo", "pipeline", "run", "analyze", "check-collective",
-        "collectives", "memory", "faults", "attach"}
+        "collectives", "memory", "faults", "attach", "resume-check"}
 
 
 @settings(max_examples=400, deadline=None,
