@@ -87,28 +87,28 @@ def resume_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--report {args.report}: no such folder to write it in")
     scratch = Path(tempfile.mkdtemp(prefix="distdoctor-resume-"))
     try:
-        whole, stopped = scratch / "uninterrupted", scratch / "resumed"
+        whole, stopped = scratch / "uninterrupted", scratch / "interrupted"
         for folder in (whole, stopped):
             _linked(home, folder)
         print(f"distdoctor resume-check: 1 of 3: {name}, stopped right after its "
               f"checkpoint #{args.at}, in a folder of its own ...", flush=True)
         mark = stopped / ".distdoctor-stop"
-        second = runs(stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
-                                MARK_ENV: str(mark)}, expect_ok=False)
-        step = checkpoint_step(second, args.at)
+        interrupted = runs(stopped, {RESUME_ENV: "1", STOP_ENV: str(args.at),
+                                     MARK_ENV: str(mark)}, expect_ok=False)
+        step = checkpoint_step(interrupted, args.at)
         if step is None:
             raise UsageError(f"{name} wrote fewer than {args.at} checkpoints "
                              f"(torch.save, torch.distributed.checkpoint.save): nothing to "
                              f"resume from at --at {args.at}")
-        _inside(second, stopped)
+        _inside(interrupted, stopped)
         mark.unlink(missing_ok=True)
         limited = {LIMIT_ENV: str(step + args.steps)} if args.steps else {}
         print(f"distdoctor resume-check: 2 of 3: {name} once through"
               f"{f' to step {step + args.steps}' if args.steps else ''}, in another ...",
               flush=True)
-        first = runs(whole, {RESUME_ENV: "1", **limited})
-        _inside(first, whole)
-        steps = max((e["step"] for trace in first for e in trace
+        uninterrupted = runs(whole, {RESUME_ENV: "1", **limited})
+        _inside(uninterrupted, whole)
+        steps = max((e["step"] for trace in uninterrupted for e in trace
                      if e.get("ev") == Ev.STATE), default=0)
         if step >= steps:
             raise UsageError(f"checkpoint #{args.at} of {name} is written after its "
@@ -116,9 +116,9 @@ def resume_check(args: argparse.Namespace) -> int:
                              f"smaller --at")
         print(f"distdoctor resume-check: 3 of 3: resumed in the first folder (checkpoint "
               f"#{args.at} was written after step {step}) ...", flush=True)
-        third = runs(stopped, {RESUME_ENV: "1",
-                               **({LIMIT_ENV: str(args.steps)} if args.steps else {})})
-        found = compare(first, second, third, step)
+        resumed = runs(stopped, {RESUME_ENV: "1",
+                                 **({LIMIT_ENV: str(args.steps)} if args.steps else {})})
+        found = compare(uninterrupted, interrupted, resumed, step)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if found.kind == "not-deterministic":
