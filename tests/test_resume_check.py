@@ -18,7 +18,8 @@ pytestmark = pytest.mark.tier("e2e")
 RESUME = Path(__file__).parent.parent / "examples" / "resume"
 CHECKS = ["resume_every_state.py", "resume_rng_from_rank0.py",
           "resume_scheduler_forgotten.py", "resume_epoch_started_over.py",
-          "resume_dcp_rng_replicated.py"]
+          "resume_dcp_rng_replicated.py", "resume_optimizer_on_one_rank.py",
+          "resume_sampler_epoch_lost.py"]
 
 
 def lane_jobs(root: Path) -> list[Job]:
@@ -79,6 +80,11 @@ def test_a_resume_that_restores_every_state_trains_like_one_that_never_stopped(l
      ["lr 0.05 uninterrupted, 0.1 resumed", "the scheduler starts over"]),
     ("resume_epoch_started_over.py", "batch", [0, 1], 2,
      ["the data loader's position is not restored"]),
+    ("resume_optimizer_on_one_rank.py", "optimizer_state", [1], 3,
+     ["the optimiser's state (momentum, Adam's moments) is not restored on these ranks"]),
+    ("resume_sampler_epoch_lost.py", "epoch", [0, 1], 3,
+     ["the sampler's epoch at step 3 after the resume differs from the uninterrupted run's "
+      "(1 uninterrupted, 0 resumed)"]),
 ])
 def test_each_resume_bug_is_named_with_its_step_ranks_and_lines(lanes, example, kind, ranks,
                                                                 step, said):
