@@ -413,3 +413,12 @@ def test_a_guard_through_the_scripts_own_rank_function_is_a_rank_guard():
         "if is_main():\n    dist.barrier()\n", "dist.barrier()\n")
     accelerated = "if accelerator.is_main_process:\n    accelerator.wait_for_everyone()\n"
     assert out_of_the_guard(accelerated, 2) == "accelerator.wait_for_everyone()\n"
+
+
+def test_the_lines_an_edit_touches_are_read_from_the_two_sources():
+    """What the plugin checks against the user's build and step before it shows an edit."""
+    from distdoctor.testing.oneprocess import _changed_lines
+
+    assert _changed_lines("a\nb\nc\n", "a\nb\nx\nc\n") == [2]  # added after line 2
+    assert _changed_lines("a\nb\nc\n", "a\nB\nc\n") == [2]  # line 2 replaced
+    assert _changed_lines("a\nb\nc\nd\n", "a\nd\n") == [2, 3]  # lines 2-3 removed

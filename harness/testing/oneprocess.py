@@ -172,7 +172,7 @@ def _suggested_edit(findings, functions: tuple[Callable, ...]) -> list[str]:
         return []
     diff = proposal.diff(os.path.relpath(script))
     if not all(any(first <= line <= last for _, first, last in spans)
-               for line in _changed_lines(diff)):
+               for line in _changed_lines(proposal.before, proposal.after)):
         return []
     return [f"suggested edit ({', '.join(proposal.cures)}; the remedy distdoctor run --fix "
             f"makes, not re-run here: apply it and run the test again):", diff.rstrip("\n")]
@@ -185,17 +185,11 @@ def _span(function: Callable) -> tuple[int, int]:
     return first, first + len(source) - 1
 
 
-def _changed_lines(diff: str) -> list[int]:
-    """The original file's lines a unified diff removes, or next to which it adds."""
-    changed, line = [], 0
-    for text in diff.splitlines():
-        if text.startswith("@@"):
-            line = int(text.split()[1].lstrip("-").split(",")[0])
-        elif text.startswith("-") and not text.startswith("---"):
-            changed.append(line)
-            line += 1
-        elif text.startswith("+") and not text.startswith("+++"):
-            changed.append(max(line - 1, 1))
-        elif not text.startswith(("---", "+++", "\\")):
-            line += 1
-    return changed
+def _changed_lines(before: str, after: str) -> list[int]:
+    """The original's lines (1-based) an edit removes or replaces, or after which it adds."""
+    import difflib
+
+    blocks = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(),
+                                     autojunk=False).get_opcodes()
+    return [line for tag, start, end, _, _ in blocks if tag != "equal"
+            for line in (range(start + 1, end + 1) if end > start else [max(start, 1)])]
