@@ -45,8 +45,7 @@ def command_fixes(result, argv: list[str], args: argparse.Namespace):
     ... train.py``) for its patched copy to be run the same way."""
     from distdoctor.fixing.patches import Finding, target
 
-    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
-    script = target(findings, Path.cwd())
+    script = target([Finding.of(c) for c in result.findings], Path.cwd())
     if script is None:  # (no cause a remedy may cure: each said why)
         return fix_findings(result, None, "", lambda patched: ("", []), args)
     if not any(_names(arg, script) for arg in argv[1:]):
@@ -66,12 +65,11 @@ def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
     from distdoctor.fixing.patches import Finding, apply, propose, verify
     from distdoctor.userjob.reporting.report import FixReport
 
-    findings = [Finding(c.kind, c.where, tuple(c.also_at)) for c in result.findings]
+    findings = [Finding.of(c) for c in result.findings]
     if not findings:
         print("\ndistdoctor run --fix: nothing to fix", flush=True)
         return [], ""
-    proposal, said = propose(findings, script, Path.cwd()) if script is not None else \
-        (None, [f"{f.kind}: no patch (no remedy edits the lines it names)" for f in findings])
+    proposal, said = propose(findings, script, Path.cwd())
     for line in said:
         print(f"\ndistdoctor run --fix: {line}", flush=True)
     if proposal is None:

@@ -40,6 +40,11 @@ class Finding:
     where: str | None  # "file.py:LINE", relative to the directory the command ran in
     also_at: tuple[str, ...] = ()  # the cause's other lines, alike
 
+    @classmethod
+    def of(cls, cause) -> Finding:
+        """A report's cause (``kind``, ``where``, ``also_at``), as a patch needs it."""
+        return cls(cause.kind, cause.where, tuple(cause.also_at))
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -68,7 +73,7 @@ class Outcome:
     remaining: tuple[str, ...] = field(default=())  # causes the re-run still reported
 
 
-def propose(findings: Sequence[Finding], script: Path, cwd: Path
+def propose(findings: Sequence[Finding], script: Path | None, cwd: Path
             ) -> tuple[Proposal | None, list[str]]:
     """One proposal for the script's file (the edits of every finding it can cure, made
     from the bottom up so that each line is still where the report saw it), and a line for
@@ -87,13 +92,14 @@ def propose(findings: Sequence[Finding], script: Path, cwd: Path
             said.append(f"{finding.kind}: no patch yet; the report's fix says what to change")
             continue
         place = _place(finding.where, cwd)
-        if place is None or place[0] != script.resolve():
-            said.append(f"{finding.kind}: its line is not in {script.name}: no patch")
+        if place is None or script is None or place[0] != script.resolve():
+            said.append(f"{finding.kind}: its line is not in "
+                        f"{script.name if script else 'a file the command names'}: no patch")
             continue
         also = tuple(p[1] for p in (_place(w, cwd) for w in finding.also_at)
                      if p is not None and p[0] == place[0])
         edits.append((place[1], finding.kind, also))
-    if not edits:
+    if not edits or script is None:  # (no edit has a file: each finding said why)
         return None, said
     before = script.read_text()
     after, cures = before, list[str]()

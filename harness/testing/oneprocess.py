@@ -166,8 +166,7 @@ def _suggested_edit(findings, functions: tuple[Callable, ...]) -> list[str]:
     if len(files) != 1:
         return []
     script = Path(files.pop()).resolve()
-    proposal, _ = propose([Finding(c.kind, c.where, tuple(c.also_at)) for c in findings],
-                          script, Path.cwd())
+    proposal, _ = propose([Finding.of(c) for c in findings], script, Path.cwd())
     if proposal is None:
         return []
     diff = proposal.diff(os.path.relpath(script))
