@@ -8,6 +8,7 @@ applied to both the faulty run and the fixed one.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
@@ -57,6 +58,20 @@ class Fault:
 
     def detectable_on(self, strategy: str) -> bool:
         return strategy in self.strategies and strategy not in self.masked_by
+
+
+RESTART_AFTER = 3  # mid-epoch at 2 and 4 ranks, with steps left to show what was lost
+
+
+def restarted(spec: RunSpec) -> RunSpec:
+    """The scenario of the resume faults: the job checkpoints and restarts after step 3,
+    with what makes each part of its state matter afterwards: Adam (optimiser state), a
+    decaying learning rate (a scheduler), inputs jittered from each rank's own RNG, and
+    steps enough after the restart."""
+    knobs = dataclasses.replace(spec.knobs, restart_after=RESTART_AFTER, lr_decay=0.7,
+                                input_jitter=0.5)
+    return dataclasses.replace(spec, optimizer="adam", num_steps=max(spec.num_steps, 6),
+                               knobs=knobs)
 
 
 def catalogue() -> dict[str, Fault]:

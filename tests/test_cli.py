@@ -215,7 +215,10 @@ def test_faults_lists_the_catalogue(capsys):
         "unbalanced-stages", "over-memory-budget",
         # tensor parallelism's (issue 21)
         "missing-tp-allreduce", "replicated-param-drift", "tp-dropout-rng", "tp-across-nodes",
-        "straggler"}  # the rank everyone waits for (issue 38)
+        "straggler",  # the rank everyone waits for (issue 38)
+        # what a resume from a checkpoint fails to restore (issue 54)
+        "rng-state-not-restored", "scheduler-not-restored", "sampler-not-restored",
+        "optimizer-state-not-restored", "shards-not-restored"}
 
 
 @pytest.mark.parametrize("micro, bubble", [(8, "27.27%"), (64, "4.48%")])

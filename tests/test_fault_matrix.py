@@ -128,6 +128,8 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
         assert measured["wait_share_interval"][0] >= 0.10
         assert ("waiting for its data loader's next batch" if variant == "slow-loader"
                 else "its own code") in finding.symptom.split("Where its time goes: ")[1]
+    elif fault_id in RESUME_FAULTS:
+        resume_numbers(fault_id, variant, world_size, spec, measured)
     elif fault_id in TENSOR_NUMBERS:
         TENSOR_NUMBERS[fault_id](variant, spec, measured)
     else:
@@ -135,6 +137,40 @@ def expected_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec
 
 
 from tensor_numbers import TENSOR_NUMBERS  # noqa: E402
+
+RESUME_FAULTS = ("rng-state-not-restored", "scheduler-not-restored", "sampler-not-restored",
+                 "optimizer-state-not-restored", "shards-not-restored")
+
+
+def resume_numbers(fault_id: str, variant: str, world_size: int, spec: RunSpec,
+                   measured: dict) -> None:
+    """The restart is after the scenario's step; what each fault loses, worked out here."""
+    step = faults.RESTART_AFTER
+    assert spec.knobs.restart_after == step and measured["restart_after_step"] == step
+    everyone = list(range(world_size))
+    if fault_id == "rng-state-not-restored":
+        # one key for every rank: DCP writes one rank's RNG state, and all read it
+        (source,) = set(measured["resumed_with"].values())
+        assert measured["ranks_not_restored"] == [r for r in everyone if r != source]
+        assert sorted(map(int, measured["resumed_with"])) == measured["ranks_not_restored"]
+    elif fault_id == "scheduler-not-restored":
+        assert (measured["scheduler_steps_saved"], measured["scheduler_steps_restored"]) == \
+            (step, 0)
+    elif fault_id == "sampler-not-restored":
+        per_epoch = spec.num_samples // (world_size * spec.batch_size)
+        saved = {"epoch": step // per_epoch, "batch": step % per_epoch}
+        assert saved["batch"] > 0  # mid-epoch, where a lost place shows
+        assert measured["saved"] == saved
+        assert measured["restored"] == ({"epoch": saved["epoch"], "batch": 0}
+                                        if variant == "position-lost"
+                                        else {"epoch": 0, "batch": 0})
+    elif fault_id == "optimizer-state-not-restored":
+        assert (measured["ranks_restored"], measured["ranks_not_restored"]) == \
+            ([0], everyone[1:])
+    else:  # one copy per key of shards that differ: at most one rank reads its own back
+        assert set(measured["ranks_not_restored"]) <= set(everyone)
+        assert len(measured["ranks_not_restored"]) >= world_size - 1
+        assert measured["parts_lost"] == ["parameters", "optimizer state"]
 
 pytestmark = pytest.mark.tier("warm")
 

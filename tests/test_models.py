@@ -92,7 +92,8 @@ def specs(draw):
         optimizer=draw(st.sampled_from(["auto", "sgd", "adam"])), seed=draw(SIMPLE[int]),
         deadline=draw(st.floats(0.01, 1e4)), fingerprint_values=draw(st.integers(1, 4096)),
         # drawn valid, not filtered: a filter that rejects most draws fails the health check
-        knobs=draw(instances(Knobs, dropout=st.floats(0, 1, exclude_max=True)).map(
+        knobs=draw(instances(Knobs, dropout=st.floats(0, 1, exclude_max=True),
+                             restart_after=st.integers(0, 9)).map(
             lambda k: dataclasses.replace(k, sequence_parallel=False) if k.dropout else k)),
         ranks_per_node=draw(st.integers(0, 8)), pipe=pipe)
 

@@ -70,6 +70,7 @@ class Emit:
     BACKWARD = "backward"  # gradients right after the first backward
     STEP = "step"  # StepEvidence, per optimiser step
     MEMORY = "memory"  # MemoryEvidence: bytes of model state held
+    RESTART = "restart"  # RestartEvidence: state saved, and as loaded back after a restart
     HOLDS = "holds"  # which part of the model the rank holds, in words
     NODE = "node"  # the node the rank sits on
     STAGE = "stage"  # StageCost: a pipeline stage's layers, parameters, FLOPs

@@ -155,6 +155,30 @@ class BackwardEvidence:
 
 
 @dataclass(frozen=True)
+class RestartEvidence:
+    """One rank's training state as it saved it and as it stood once it had loaded it back,
+    per part, as digests: a resume is exact when every part reads back as it was saved.
+
+    ``saved`` and ``restored`` map each part ("parameters", "optimizer state", "scheduler",
+    "RNG state", "sampler") to a digest of its bytes; ``sampler`` is the loader's place
+    (epoch, batches read in it) as saved and as restored, which says what was lost.
+    """
+
+    step: int  # the last step before the restart
+    saved: tuple[tuple[str, str], ...]
+    restored: tuple[tuple[str, str], ...]
+    sampler_saved: tuple[int, int] = (0, 0)
+    sampler_restored: tuple[int, int] = (0, 0)
+    scheduler_saved: int = 0  # the scheduler's count of steps, as saved and as restored
+    scheduler_restored: int = 0
+
+    def parts_lost(self) -> tuple[str, ...]:
+        """The parts whose restored digest is not the one saved, in the saved order."""
+        restored = dict(self.restored)
+        return tuple(part for part, digest in self.saved if restored.get(part) != digest)
+
+
+@dataclass(frozen=True)
 class StageCost:
     """One pipeline stage: its layers, parameters and FLOPs per micro-batch (counted with
     torch.utils.flop_counter.FlopCounterMode)."""
@@ -407,6 +431,7 @@ class Evidence:
     ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
     ddp_group: tuple[int, ...] = ()  # the ranks that DDP averages gradients over
     memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
+    restarts: tuple[RestartEvidence, ...] = ()  # the built-in workload's checkpoint restarts
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards

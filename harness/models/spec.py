@@ -21,6 +21,10 @@ StageSplit = Literal["flops", "params", "time"]
 OptimizerName = Literal["auto", "sgd", "adam"]
 DropoutRNG = Literal["tracked", "per-rank", "same-for-slices"]
 StragglerIn = Literal["loader", "work"]
+RestoredRNG = Literal["per-rank", "one-rank"]
+RestoredSampler = Literal["epoch-and-position", "epoch-only", "nothing"]
+RestoredOptimizer = Literal["every-rank", "rank-0"]
+CheckpointKeys = Literal["per-rank", "shared"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,20 @@ class Knobs:
     straggler_rank: int = -1  # a rank whose every step takes longer (-1: none): its batch
     straggler_in: StragglerIn = "loader"  # arrives late ("loader"), or it does extra work
     # after its optimiser step ("work"), STRAGGLER_S of it (training/workload.py)
+    # checkpoint and restart (training/checkpoint.py)
+    restart_after: int = 0  # the workload's choice: after this step every rank saves a
+    # checkpoint, forgets its state as a restarted process would, and loads it (0: never)
+    lr_decay: float = 1.0  # the workload's choice: a LambdaLR scheduler, lr * decay**step
+    input_jitter: float = 0.0  # the workload's choice: each rank scales its inputs by
+    # 1 + jitter * (u - 0.5), u drawn from torch's RNG seeded per rank (as augmentation)
+    restored_rng: RestoredRNG = "per-rank"  # "one-rank": saved under one key for all, so
+    # the checkpoint keeps one rank's RNG state and every rank resumes with it
+    restore_scheduler: bool = True  # the scheduler's state is saved and loaded
+    restored_sampler: RestoredSampler = "epoch-and-position"  # what of the loader's place
+    # the checkpoint keeps
+    restored_optimizer: RestoredOptimizer = "every-rank"  # "rank-0": only rank 0 loads it
+    checkpoint_keys: CheckpointKeys = "per-rank"  # "shared": each rank's shard of the
+    # parameters and optimiser state is saved under the same key, so one rank's is kept
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,8 @@ class RunSpec:
             yield "dropout and sequence parallelism are not combined in the built-in workload"
         if not (self.deadline > 0 and math.isfinite(self.deadline)):
             yield f"deadline must be a positive number of seconds, got {self.deadline}"
+        if self.knobs.restart_after < 0:
+            yield f"restart-after must be 0 (never) or a step, got {self.knobs.restart_after}"
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             yield f"lr must be positive, got {self.lr}"
 

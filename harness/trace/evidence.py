@@ -25,7 +25,7 @@ from distdoctor.trace.startup import fold_startup
 _SERIES = {Emit.BACKWARD: "backward", Emit.STEP: "steps", Emit.STAGE: "stages",
            Emit.STAGE_EVENT: "stage_events", Emit.PIPE_STEP: "pipe_steps",
            Emit.MEMORY: "memory", Emit.PHASE: "phases", Emit.GROUP_TENSOR: "group_tensors",
-           Emit.TRAFFIC: "traffic"}
+           Emit.TRAFFIC: "traffic", Emit.RESTART: "restarts"}
 # record tag -> Evidence field, for records that happen once
 _ONCE = {Emit.BUILT: "built_params", Emit.INITIAL: "initial_params", Emit.HOLDS: "holds",
          Emit.NODE: "node"}

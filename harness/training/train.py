@@ -19,11 +19,13 @@ from distdoctor.launch.rank import RankContext
 from distdoctor.models import BackwardEvidence, MemoryEvidence, Phase, RunSpec, StepEvidence
 from distdoctor.models.events import Emit
 from distdoctor.training import strategies
+from distdoctor.training.checkpoint import LoaderPlace, Resumable, restart
 from distdoctor.training.fingerprint import fingerprint
 from distdoctor.training.workload import (
-    batch_ids,
+    batch_ids_at,
     build_model,
-    epoch_of,
+    jitter_seed,
+    jittered,
     loss_fn,
     make_dataset,
     straggle,
@@ -36,7 +38,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     Emits ("built", Fingerprint) as the model is built, ("initial", Fingerprint) once the
     strategy has wrapped it, then per step ("backward", BackwardEvidence) before the
     step's first gradient sync, ("memory", MemoryEvidence) after the optimiser step and
-    ("step", StepEvidence).
+    ("step", StepEvidence); ("restart", RestartEvidence) after the step the knobs restart
+    the job at.
     """
     model = build_model(spec, ctx.rank)
     ctx.emit((Emit.BUILT, fingerprint(model.parameters(), spec.fingerprint_values)))
@@ -49,9 +52,19 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     budget = int(spec.knobs.memory_budget * sum(sizes))
     use_aux = spec.uses_aux(ctx.rank)
     k = spec.micro_batches
+    if spec.knobs.input_jitter:
+        torch.manual_seed(jitter_seed(spec, ctx.rank))
+    knobs = spec.knobs
+    state = Resumable(dp, spec) if knobs.restart_after or knobs.lr_decay != 1.0 else None
+    place = LoaderPlace()
     for step in range(1, spec.num_steps + 1):
         fetched = time.monotonic()
-        ids = batch_ids(spec, ctx.rank, step)
+        if state is not None:
+            place = state.place
+        epoch = place.epoch
+        ids = batch_ids_at(spec, ctx.rank, epoch, place.within)
+        inputs = jittered(spec, x[ids])
+        place.advance(spec)
         straggle(spec, ctx.rank, "loader")
         _phase(ctx, "loader", step, fetched)
         started = time.perf_counter()
@@ -63,11 +76,12 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
         dp.comm.on_sync = report_backward
         loss_total = 0.0
         for i in range(k):
-            micro = ids[i * len(ids) // k: (i + 1) * len(ids) // k]
+            rows = slice(i * len(ids) // k, (i + 1) * len(ids) // k)
+            micro = ids[rows]
             skip_sync = spec.knobs.no_sync_accumulation and i < k - 1
             with dp.no_sync() if skip_sync else contextlib.nullcontext():
                 began = time.monotonic()
-                out, aux = dp(x[micro], use_aux=use_aux)
+                out, aux = dp(inputs[rows], use_aux=use_aux)
                 loss = loss_fn(out, aux, y[micro]) / k
                 _phase(ctx, "forward", step, began)
                 began = time.monotonic()
@@ -79,6 +93,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             loss_total += loss.item()
         began = time.monotonic()
         dp.step()
+        if state is not None:
+            state.scheduler.step()
         _phase(ctx, "optimizer", step, began)
         seconds = time.perf_counter() - started
         straggle(spec, ctx.rank, "work")
@@ -96,7 +112,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
                 f"optimiser {memory.optimizer}, gathered {memory.gathered})")
         ctx.emit((Emit.STEP, StepEvidence(
             step=step,
-            epoch=epoch_of(spec, step),
+            epoch=epoch,
             sample_ids=tuple(ids),
             loss=loss_total,
             params=fingerprint(dp.full_params(), spec.fingerprint_values),
@@ -107,6 +123,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
             gradient_bytes=dp.gradient_bytes,
             seconds=seconds,
         )))
+        if state is not None and step == knobs.restart_after:
+            ctx.emit((Emit.RESTART, restart(state, ctx.rank, step)))
 
 
 def _phase(ctx: RankContext, kind: str, step: int, began: float) -> None:

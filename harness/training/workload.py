@@ -91,14 +91,19 @@ def epoch_of(spec: RunSpec, step: int) -> int:
 
 
 def batch_ids(spec: RunSpec, rank: int, step: int) -> list[int]:
-    """The sample ids ``rank`` trains on at ``step`` (1-based), per the spec's sampler knobs.
+    """The sample ids ``rank`` trains on at ``step`` (1-based), per the spec's sampler knobs."""
+    return batch_ids_at(spec, rank, epoch_of(spec, step), (step - 1) % spec.steps_per_epoch)
+
+
+def batch_ids_at(spec: RunSpec, rank: int, epoch: int, within: int) -> list[int]:
+    """The sample ids ``rank`` trains on as the ``within``-th batch (0-based) of ``epoch``:
+    the loader's place, which a checkpoint must keep for a resumed run to read on.
 
     The distributed sampler shuffles with a seed every rank shares (seed + epoch), drops the
     ragged tail, and deals the order out round-robin to the replicas, so an epoch's shares
     are disjoint; the ranks of one tensor-parallel group are one replica and read the same.
     """
     knobs = spec.knobs
-    epoch = epoch_of(spec, step)
     shuffle_epoch = epoch if knobs.sampler_set_epoch else 0
     gen = torch.Generator().manual_seed(spec.seed + shuffle_epoch)
     order = torch.randperm(spec.num_samples, generator=gen)
@@ -106,5 +111,30 @@ def batch_ids(spec: RunSpec, rank: int, step: int) -> list[int]:
     usable = order[: spec.steps_per_epoch * replicas * spec.batch_size]
     shard = spec.replica(rank) if knobs.sampler == "distributed" else 0
     mine = usable[shard:: replicas]
-    within = (step - 1) % spec.steps_per_epoch
     return mine[within * spec.batch_size: (within + 1) * spec.batch_size].tolist()
+
+
+JITTER_SEED = 7_919  # the input jitter's RNG: seed + JITTER_SEED + rank, apart from init's
+
+
+def jitter_seed(spec: RunSpec, rank: int) -> int:
+    """The seed ``rank`` gives torch's RNG for its input jitter: its own, as per-rank
+    augmentation is (so a checkpoint must keep every rank's RNG state, not one)."""
+    return spec.seed + JITTER_SEED + rank
+
+
+def jittered(spec: RunSpec, inputs: torch.Tensor, generator=None) -> torch.Tensor:
+    """``inputs`` scaled row by row by 1 + jitter * (u - 0.5), u drawn from ``generator``
+    (torch's default RNG when None): one draw per batch, before it is cut into
+    micro-batches, so the single-process reference draws the same numbers."""
+    if not spec.knobs.input_jitter:
+        return inputs
+    u = torch.rand(inputs.shape[0], 1, generator=generator)
+    return inputs * (1 + spec.knobs.input_jitter * (u - 0.5))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, spec: RunSpec):
+    """The spec's learning-rate schedule: lr * lr_decay**step (LambdaLR, closed form, so a
+    scheduler that is not restored starts its decay over)."""
+    decay = spec.knobs.lr_decay
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: decay ** step)
