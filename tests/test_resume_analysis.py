@@ -83,14 +83,58 @@ def test_other_samples_at_the_same_step_are_the_loaders_position():
 
 
 def test_what_two_runs_from_the_start_disagree_on_is_not_compared():
-    """numpy's state, seeded by the OS: left out; gradients: the run is not deterministic."""
+    """numpy's state, seeded by the OS: left out; the batches read: the run is not
+    deterministic in its data, and nothing can be compared."""
     whole = [run(range(1, 7))] * 2
     numpy_moves = {s: {"rng_numpy": f"os{s}"} for s in range(1, 7)}
     stopped = [run(range(1, 3), numpy_moves, saves=(2,))] * 2
     assert compare(whole, stopped, [run(range(3, 7), numpy_moves, loads=True)] * 2, 2).ok
-    noisy = [run(range(1, 3), {1: {"grads": "noise"}}, saves=(2,))] * 2
-    found = compare(whole, noisy, [run(range(3, 7), loads=True)] * 2, 2)
-    assert found.kind == "not-deterministic" and "(in grads)" in found.summary
+    shuffled = [tuple({**e, "ids": [7]} if e["ev"] == Ev.BATCH else e
+                      for e in run(range(1, 3), saves=(2,)))] * 2
+    found = compare(whole, shuffled, [run(range(3, 7), loads=True)] * 2, 2)
+    assert found.kind == "not-deterministic" and "(in batch)" in found.summary
+
+
+def noisy(steps: range, scale: float, changes: dict[int, dict] | None = None, **kwargs):
+    """A run whose float sums differ from another's by ``scale`` relative: its digests
+    differ everywhere, its values by that much (plus ``changes``)."""
+    values = {step: {"params": f"p{step}~{scale}", "grads": f"g{step}~{scale}",
+                     "optimizer_state": f"o{step}~{scale}",
+                     "params_sample": [1.0 + scale, -2.0], "grads_sample": [0.5 * (1 + scale)],
+                     "optimizer_state_sample": [0.25, 3.0 * (1 + scale)],
+                     **(changes or {}).get(step, {})} for step in steps}
+    return run(steps, values, **kwargs)
+
+
+def test_a_run_that_is_not_deterministic_is_compared_within_its_stated_tolerance():
+    """Two runs from the start differ by 1e-7 relative: the states with values are
+    compared within 1e-3 (100x that, at least 1e-3), the settings and batches bitwise."""
+    whole = [noisy(range(1, 7), 0.0)] * 2
+    stopped = [noisy(range(1, 3), 1e-7, saves=(2,))] * 2
+    found = compare(whole, stopped, [noisy(range(3, 7), 3e-6, loads=True)] * 2, 2)
+    assert found.ok, found.summary
+    assert found.measured["tolerance"] == 1e-3
+    assert found.measured["noise"] == pytest.approx(1e-7, rel=1e-3)
+    assert found.measured["within_tolerance"] == ["params", "optimizer_state", "grads"]
+    assert "within a relative 1e-03, as the script is not deterministic" in found.summary
+    lost = {4: {"optimizer_state_sample": [0.0, 0.0]}}  # momentum from zero: off by all of it
+    found = compare(whole, stopped, [noisy(range(3, 7), 3e-6, loads=True),
+                                     noisy(range(3, 7), 3e-6, lost, loads=True)], 2)
+    assert (found.ok, found.kind, found.ranks) == (False, "optimizer_state", (1,))
+    assert found.measured["relative_difference"] == 1.0
+    assert "by 1 relative, beyond the tolerance of 1e-03" in found.summary
+    lr = {3: {"settings": [{"lr": 0.2}]}}  # a setting is compared bitwise still
+    found = compare(whole, stopped, [noisy(range(3, 7), 3e-6, lr, loads=True)] * 2, 2)
+    assert (found.kind, found.measured["step"]) == ("settings", 3)
+
+
+def test_the_tolerance_grows_with_the_noise_the_runs_show():
+    whole = [noisy(range(1, 7), 0.0)] * 2
+    stopped = [noisy(range(1, 3), 1e-4, saves=(2,))] * 2
+    found = compare(whole, stopped, [noisy(range(3, 7), 5e-3, loads=True)] * 2, 2)
+    assert found.ok and found.measured["tolerance"] == pytest.approx(1e-2, rel=1e-3)
+    found = compare(whole, stopped, [noisy(range(3, 7), 5e-2, loads=True)] * 2, 2)
+    assert found.kind == "params" and found.measured["relative_difference"] > 1e-2
 
 
 def test_a_run_that_starts_over_or_resumes_at_another_step_is_named():

@@ -55,6 +55,18 @@ RESTORED = (
      "generators), or check the run is deterministic (torch.use_deterministic_algorithms)"),
 )
 RNG_KEYS = ("rng_torch", "rng_numpy", "rng_python")
+# the states also recorded as a few values each, comparable within a tolerance where two
+# runs of the script are not bitwise alike (float sums in another order: a GPU's atomics,
+# micro-batches in arrival order)
+SAMPLES = {"params": "params_sample", "grads": "grads_sample",
+           "optimizer_state": "optimizer_state_sample"}
+# The tolerance of a non-deterministic run: a relative difference of 1e-3, or 100x what
+# two runs from the start already differ by before the checkpoint where that is more. Float
+# noise of summation order is about 1e-7 relative and grows slowly over a few steps; a
+# state not restored moves values by a whole update or more (Adam's moments from zero,
+# another rank's dropout masks: 1e-2 to 1).
+RELATIVE_FLOOR = 1e-3
+NOISE_FACTOR = 100
 PLURAL = {"params", "settings", "rng", "grads"}  # (what is said of them: "differ")
 COMPARED = ("params", "optimizer_state", "settings", "epoch", "batch", "grads")
 
@@ -122,13 +134,27 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
     bitwise, in what two runs from the start agree on up to the checkpoint."""
     shaky = unsteady(uninterrupted, interrupted, step)
     moving = [key for key in COMPARED if key in shaky]
-    if moving:
+    exact = [key for key in moving if key not in SAMPLES]
+    if exact:
         return Resumption(False, f"two runs from the start already differ before the "
-                          f"checkpoint (in {', '.join(moving)}): the script is not "
-                          f"deterministic, so a resume cannot be compared bitwise",
+                          f"checkpoint (in {', '.join(exact)}): the script is not "
+                          f"deterministic in what it reads or sets, so a resume cannot be "
+                          f"compared with the run never stopped",
                           "seed every generator the step reads (torch.manual_seed, and "
                           "numpy's and random's), and use deterministic algorithms",
                           "not-deterministic", checkpoint_step=step)
+    noise = _noise(uninterrupted, interrupted, step) if moving else 0.0
+    tolerance = max(RELATIVE_FLOOR, NOISE_FACTOR * noise) if moving else None
+
+    def differs(key: str, w: dict, a: dict) -> bool:
+        """Bitwise; the states with values, within the tolerance once the run is not
+        deterministic (a trace without values: bitwise still)."""
+        sampled = SAMPLES.get(key)
+        if tolerance is None or sampled is None or w.get(sampled) is None \
+                or a.get(sampled) is None:
+            return w.get(key) != a.get(key)
+        return relative_gap(w[sampled], a[sampled]) > tolerance
+
     rng_keys = [key for key in RNG_KEYS if key not in shaky]
     whole = [step_records(t) for t in uninterrupted]
     after = [step_records(t) for t in resumed]
@@ -154,12 +180,10 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
                 rng_apart.setdefault(rank, at)
         for key, what, why, fix in RESTORED:
             if key == "rng":
-                parted = tuple(r for r, w, a in pairs if w["grads"] != a["grads"]
+                parted = tuple(r for r, w, a in pairs if differs("grads", w, a)
                                and w["rng"] != a["rng"])
-            elif key == "grads":
-                parted = tuple(r for r, w, a in pairs if w["grads"] != a["grads"])
             else:
-                parted = tuple(r for r, w, a in pairs if w.get(key) != a.get(key))
+                parted = tuple(r for r, w, a in pairs if differs(key, w, a))
             if not parted:
                 continue
             measured: dict = {"step": at, "ranks": list(parted)}
@@ -173,6 +197,14 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
                                        if first_w.get(k) != first_a.get(k)])
             lines = _where(key, resumed, interrupted)
             said = f" ({_values(measured)})" if "resumed" in measured else ""
+            if tolerance is not None and key in SAMPLES:
+                w, a = whole[parted[0]][at], after[parted[0]][j]
+                gap = relative_gap(w.get(SAMPLES[key]) or [], a.get(SAMPLES[key]) or [])
+                measured.update(relative_difference=gap if gap != float("inf") else None,
+                                tolerance=tolerance)
+                said = (f" (by {gap:.2g} relative, beyond the tolerance of {tolerance:.0e} of "
+                        f"this non-deterministic script)" if gap != float("inf") else
+                        " (empty after the resume, or of another size: not the same state)")
             return Resumption(
                 False, f"{ranks_phrase(parted)}: {what} at step {at} after the resume "
                 f"differ{'' if key in PLURAL else 's'} from the "
@@ -192,11 +224,53 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
                 f"{min(rng_apart.values())}, harmless while nothing draws from it in "
                 f"training, but not restored")
     compared = f"step {total}" if total == step + 1 else f"steps {step + 1}-{total}"
-    return Resumption(True, f"resumed after step {step} and matched the uninterrupted run "
-                      f"bitwise at {compared} on every rank (parameters, "
-                      f"gradients, optimiser state and settings, the batches read){note}",
+    measured = {"rng_apart": {str(r): s for r, s in rng_apart.items()}}
+    if tolerance is None:
+        return Resumption(True, f"resumed after step {step} and matched the uninterrupted "
+                          f"run bitwise at {compared} on every rank (parameters, "
+                          f"gradients, optimiser state and settings, the batches read){note}",
+                          checkpoint_step=step, compared_steps=(step + 1, total),
+                          measured=measured)
+    return Resumption(True, f"resumed after step {step} and matched the uninterrupted run at "
+                      f"{compared} on every rank: the optimiser's settings and the batches "
+                      f"read bitwise, the {_and(moving)} within a relative {tolerance:.0e}, "
+                      f"as the script is not deterministic (two runs from the start already "
+                      f"differ in them by up to {noise:.1e} relative before the checkpoint; "
+                      f"the tolerance is {NOISE_FACTOR}x that, at least "
+                      f"{RELATIVE_FLOOR:.0e}){note}",
                       checkpoint_step=step, compared_steps=(step + 1, total),
-                      measured={"rng_apart": {str(r): s for r, s in rng_apart.items()}})
+                      measured={**measured, "tolerance": tolerance, "noise": noise,
+                                "within_tolerance": moving})
+
+
+def relative_gap(a: list[float], b: list[float]) -> float:
+    """The largest difference between two samples of a state, relative to its largest
+    value (infinite where their lengths differ: not the same state)."""
+    if len(a) != len(b):
+        return float("inf")
+    if not a:
+        return 0.0
+    scale = max(max(map(abs, a)), max(map(abs, b)), 1e-12)
+    return max(abs(x - y) for x, y in zip(a, b)) / scale
+
+
+def _noise(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict, ...]],
+           step: int) -> float:
+    """The largest relative difference between two runs from the start, up to the
+    checkpoint's step, over the states recorded with values."""
+    gaps = [0.0]
+    for w, i in zip(map(step_records, uninterrupted), map(step_records, interrupted)):
+        for at in range(1, step + 1):
+            if at in w and at in i:
+                gaps += [relative_gap(w[at].get(k) or [], i[at].get(k) or [])
+                         for k in SAMPLES.values()]
+    return max(gaps)
+
+
+def _and(keys: list[str]) -> str:
+    names = {"params": "parameters", "grads": "gradients", "optimizer_state": "optimiser state"}
+    said = [names.get(k, k) for k in keys]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
 
 
 def _values(measured: dict) -> str:

@@ -126,17 +126,38 @@ def state_digests(optimizer: Any) -> dict[str, Any]:
     for p in params:
         for key, value in sorted(optimizer.state.get(p, {}).items()):
             state.append((key, value))
+    grads = [p.grad for p in params if p.grad is not None]
+    tensors = [v for _, v in state if isinstance(v, torch.Tensor)]
     return {
         "params": _digest(p.detach() for p in params),
-        "grads": _digest(p.grad for p in params if p.grad is not None),
+        "grads": _digest(grads),
         "optimizer_state": _digest(v if isinstance(v, torch.Tensor) else repr((k, v))
                                    for k, v in state),
+        # a few values of each, for comparing within a tolerance where runs are not
+        # bitwise alike (analysis/resume.py)
+        "params_sample": _sample(params),
+        "grads_sample": _sample(grads),
+        "optimizer_state_sample": _sample(tensors),
         "settings": [{k: v for k, v in group.items() if k != "params"
                       and isinstance(v, (bool, int, float))} for group in optimizer.param_groups],
         "rng_torch": _digest([torch.get_rng_state()]),
         "rng_numpy": _digest([repr(np.random.get_state())]),
         "rng_python": _digest([repr(random.getstate())]),
     }
+
+
+SAMPLED = 32  # values kept of each state for a comparison within a tolerance
+
+
+def _sample(tensors: list) -> list[float]:
+    """Up to SAMPLED values spread evenly over ``tensors`` laid end to end, as floats."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # a DTensor's
+    flat = [t.detach().reshape(-1) for t in local if t.numel()]  # shard: no collective
+    if not flat:
+        return []
+    values = torch.cat([t.to(torch.float64) for t in flat])
+    stride = max(1, values.numel() // SAMPLED)
+    return values[::stride][:SAMPLED].tolist()
 
 
 def _digest(items) -> str:
