@@ -144,3 +144,15 @@ def test_a_run_that_starts_over_or_resumes_at_another_step_is_named():
     assert over.kind == "not-resumed" and "it started over" in over.summary
     short = compare(whole, stopped, [run(range(3, 6), loads=True)] * 2, 2)
     assert short.kind == "steps" and short.measured == {"made": 3, "expected": 4}
+
+
+def test_a_sample_is_every_kth_value_of_the_tensors_end_to_end_without_joining_them():
+    import torch
+
+    from distdoctor.trace.resume import SAMPLED, _sample
+
+    tensors = [torch.arange(10.0), torch.empty(0), torch.arange(10.0, 20.0).reshape(2, 5),
+               torch.arange(20.0, 100.0)]
+    joined = torch.cat([t.reshape(-1) for t in tensors])
+    assert _sample(tensors) == joined[::100 // SAMPLED][:SAMPLED].tolist()
+    assert _sample([torch.tensor([1.5, 2.5])]) == [1.5, 2.5] and _sample([]) == []

@@ -150,14 +150,20 @@ SAMPLED = 32  # values kept of each state for a comparison within a tolerance
 
 
 def _sample(tensors: list) -> list[float]:
-    """Up to SAMPLED values spread evenly over ``tensors`` laid end to end, as floats."""
+    """Up to SAMPLED values spread evenly over ``tensors`` laid end to end, as floats:
+    read in place, tensor by tensor (no copy of the whole model)."""
     local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # a DTensor's
     flat = [t.detach().reshape(-1) for t in local if t.numel()]  # shard: no collective
-    if not flat:
-        return []
-    values = torch.cat([t.to(torch.float64) for t in flat])
-    stride = max(1, values.numel() // SAMPLED)
-    return values[::stride][:SAMPLED].tolist()
+    stride = max(1, sum(t.numel() for t in flat) // SAMPLED)
+    values: list[float] = []
+    start = 0  # the first index in the next tensor that falls on the stride
+    for t in flat:
+        if start < t.numel():
+            values += t[start::stride][:SAMPLED - len(values)].double().tolist()
+        start = (start - t.numel()) % stride
+        if len(values) >= SAMPLED:
+            break
+    return values
 
 
 def _digest(items) -> str:
