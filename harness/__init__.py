@@ -44,11 +44,14 @@ edge, and on any import circle):
   imports: models, analysis, trace, launch, training, tensor, pipeline, checks, faults
 - ``fixing``: a user's script patched for a cause (libcst edits), verified by a re-run.
   imports: nothing
+- ``teaching``: the exercises (a buggy script each, its task, its fix, the wrong fixes) and
+  the grading of a student's attempt on real ranks.
+  imports: models, launch, userjob
 - ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
   imports: models, analysis, trace, launch, userjob, fixing
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
   imports: models, analysis, text, faults, memory, dumps, trace, launch, pipeline, userjob,
-  collectives, faultloop, fixing, pictures
+  collectives, faultloop, fixing, teaching, pictures
 """

@@ -68,6 +68,7 @@ def argvs(draw) -> list[str]:
 
 @pytest.fixture
 def stop_before_ranks(monkeypatch):
+    from distdoctor.cli import exercise
     from distdoctor.launch import pool
     from distdoctor.userjob.attaching import attach
     from distdoctor.userjob.launching import command, launcher
@@ -80,12 +81,13 @@ def stop_before_ranks(monkeypatch):
     monkeypatch.setattr(launcher, "run_script", would_run)
     monkeypatch.setattr(command, "run_command", would_run)  # run -- COMMAND
     monkeypatch.setattr(attach, "find", would_run)  # a live process's stacks
+    monkeypatch.setattr(exercise, "_start", would_run)  # an exercise written to a folder
 
 
 def test_every_sub_command_is_reached_by_the_generator():
     assert {words[0] for words in COMMANDS} == {
         "train", "diagnose", "demo", "pipeline", "run", "analyze", "check-collective",
-        "collectives", "memory", "faults", "attach", "resume-check"}
+        "collectives", "memory", "faults", "attach", "resume-check", "exercise"}
 
 
 @settings(max_examples=400, deadline=None,

@@ -28,11 +28,16 @@ TOP_LEVEL = {"harness": "distdoctor", "checks": "distdoctor.checks",
              "faults": "distdoctor.faults"}
 
 
+SCRIPTS = ROOT / "harness" / "teaching" / "exercises"  # students' scripts: run, not imported
+
+
 def module_files() -> dict[str, Path]:
     """Dotted name -> file, for every module of the project's own packages."""
     found = {}
     for folder, name in TOP_LEVEL.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.is_relative_to(SCRIPTS):
+                continue
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -169,11 +174,12 @@ LAYERS = {
     "faultloop": {"models", "analysis", "trace", "launch", "training", "tensor", "pipeline",
                   "checks", "faults"},
     "fixing": set(),
+    "teaching": {"models", "launch", "userjob"},
     "testing": {"models", "analysis", "trace", "launch", "userjob", "fixing"},
     "pictures": {"models", "analysis", "memory", "pipeline"},
     "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "trace", "launch",
             "pipeline",
-            "userjob", "collectives", "faultloop", "fixing", "pictures"},
+            "userjob", "collectives", "faultloop", "fixing", "teaching", "pictures"},
     "__main__": {"cli"},  # python -m distdoctor
 }
 

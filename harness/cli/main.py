@@ -18,6 +18,7 @@ from distdoctor.cli import attach as attach_cli
 from distdoctor.cli import collectives as collectives_cli
 from distdoctor.cli import demo as demo_cli
 from distdoctor.cli import diagnose as diagnose_cli
+from distdoctor.cli import exercise as exercise_cli
 from distdoctor.cli import faults as faults_cli
 from distdoctor.cli import memory as memory_cli
 from distdoctor.cli import pipeline as pipeline_cli
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_commands(commands)
     diagnose_cli.add_commands(commands)
     demo_cli.add_commands(commands)
+    exercise_cli.add_commands(commands)
     pipeline_cli.add_commands(commands)
     script_cli.add_commands(commands)
     resume_cli.add_commands(commands)

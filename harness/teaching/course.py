@@ -1,0 +1,156 @@
+"""The exercises, in the order a course takes them: a buggy script each, the task a student
+is set, the fix a teacher has in mind and the wrong fixes students make.
+
+The fix and the wrong fixes are edits of the script (text it holds, and what replaces it):
+the tests apply each and grade the result on real ranks, so the reference fix is known to
+pass and each wrong fix to fail with its reason. A student is never shown them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+# the world sizes a script is graded at: a second one catches a fix that holds only at the
+# first (a gradient divided by a constant that happens to equal today's world size)
+WORLD_SIZES = (2, 3)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` (text the script holds once) with ``new``."""
+
+    old: str
+    new: str
+
+    def apply(self, source: str) -> str:
+        if source.count(self.old) != 1:
+            raise ValueError(f"the script holds {self.old!r} {source.count(self.old)} times, "
+                             f"not once")
+        return source.replace(self.old, self.new)
+
+
+@dataclass(frozen=True)
+class WrongFix:
+    """A fix students make that does not cure the bug, and the kind of cause the grader
+    still finds in it (the reason the student is told, in the detector's words)."""
+
+    name: str
+    edits: tuple[Edit, ...]
+    still: str  # the cause kind the graded run still shows
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str  # the failure mode: a catalogue fault's id, or a report's cause kind
+    title: str
+    task: str  # what the student is told: the symptom, never the cause
+    script: str  # a file of exercises/
+    kinds: tuple[str, ...]  # the cause kinds the buggy script shows
+    fix: tuple[Edit, ...]
+    wrong_fixes: tuple[WrongFix, ...] = ()
+
+    def source(self) -> str:
+        return resources.files(__package__).joinpath("exercises", self.script).read_text()
+
+
+def _sampler(arguments: str, epoch: str) -> tuple[Edit, ...]:
+    """shared_shuffle_seed.py with a DistributedSampler (given ``arguments``) told
+    ``epoch`` each epoch: the fix, and the wrong fixes that differ from it in one place."""
+    return (Edit("from torch.utils.data import DataLoader, TensorDataset",
+                 "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset"),
+            Edit("loader = DataLoader(data, batch_size=8, shuffle=True)",
+                 f"sampler = DistributedSampler(data, shuffle=True{arguments})\n"
+                 "loader = DataLoader(data, batch_size=8, sampler=sampler)"),
+            Edit("for epoch in range(2):\n",
+                 f"for epoch in range(2):\n    sampler.set_epoch({epoch})\n"))
+
+
+COURSE: tuple[Exercise, ...] = (
+    Exercise(
+        "divergent-init", "Ranks diverge from step one",
+        "Every rank is meant to train one and the same model, but the ranks' parameters "
+        "differ from the first step on. Find out why, and fix it so that they agree.",
+        "divergent_init.py", ("divergent-parameters",),
+        (Edit("optimizer = torch.optim.SGD(",
+              "for p in model.parameters():\n    dist.broadcast(p.data, src=0)\n"
+              "optimizer = torch.optim.SGD("),)),
+    Exercise(
+        "shared-shuffle-seed", "All ranks see the same batches",
+        "With N ranks this job should get through an epoch N times faster, yet every rank "
+        "trains on the same samples. Fix it so that each sample is read once per epoch by "
+        "one rank, in a new order each epoch.",
+        "shared_shuffle_seed.py", ("duplicate-samples",),
+        _sampler("", "epoch"),
+        (WrongFix("set_epoch with a constant", _sampler("", "0"), "repeated-epoch-order"),
+         WrongFix("the sampler seeded by rank", _sampler(", seed=dist.get_rank()", "epoch"),
+                  "duplicate-samples"))),
+    Exercise(
+        "unused-params", "The job dies at its first backward",
+        "The job stops at the first backward pass on every rank but rank 0. Find out why, "
+        "and fix it so that it trains on every rank.",
+        "unused_params.py", ("unused-parameters",),
+        (Edit("DistributedDataParallel(Model())",
+              "DistributedDataParallel(Model(), find_unused_parameters=True)"),)),
+    Exercise(
+        "sum-without-mean", "The learning rate breaks when the number of ranks changes",
+        "The loss scale changes when you change the number of ranks: with more ranks the "
+        "steps get larger. Find out why, and fix it so that the step does not depend on "
+        "how many ranks there are.",
+        "sum_without_mean.py", ("gradient-not-averaged",),
+        (Edit("        dist.all_reduce(p.grad)\n",
+              "        dist.all_reduce(p.grad)\n        p.grad /= dist.get_world_size()\n"),),
+        (WrongFix("divided by today's world size, a constant", (
+            Edit("        dist.all_reduce(p.grad)\n",
+                 "        dist.all_reduce(p.grad)\n        p.grad /= 2\n"),),
+            "gradient-not-averaged"),)),
+    Exercise(
+        "send-before-receive", "Point-to-point hangs",
+        "Each rank passes a tensor to its right neighbour and takes one from its left, and "
+        "the job hangs. Find out where each rank waits, and fix it for any number of ranks.",
+        "send_before_receive.py", ("p2p-cycle",),
+        (Edit("dist.send(outgoing, dst=(rank + 1) % world)\n"
+              "dist.recv(incoming, src=(rank - 1) % world)\n",
+              "if rank % 2 == 0:\n"
+              "    dist.send(outgoing, dst=(rank + 1) % world)\n"
+              "    dist.recv(incoming, src=(rank - 1) % world)\n"
+              "else:\n"
+              "    dist.recv(incoming, src=(rank - 1) % world)\n"
+              "    dist.send(outgoing, dst=(rank + 1) % world)\n"),)),
+    Exercise(
+        "allreduce-every-microbatch", "Gradient accumulation is slow",
+        "Each optimiser step accumulates four micro-batches, and the job moves four times "
+        "the gradient traffic one step needs. Fix it so that it synchronises once a step.",
+        "allreduce_every_microbatch.py", ("sync-every-microbatch",),
+        (Edit("import torch\n", "import contextlib\n\nimport torch\n"),
+         Edit("        loss = model(batch).pow(2).mean() / 4\n        loss.backward()\n",
+              "        with model.no_sync() if micro < 3 else contextlib.nullcontext():\n"
+              "            loss = model(batch).pow(2).mean() / 4\n"
+              "            loss.backward()\n")),
+        (WrongFix("no_sync() around the last micro-batch instead of the others", (
+            Edit("import torch\n", "import contextlib\n\nimport torch\n"),
+            Edit("        loss = model(batch).pow(2).mean() / 4\n        loss.backward()\n",
+                 "        with model.no_sync() if micro == 3 else contextlib.nullcontext():\n"
+                 "            loss = model(batch).pow(2).mean() / 4\n"
+                 "            loss.backward()\n")), "unsynced-microbatches"),)),
+    Exercise(
+        "collective-mismatch", "A metric only one rank reduces",
+        "The job hangs at step 1. Find out which rank waits in which call, and fix it so "
+        "that the metric is still printed by rank 0.",
+        "collective_mismatch.py", ("collective-mismatch",),
+        (Edit("    if rank == 0 and step == 1:\n        metric = torch.ones(1)\n"
+              "        dist.all_reduce(metric)\n",
+              "    if step == 1:\n        metric = torch.ones(1)\n"
+              "        dist.all_reduce(metric)\n    if rank == 0 and step == 1:\n"),),
+        (WrongFix("barrier() on every rank while the all-reduce stays on one", (
+            Edit("    if rank == 0 and step == 1:\n",
+                 "    dist.barrier()\n    if rank == 0 and step == 1:\n"),),
+            "collective-mismatch"),)),
+)
+
+
+def exercise(name: str) -> Exercise:
+    for found in COURSE:
+        if found.name == name:
+            return found
+    raise KeyError(name)

@@ -1,0 +1,94 @@
+"""Grade a student's attempt: their script run on real ranks at each of the course's world
+sizes, every detector on it, and the verdict in the detectors' words.
+
+Passed means every run finished with no cause found at every world size. Not yet says
+what is still wrong (the first cause's summary, at the world size it showed), never the
+fix: the student finds that. The grade is also written as JSON, for a grading script.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from distdoctor.models.deadlines import IN_RANK_S
+from distdoctor.models.jsoncodec import to_json
+from distdoctor.teaching.course import WORLD_SIZES, exercise
+
+GRADE_SCHEMA = "distdoctor.exercise.v1"
+SETTINGS = "exercise.json"  # what `exercise FAULT DIR` wrote: which exercise, which script
+
+
+class NotAnExercise(ValueError):
+    """The folder holds no exercise, or not the script it names."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the attempt: at ``world_size`` ranks, the causes found (kind, summary)."""
+
+    world_size: int
+    finished: bool
+    causes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Grade:
+    exercise: str
+    script: str
+    passed: bool
+    message: str
+    runs: tuple[Run, ...]
+    schema: str = GRADE_SCHEMA
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(to_json(self), indent=1) + "\n")
+
+
+def settings(directory: Path) -> tuple[str, Path]:
+    """The exercise's name and the student's script, as the folder says."""
+    try:
+        said = json.loads((directory / SETTINGS).read_text())
+        name, script = str(said["exercise"]), directory / str(said["script"])
+        exercise(name)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise NotAnExercise(f"{directory} holds no exercise ({SETTINGS} is missing or not "
+                            f"one distdoctor wrote): start one with `distdoctor exercise "
+                            f"NAME {directory}`") from None
+    if not script.is_file():
+        raise NotAnExercise(f"{script} is missing: the exercise's script is graded there")
+    return name, script
+
+
+def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade:
+    name, script = settings(directory)
+    runs = []
+    for world_size in WORLD_SIZES:
+        progress(f"running {script.name} on {world_size} ranks ...")
+        runs.append(_run(script, world_size, deadline))
+        if runs[-1].causes or not runs[-1].finished:
+            break  # what is still wrong, at the first world size that shows it
+    last = runs[-1]
+    if not last.causes and last.finished:
+        sizes = " and ".join(str(r.world_size) for r in runs)
+        return Grade(name, str(script), True, f"passed: {script.name} runs clean on {sizes} "
+                     f"ranks: every rank finished and no detector found a cause", tuple(runs))
+    said = last.causes[0][1] if last.causes else "a rank did not finish"
+    return Grade(name, str(script), False, f"not yet: on {last.world_size} ranks, {said}",
+                 tuple(runs))
+
+
+def _run(script: Path, world_size: int, deadline: float) -> Run:
+    from distdoctor.launch import procs
+    from distdoctor.userjob.launching.launcher import run_script
+    from distdoctor.userjob.reporting.record import explain, script_record
+
+    try:
+        result = run_script(str(script), [], world_size, deadline, echo=False)
+    finally:
+        procs.wait_reaped()
+    report = explain(script_record(result.ends, result.traces, result.wall_s, result.started,
+                                   deadline), str(script))
+    finished = all(end.status == "finished" for end in result.ends)
+    return Run(world_size, finished, tuple((c.kind, c.summary) for c in report.findings))

@@ -1,0 +1,147 @@
+"""Exercises graded on real ranks: each exercise's buggy script is not yet passed, with its
+cause; its reference fix passes at both world sizes; each wrong fix students make fails
+with the cause it leaves. The course itself is checked without ranks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+from lanes import Job, Step
+
+from distdoctor import faults
+from distdoctor.cli.main import main
+from distdoctor.models.verdict import CauseKind
+from distdoctor.teaching.course import COURSE, WORLD_SIZES, Exercise
+from distdoctor.teaching.grading import SETTINGS
+
+pytestmark = pytest.mark.tier("e2e")
+
+ATTEMPTS = [(e.name, "bug") for e in COURSE] + [(e.name, "fix") for e in COURSE] + [
+    (e.name, wrong.name) for e in COURSE for wrong in e.wrong_fixes]
+
+
+def attempt(exercise: Exercise, label: str) -> str:
+    """The script as the student hands it in: unchanged, the reference fix, a wrong fix."""
+    source = exercise.source()
+    edits = () if label == "bug" else exercise.fix if label == "fix" else next(
+        w.edits for w in exercise.wrong_fixes if w.name == label)
+    for edit in edits:
+        source = edit.apply(source)
+    return source
+
+
+def lane_jobs(root: Path) -> list[Job]:
+    jobs = []
+    for number, (name, label) in enumerate(ATTEMPTS):
+        base = root / str(number)
+        base.mkdir(parents=True)
+        exercise = next(e for e in COURSE if e.name == name)
+        (base / "train.py").write_text(attempt(exercise, label))
+        (base / SETTINGS).write_text(json.dumps({"exercise": name, "script": "train.py"}))
+        argv = (sys.executable, "-m", "distdoctor", "exercise", "check", str(base))
+        jobs.append(Job(f"exercise {name} {label}", (Step("check", argv, str(base),
+                                                          timeout=300.0),)))
+    return jobs
+
+
+def graded(lanes, name: str, label: str):
+    done = lanes.result(f"exercise {name} {label}")["check"]
+    base = Path(lanes.job(f"exercise {name} {label}").steps[0].cwd)
+    return done, json.loads((base / "grade.json").read_text())
+
+
+@pytest.mark.timeout(900)  # the first test may wait for its job
+@pytest.mark.parametrize("name", [e.name for e in COURSE])
+def test_the_buggy_script_is_not_yet_passed_with_its_cause(lanes, name):
+    exercise = next(e for e in COURSE if e.name == name)
+    done, grade = graded(lanes, name, "bug")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert grade["passed"] is False and grade["runs"][0]["world_size"] == WORLD_SIZES[0]
+    kinds = [kind for kind, _ in grade["runs"][-1]["causes"]]
+    assert kinds[0] in exercise.kinds, grade["message"]
+    assert f"{name}: not yet: on 2 ranks, " in done.stdout
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", [e.name for e in COURSE])
+def test_the_reference_fix_passes_at_both_world_sizes(lanes, name):
+    done, grade = graded(lanes, name, "fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert grade["passed"] is True and grade["schema"] == "distdoctor.exercise.v1"
+    assert [(r["world_size"], r["finished"], r["causes"]) for r in grade["runs"]] == [
+        (n, True, []) for n in WORLD_SIZES]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name, wrong", [(e.name, w.name) for e in COURSE
+                                         for w in e.wrong_fixes])
+def test_each_wrong_fix_fails_with_the_cause_it_leaves(lanes, name, wrong):
+    exercise = next(e for e in COURSE if e.name == name)
+    still = next(w.still for w in exercise.wrong_fixes if w.name == wrong)
+    done, grade = graded(lanes, name, wrong)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    kinds = [kind for kind, _ in grade["runs"][-1]["causes"]]
+    assert kinds[0] == still, grade["message"]
+    fix_words = [edit.new.strip() for edit in exercise.fix]
+    assert not any(words in grade["message"] for words in fix_words)  # never the answer
+
+
+def test_a_constant_that_equals_todays_world_size_fails_at_the_second():
+    """The grader's second world size is what catches it: 2 == the first world size."""
+    wrong = next(w for e in COURSE for w in e.wrong_fixes if "constant" in w.name
+                 and e.name == "sum-without-mean")
+    assert "p.grad /= 2" in wrong.edits[0].new and WORLD_SIZES[0] == 2 < WORLD_SIZES[1]
+
+
+def test_the_course_opens_with_the_classic_cases_and_names_failure_modes():
+    names = [e.name for e in COURSE]
+    assert names[:5] == ["divergent-init", "shared-shuffle-seed", "unused-params",
+                         "sum-without-mean", "send-before-receive"]
+    kinds = set(typing.get_args(CauseKind))
+    for exercise in COURSE:  # a catalogue fault, or a cause a user's run is told
+        assert exercise.name in faults.catalogue() or exercise.name in kinds
+        assert set(exercise.kinds) <= kinds
+        source = exercise.source()
+        assert "BUG" not in source and "FIX" not in source  # no hint in the student's copy
+        for edit in (*exercise.fix, *(e for w in exercise.wrong_fixes for e in w.edits)):
+            assert source.count(edit.old) == 1, (exercise.name, edit.old)
+    assert len(set(names)) == len(names)
+
+
+def test_starting_an_exercise_writes_its_script_and_task_and_keeps_an_attempt(tmp_path,
+                                                                               capsys):
+    folder = tmp_path / "ex"
+    assert main(["exercise", "sum-without-mean", str(folder)]) == 0
+    exercise = next(e for e in COURSE if e.name == "sum-without-mean")
+    assert (folder / "train.py").read_text() == exercise.source()
+    assert exercise.task in (folder / "TASK.md").read_text()
+    assert json.loads((folder / SETTINGS).read_text()) == {"exercise": "sum-without-mean",
+                                                          "script": "train.py"}
+    (folder / "train.py").write_text("# my attempt\n")
+    assert main(["exercise", "sum-without-mean", str(folder)]) == 2
+    assert (folder / "train.py").read_text() == "# my attempt\n"
+    err = capsys.readouterr().err
+    assert "an attempt is kept, never written over" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["exercise", "nope", "d"], "no exercise 'nope'; choose from divergent-init"),
+    (["exercise", "check"], "exercise check needs a folder"),
+    (["exercise", "list", "d"], "exercise list takes no folder"),
+    (["exercise", "check", "."], "holds no exercise"),
+])
+def test_bad_exercise_input_is_one_line_and_exit_2(argv, said, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+
+
+def test_the_list_gives_the_course_in_order(capsys):
+    assert main(["exercise", "list"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:3].strip()
+             .rstrip(".").isdigit()]
+    assert [line.split()[1].rstrip(":") for line in lines] == [e.name for e in COURSE]
