@@ -145,3 +145,24 @@ def test_the_list_gives_the_course_in_order(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line[:3].strip()
              .rstrip(".").isdigit()]
     assert [line.split()[1].rstrip(":") for line in lines] == [e.name for e in COURSE]
+
+
+@pytest.mark.timeout(300)
+def test_demo_teaches_a_fault_from_code_the_bug_the_diff_and_both_runs(tmp_path, capsys):
+    exercise = next(e for e in COURSE if e.name == "sum-without-mean")
+    assert main(["demo", "sum-without-mean", "--world-size", "2",
+                 "--html", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    code, knobs = out.split("(from code) ==", 1)[1].split("== sum-without-mean: ", 1)
+    assert exercise.source().splitlines()[-1] in code  # the script, whole
+    assert "+        p.grad /= dist.get_world_size()" in code  # the fix, as a diff
+    bug, fixed = code.split("with the bug: ", 1)[1].split("fixed:", 1)
+    assert bug.startswith("FAILED: gradient-not-averaged: the synchronised gradient is "
+                          "2.00x the mean")
+    assert "at sum_without_mean.py:18" in bug  # its own line, not a temporary folder's
+    assert fixed.split("\n")[0].strip() == ("OK: every rank finished and no detector found "
+                                             "a cause")
+    assert "flipping the built-in workload's switches" in knobs  # the knob story, labelled
+    page = (tmp_path / "sum-without-mean-code.html").read_text()
+    assert '<span class="add">+        p.grad /= dist.get_world_size()</span>' in page
+    assert "sum-without-mean-code.html" in (tmp_path / "index.html").read_text()

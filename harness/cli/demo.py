@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 import time
+from html import escape
 
 from distdoctor.cli.args import (
     EVERY_STRATEGY,
@@ -59,11 +60,19 @@ def demo_command(args: argparse.Namespace) -> int:
         check_variant(fault, args.variant)
         if args.strategy and args.strategy not in fault.strategies:
             raise UsageError(f"fault {fault.id} does not apply to {args.strategy}")
-    from distdoctor.cli.lessons import DemoRow, lesson, masked_note, summary_table
+    from distdoctor.cli.lessons import (
+        DemoRow,
+        code_lesson_text,
+        lesson,
+        masked_note,
+        summary_table,
+    )
     from distdoctor.cli.tables import diagnosis_text
     from distdoctor.faultloop.diagnose import diagnose
+    from distdoctor.teaching.lessons import code_lesson, has_code_lesson
 
     rows: list[DemoRow] = []
+    taught = []  # the code lessons shown
     started = time.monotonic()
 
     def diagnosed(fault, strategy: str, variant: str | None) -> DemoRow:
@@ -73,6 +82,9 @@ def demo_command(args: argparse.Namespace) -> int:
         return rows[-1]
 
     for fault in chosen:
+        if has_code_lesson(fault.id) and not args.strategy and not args.variant:
+            taught.append(code_lesson(fault.id, args.world_size, args.deadline))
+            print(code_lesson_text(taught[-1]) + "\n", flush=True)
         strategy = args.strategy or next(s for s in fault.strategies if fault.detectable_on(s))
         text = lesson(fault, diagnosed(fault, strategy, args.variant).report)
         for masked in fault.masked_by if not args.strategy else ():
@@ -97,15 +109,29 @@ def demo_command(args: argparse.Namespace) -> int:
                 print(f"\n== did not pass: {row.fault} ({row.variant}) on {row.strategy} ==\n"
                       + diagnosis_text(row.report))
     if args.html:
-        _write_pages(args.html, rows)
-    return 0 if all(r.report.verdict.passed for r in rows) else 1
+        _write_pages(args.html, rows, taught)
+    code_ok = all(t.before.causes and not t.after.causes and t.after.finished
+                  for t in taught)  # each lesson's bug shown, and its fix cured it
+    return 0 if all(r.report.verdict.passed for r in rows) and code_ok else 1
 
 
-def _write_pages(directory: str, rows: list) -> None:
-    """One page per case, and an index of them."""
+def _write_pages(directory: str, rows: list, taught: list) -> None:
+    """One page per case and per code lesson, and an index of them."""
+    from distdoctor.cli.lessons import run_verdict
     from distdoctor.pictures import page, reports
 
     entries = []
+    for lesson in taught:
+        name = f"{lesson.exercise.name}-code.html"
+        page.write(os.path.join(directory, name), page.page(
+            f"distdoctor demo: {lesson.exercise.name} from code", lesson.exercise.title, [
+                page.Section("The script", "script", f"<pre>{escape(lesson.source)}</pre>"),
+                page.Section("The fix", "fix", page.diff(lesson.diff)),
+                page.Section(f"Both run on {lesson.world_size} gloo ranks", "runs", page.table(
+                    ["script", "verdict"], [["with the bug", run_verdict(lesson.before)],
+                                            ["fixed", run_verdict(lesson.after)]]))]))
+        entries.append((name, f"{lesson.exercise.name} from code",
+                        "fixed" if not lesson.after.causes else "not-fixed"))
     for row in rows:
         name = f"{row.fault}-{row.variant}-{row.strategy}.html"
         title = f"distdoctor demo: {row.fault} ({row.variant}) on {row.strategy}"

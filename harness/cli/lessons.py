@@ -72,6 +72,34 @@ def lesson(fault: Fault, report: RunReport) -> str:
     return "\n".join(paragraphs)
 
 
+def code_lesson_text(taught) -> str:
+    """A CodeLesson told: the script, the fix as a diff, the two runs' verdicts."""
+    exercise = taught.exercise
+    indented = "".join(f"    {line}" if line.strip() else line
+                       for line in taught.source.splitlines(keepends=True))
+    return "\n".join([
+        f"== {exercise.name}: {exercise.title} (from code) ==",
+        f"The script with the bug ({exercise.script}; to fix it yourself: "
+        f"distdoctor exercise {exercise.name} DIR):",
+        indented.rstrip("\n"),
+        "The fix, as a diff of it:",
+        taught.diff.rstrip("\n"),
+        f"Both run on {taught.world_size} gloo ranks:",
+        wrap(f"with the bug: {run_verdict(taught.before)}", indent="  "),
+        wrap(f"fixed:        {run_verdict(taught.after)}", indent="  "),
+    ])
+
+
+def run_verdict(run) -> str:
+    """A graded run in a line: its first cause with the detector's numbers, or OK."""
+    if run.causes:
+        kind, summary = run.causes[0]
+        return f"FAILED: {kind}: {summary}"
+    if not run.finished:
+        return "FAILED: a rank did not finish"
+    return "OK: every rank finished and no detector found a cause"
+
+
 def masked_note(report: RunReport) -> str:
     """One paragraph for a strategy on which the fault cannot happen, with the evidence."""
     spec = report.record.spec

@@ -66,7 +66,7 @@ def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade
     runs = []
     for world_size in WORLD_SIZES:
         progress(f"running {script.name} on {world_size} ranks ...")
-        runs.append(_run(script, world_size, deadline))
+        runs.append(run_attempt(script, world_size, deadline))
         if runs[-1].causes or not runs[-1].finished:
             break  # what is still wrong, at the first world size that shows it
     last = runs[-1]
@@ -79,7 +79,8 @@ def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade
                  tuple(runs))
 
 
-def _run(script: Path, world_size: int, deadline: float) -> Run:
+def run_attempt(script: Path, world_size: int, deadline: float) -> Run:
+    """``script`` on ``world_size`` fresh gloo ranks, judged by every detector."""
     from distdoctor.launch import procs
     from distdoctor.userjob.launching.launcher import run_script
     from distdoctor.userjob.reporting.record import explain, script_record
