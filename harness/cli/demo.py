@@ -103,6 +103,8 @@ def demo_command(args: argparse.Namespace) -> int:
         _progress("")
         rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
         print(summary_table(rows))
+        print(f"{sum(map(_cured, taught))} of {len(taught)} lessons from code: the bug shown and its fix "
+              f"verified on real ranks")
         print(f"wall time {time.monotonic() - started:.1f} s")
         for row in rows:  # a row that did not pass says why, in full
             if not row.report.verdict.passed:
@@ -110,9 +112,17 @@ def demo_command(args: argparse.Namespace) -> int:
                       + diagnosis_text(row.report))
     if args.html:
         _write_pages(args.html, rows, taught)
-    code_ok = all(t.before.causes and not t.after.causes and t.after.finished
-                  for t in taught)  # each lesson's bug shown, and its fix cured it
+    for shown in taught:
+        if not _cured(shown):
+            print(f"\n== did not pass: {shown.exercise.name} from code ==\n"
+                  f"with the bug: {shown.before}\nfixed: {shown.after}")
+    code_ok = all(map(_cured, taught))
     return 0 if all(r.report.verdict.passed for r in rows) and code_ok else 1
+
+
+def _cured(taught) -> bool:
+    """A code lesson passes when its bug showed a cause and its fix ran clean."""
+    return bool(taught.before.causes) and not taught.after.causes and taught.after.finished
 
 
 def _write_pages(directory: str, rows: list, taught: list) -> None:
@@ -131,7 +141,7 @@ def _write_pages(directory: str, rows: list, taught: list) -> None:
                     ["script", "verdict"], [["with the bug", run_verdict(lesson.before)],
                                             ["fixed", run_verdict(lesson.after)]]))]))
         entries.append((name, f"{lesson.exercise.name} from code",
-                        "fixed" if not lesson.after.causes else "not-fixed"))
+                        "fixed" if _cured(lesson) else "not-fixed"))
     for row in rows:
         name = f"{row.fault}-{row.variant}-{row.strategy}.html"
         title = f"distdoctor demo: {row.fault} ({row.variant}) on {row.strategy}"
