@@ -103,8 +103,8 @@ def demo_command(args: argparse.Namespace) -> int:
         _progress("")
         rows.sort(key=lambda r: (r.fault, r.variant, r.strategy))
         print(summary_table(rows))
-        print(f"{sum(map(_cured, taught))} of {len(taught)} lessons from code: the bug shown and its fix "
-              f"verified on real ranks")
+        print(f"{sum(map(_cured, taught))} of {len(taught)} lessons from code: the bug "
+              f"shown and its fix verified on real ranks")
         print(f"wall time {time.monotonic() - started:.1f} s")
         for row in rows:  # a row that did not pass says why, in full
             if not row.report.verdict.passed:
