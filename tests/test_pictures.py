@@ -87,7 +87,8 @@ def test_the_demo_writes_a_page_per_case_and_an_index(tmp_path, capsys):
     assert main(["demo", "divergent-init", "--world-size", "2", "--html", str(folder)]) == 0
     capsys.readouterr()
     pages = sorted(p.name for p in folder.glob("*.html"))
-    assert pages == ["divergent-init-own-seed-ddp.html", "divergent-init-own-seed-torch-ddp.html",
+    assert pages == ["divergent-init-code.html",  # its lesson from code, then the knobs'
+                     "divergent-init-own-seed-ddp.html", "divergent-init-own-seed-torch-ddp.html",
                      "divergent-init-own-seed-torch-zero.html", "index.html"]
     dom = seen(folder / "index.html", tmp_path)
     assert all(f'href="{name}"' in dom for name in pages if name != "index.html")
