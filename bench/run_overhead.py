@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -143,6 +144,22 @@ def tracer_overhead() -> None:
                   f"{quartiles[2]:.3f}) over {len(blocks)} alternating blocks", flush=True)
 
 
+TIMING_KINDS = {"straggler"}  # verdicts on the machine's pace, not on the script's result
+
+
+def only_timing(code: int, report: str) -> bool:
+    """A run whose every cause is a timing judgement: its CPU seconds stand. On a machine
+    as busy as the suite makes it, one rank can be held up step after step by other work
+    (measured once: rank 0 of 2 last in 24 of 26 steps, 18 ms late), and the straggler
+    check rightly says so; that is the load, not the tracer this bench measures."""
+    try:
+        with open(report) as f:
+            causes = json.load(f).get("findings") or []
+    except (OSError, ValueError):
+        return False
+    return code == 1 and bool(causes) and {c.get("kind") for c in causes} <= TIMING_KINDS
+
+
 def evidence_overhead(ranks: int, steps: int, repeats: int = 9) -> None:
     import tempfile
 
@@ -153,10 +170,11 @@ def evidence_overhead(ranks: int, steps: int, repeats: int = 9) -> None:
         for repeat in range(repeats):  # alternate which goes first, so drift hits both alike
             for mode in (("full", "light") if repeat % 2 == 0 else ("light", "full")):
                 light = ["--light"] if mode == "light" else []
+                report = os.path.join(scratch, "report.json")
                 command = [sys.executable, "-m", "distdoctor", "run", "--nproc-per-node",
-                           str(ranks), *light, script, out, str(steps)]
+                           str(ranks), "--report", report, *light, script, out, str(steps)]
                 done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-                if done.returncode != 0:  # say why: the report is in its output
+                if done.returncode != 0 and not only_timing(done.returncode, report):
                     raise SystemExit(f"{' '.join(command[1:])} exited with {done.returncode}:"
                                      f"\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
                 with open(out) as f:
