@@ -9,14 +9,11 @@ what is still wrong (never the answer), as text and as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from distdoctor.cli.args import UsageError, seconds
 from distdoctor.models.deadlines import IN_RANK_S
 
-SCRIPT = "train.py"
-TASK = "TASK.md"
 GRADE = "grade.json"
 
 
@@ -66,26 +63,17 @@ def exercise_command(args: argparse.Namespace) -> int:
 
 
 def _start(name: str, directory: Path) -> int:
-    from distdoctor.teaching.course import COURSE, exercise
-    from distdoctor.teaching.grading import SETTINGS
+    from distdoctor.teaching.course import COURSE
+    from distdoctor.teaching.grading import SCRIPT, TASK, start
 
     try:
-        chosen = exercise(name)
+        chosen = start(name, directory)
     except KeyError:
         raise UsageError(f"no exercise {name!r}; choose from "
                          f"{', '.join(e.name for e in COURSE)} (or list, check)") from None
-    if (directory / SCRIPT).exists():
+    except FileExistsError:
         raise UsageError(f"{directory / SCRIPT} exists: an attempt is kept, never written "
-                         f"over; choose another folder")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / SCRIPT).write_text(chosen.source())
-        (directory / TASK).write_text(
-            f"# {chosen.title}\n\n{chosen.task}\n\nEdit {SCRIPT}, then run\n\n"
-            f"    distdoctor exercise check {directory}\n\nIt runs your script on 2 and 3 "
-            f"gloo ranks and says passed, or what is still wrong.\n")
-        (directory / SETTINGS).write_text(json.dumps({"exercise": chosen.name,
-                                                      "script": SCRIPT}) + "\n")
+                         f"over; choose another folder") from None
     except OSError as exc:
         raise UsageError(f"cannot write the exercise into {directory}: {exc.strerror}") \
             from None

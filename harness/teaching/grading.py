@@ -14,10 +14,12 @@ from pathlib import Path
 
 from distdoctor.models.deadlines import IN_RANK_S
 from distdoctor.models.jsoncodec import to_json
-from distdoctor.teaching.course import WORLD_SIZES, exercise
+from distdoctor.teaching.course import WORLD_SIZES, Exercise, exercise
 
 GRADE_SCHEMA = "distdoctor.exercise.v1"
 SETTINGS = "exercise.json"  # what `exercise FAULT DIR` wrote: which exercise, which script
+SCRIPT = "train.py"  # the student's copy of the exercise's script
+TASK = "TASK.md"
 
 
 class NotAnExercise(ValueError):
@@ -44,6 +46,24 @@ class Grade:
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(to_json(self), indent=1) + "\n")
+
+
+def start(name: str, directory: Path) -> Exercise:
+    """Write exercise ``name`` into ``directory``: its script, its task, and which exercise
+    it is (what ``settings`` reads back). Raises KeyError for an unknown name, FileExistsError
+    where an attempt is already there (never written over), OSError where it cannot write."""
+    chosen = exercise(name)
+    if (directory / SCRIPT).exists():
+        raise FileExistsError(directory / SCRIPT)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / SCRIPT).write_text(chosen.source())
+    (directory / TASK).write_text(
+        f"# {chosen.title}\n\n{chosen.task}\n\nEdit {SCRIPT}, then run\n\n"
+        f"    distdoctor exercise check {directory}\n\nIt runs your script on "
+        f"{' and '.join(map(str, WORLD_SIZES))} gloo ranks and says passed, or what is "
+        f"still wrong.\n")
+    (directory / SETTINGS).write_text(json.dumps({"exercise": name, "script": SCRIPT}) + "\n")
+    return chosen
 
 
 def settings(directory: Path) -> tuple[str, Path]:

@@ -14,7 +14,6 @@ forgets is everything a new process would not have, part by part.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from distdoctor.models import RestartEvidence, RunSpec
+from distdoctor.training.fingerprint import fingerprint
 from distdoctor.training.workload import make_scheduler
 
 PARTS = ("parameters", "optimizer state", "scheduler", "RNG state", "sampler")
@@ -48,24 +48,17 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def _digest(tensors) -> str:
-    sha = hashlib.sha1()
-    for tensor in tensors:
-        sha.update(_local(tensor).cpu().contiguous().numpy().tobytes())
-    return sha.hexdigest()[:16]
-
-
 class Resumable:
     """A rank's training state that a checkpoint must keep: the parameters and optimiser
     state it steps (its shard, where the strategy shards them), the scheduler, torch's RNG
     and the loader's place."""
 
-    def __init__(self, dp, spec: RunSpec):
+    def __init__(self, dp, spec: RunSpec, place: LoaderPlace):
         self.spec = spec
         self.optimizer = getattr(dp.optimizer, "optim", dp.optimizer)  # this rank's own
         self.schedule_on = dp.optimizer  # the optimiser whose lr the loop's scheduler sets
         self.scheduler = make_scheduler(self.schedule_on, spec)
-        self.place = LoaderPlace()
+        self.place = place  # the loop's own: a restart moves it, never replaces it
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.first_params = [_local(p).clone() for p in self.params]
         self.first_rng = torch.get_rng_state()
@@ -90,7 +83,8 @@ class Resumable:
             "RNG state": [torch.get_rng_state()],
             "sampler": [torch.tensor([self.place.epoch, self.place.within])],
         }
-        return tuple((part, _digest(tensors[part])) for part in PARTS)
+        return tuple((part, fingerprint(map(_local, tensors[part]), 0).digest)
+                     for part in PARTS)
 
     def checkpoint(self, rank: int) -> dict[str, torch.Tensor]:
         """The state dict this rank hands DCP, keyed as the knobs say: a key every rank
@@ -122,7 +116,7 @@ class Resumable:
             group.pop("initial_lr", None)
         self.scheduler = make_scheduler(self.schedule_on, self.spec)
         torch.set_rng_state(self.first_rng)
-        self.place = LoaderPlace()
+        self.place.epoch = self.place.within = 0
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """Read ``state`` (DCP has filled it in place) back into the live objects."""
@@ -138,8 +132,8 @@ class Resumable:
         rng = [v for k, v in state.items() if k.endswith("rng")]
         if rng:
             torch.set_rng_state(rng[0])
-        self.place = LoaderPlace(int(state.get("sampler/epoch", torch.tensor([0]))),
-                                 int(state.get("sampler/within", torch.tensor([0]))))
+        self.place.epoch = int(state.get("sampler/epoch", torch.tensor([0])))
+        self.place.within = int(state.get("sampler/within", torch.tensor([0])))
 
 
 def restart(resumable: Resumable, rank: int, step: int) -> RestartEvidence:
@@ -152,10 +146,8 @@ def restart(resumable: Resumable, rank: int, step: int) -> RestartEvidence:
     try:
         dcp.save(resumable.checkpoint(rank), checkpoint_id=folder)
         resumable.forget()
-        state = resumable.checkpoint(rank)
-        for key, tensor in state.items():  # what DCP reads into: fresh where not live state
-            if key.endswith(("rng", "lr", "last_epoch", "epoch", "within")):
-                state[key] = torch.empty_like(tensor)
+        state = resumable.checkpoint(rank)  # what DCP loads into: the live parameters and
+        # optimiser state in place, fresh tensors for the rest (read back by ``load``)
         if resumable.spec.knobs.restored_optimizer == "rank-0" and rank != 0:
             state = {k: v for k, v in state.items() if "optimizer/" not in k}  # not loaded
         dcp.load(state, checkpoint_id=folder)

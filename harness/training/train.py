@@ -55,12 +55,11 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
     if spec.knobs.input_jitter:
         torch.manual_seed(jitter_seed(spec, ctx.rank))
     knobs = spec.knobs
-    state = Resumable(dp, spec) if knobs.restart_after or knobs.lr_decay != 1.0 else None
     place = LoaderPlace()
+    state = Resumable(dp, spec, place) if knobs.restart_after or knobs.lr_decay != 1.0 \
+        else None
     for step in range(1, spec.num_steps + 1):
         fetched = time.monotonic()
-        if state is not None:
-            place = state.place
         epoch = place.epoch
         ids = batch_ids_at(spec, ctx.rank, epoch, place.within)
         inputs = jittered(spec, x[ids])
