@@ -12,7 +12,7 @@ same tensor as every other member's k-th. Two ways to break that, which nothing 
   each gets the mean of different parameters.
 
 Read from which storage each reduction reduced and when the rank waited for it, never from
-the values: the parting this causes is ``param_spread``'s, the cause is named here.
+the values: the parting this causes is ``divergent_parameters``'s, the cause is named here.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _unwaited(record: RunRecord) -> list[Finding]:
     count = len(late[ranks[0]])
     where = tuple(dict.fromkeys((call.where, sample.where)))
     return [Finding(
-        check=NAME, fault="divergent-updates",
+        check=NAME, fault="failed-sync",
         symptom=f"{ranks_phrase(ranks)} applied gradients whose reduction had not finished: "
                 f"{count} {call.op}{'s' if count > 1 else ''} of gradients started with "
                 f"async_op=True at {call.where} {'were' if count > 1 else 'was'} not waited "
@@ -88,7 +88,7 @@ def _paired_apart(record: RunRecord) -> list[Finding]:
         said = "; ".join(f"rank {r} its parameter {_named(which)} at {call.where}"
                          for r, (which, call) in sorted(by_rank.items()))
         return [Finding(
-            check=NAME, fault="divergent-updates",
+            check=NAME, fault="failed-sync",
             symptom=f"the replicas' {by_rank[first][1].op} #{seq} on "
                     f"{ranks_phrase(list(group))} at step {step} reduced different "
                     f"gradients: {said} (parameters numbered in the optimiser's order); "

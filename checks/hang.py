@@ -44,6 +44,10 @@ from distdoctor.models.calls import (
 from distdoctor.models.record import CRASHED, ENDED, STOPPED, is_user_frame, started_by, user_frame
 
 NAME = "hang"
+# a family: the causes of a stopped run this check tells apart, each its own kind
+KINDS: tuple[CauseKind, ...] = ("collective-mismatch", "p2p-cycle", "group-cycle",
+                                "rank-exited-early", "rank-crashed", "busy-rank",
+                                "hang-unknown")
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -76,7 +80,7 @@ def check(record: RunRecord) -> list[Finding]:
                 measured={**measured, "cycle": cycle},
                 kind="p2p-cycle")]
         return [_uncatalogued(
-            "p2p-cycle", "p2p-cycle", f"p2p cycle {ring}",
+            "p2p-cycle", f"p2p cycle {ring}",
             f"ranks {ring} each wait for the next in a point-to-point call "
             f"({' and '.join(sorted(kinds))}) that never matches. Every blocked rank: {listing}",
             "the ranks' sends and receives are ordered so that each waits for the other",
@@ -99,7 +103,7 @@ def check(record: RunRecord) -> list[Finding]:
             _in_own_code(record.ranks[r].end) for r in busy):
         return [_all_busy(busy, record)]
     return [_uncatalogued(
-        "hang-unknown", "hang-unknown", f"{len(stopped)} ranks stopped",
+        "hang-unknown", f"{len(stopped)} ranks stopped",
         f"no rank made progress and no cycle or missing rank explains it. "
         f"Every blocked rank: {listing}", "unknown from the calls alone",
         "look at the lines each rank is blocked on", [r.rank for r in stopped], measured)]
@@ -128,7 +132,7 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
                                for r in absent}))
     if only:
         return _uncatalogued(
-            "unmatched-collective", "collective-mismatch",
+            "collective-mismatch",
             f"{call.op} #{call.seq} on {ranks_phrase(inside)} only",
             f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
             f"{call.describe(relative=True)}, "
@@ -152,7 +156,7 @@ def _missing(blocked: dict[int, Call | None], record: RunRecord) -> Finding | No
     left = [r for r in absent if record.ranks[r].end.status == "finished"]
     crashed = all(record.ranks[r].end.status in CRASHED for r in absent)
     return _uncatalogued(
-        "missing-from-collective", "rank-exited-early" if left else
+        "rank-exited-early" if left else
         "rank-crashed" if crashed else "collective-mismatch",
         f"{ranks_phrase(absent)} missing from {call.op} #{call.seq}",
         f"{ranks_phrase(inside)} wait{'s' * (len(inside) == 1)} in "
@@ -186,7 +190,7 @@ def busy_rank(call: Call, waiting: list[int], busy: dict[int, str],
     work in their own code on the path to a collective the others already wait in."""
     running, lines = _ran(busy, record)
     return _uncatalogued(
-        "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in its own code",
+        "busy-rank", f"{ranks_phrase(busy)} busy in its own code",
         f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, while "
         f"{ranks_phrase(waiting)} wait{'s' * (len(waiting) == 1)} for it in "
         f"{call.describe(relative=True)}",
@@ -212,7 +216,7 @@ def _all_busy(busy: dict[int, str], record: RunRecord) -> Finding:
     peer is to blame; the loop or the work at their lines is what never ends."""
     running, lines = _ran(busy, record)
     return _uncatalogued(
-        "busy-rank", "busy-rank", f"{ranks_phrase(busy)} busy in their own code",
+        "busy-rank", f"{ranks_phrase(busy)} busy in their own code",
         f"{'; '.join(grouped(running, ' ran '))}, in no collective or send/receive, and no "
         f"rank waits in a call: the work at {', '.join(lines)} itself does not end",
         "a loop whose exit condition never comes true on these ranks (a value no rank "
@@ -314,7 +318,7 @@ def _group_cycle(cycle: list[int], calls: list[Call], listing: str,
                      for i, (r, c) in enumerate(zip(cycle, calls)))
     lines = tuple(dict.fromkeys(relative_line(c.where) for c in calls))
     return _uncatalogued(
-        "group-cycle", "group-cycle", f"wait cycle {ring} across groups",
+        "group-cycle", f"wait cycle {ring} across groups",
         f"ranks {ring} each wait for the next in a call on another process group: {said}. "
         f"Every blocked rank: {listing}",
         "the ranks use their process groups in different orders: each group has its own "
@@ -324,10 +328,10 @@ def _group_cycle(cycle: list[int], calls: list[Call], listing: str,
         sorted(cycle), {**measured, "cycle": cycle}, where=lines)
 
 
-def _uncatalogued(fault: str, kind: CauseKind, headline: str, symptom: str, cause: str, fix: str,
+def _uncatalogued(kind: CauseKind, headline: str, symptom: str, cause: str, fix: str,
                   ranks, measured: dict, where: tuple[str, ...] = ()) -> Finding:
     """A finding of a failure mode the fault catalogue cannot inject into the built-in
-    workload (it has no knob), named by ``fault``; ``kind``: the cause a user is told."""
-    return Finding(check=NAME, fault=fault, symptom=symptom, cause=cause, fix=fix,
+    workload (it has no knob): its one name is the cause a user is told, ``kind``."""
+    return Finding(check=NAME, fault=kind, symptom=symptom, cause=cause, fix=fix,
                    fix_changes={}, ranks=tuple(ranks), measured=measured, headline=headline,
                    kind=kind, where=where)

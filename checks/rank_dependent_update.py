@@ -11,7 +11,7 @@ Three ways they do not, each read from the ranks' own evidence, earliest first:
 - the optimiser's state differs while the parameters agree: momentum or Adam's moments
   loaded from a checkpoint on some ranks only.
 
-The parameters parting is the bare invariant (param_spread); this names why.
+The parameters parting is the bare invariant (divergent_parameters); this names why.
 """
 
 from __future__ import annotations

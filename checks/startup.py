@@ -13,11 +13,14 @@ collective.
 from __future__ import annotations
 
 from distdoctor.analysis.startup import NeverForms, backends_differ, never_forms
-from distdoctor.models import Finding, RankRecord, RunRecord
+from distdoctor.models import CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED, user_frame
 
 NAME = "startup"
+# a family: the ways a group never forms, each its own kind
+KINDS: tuple[CauseKind, ...] = ("world-size-mismatch", "duplicate-rank", "split-rendezvous",
+                                "backend-mismatch", "rank-never-joined")
 
 
 def check(record: RunRecord) -> list[Finding]:

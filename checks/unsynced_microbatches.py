@@ -7,7 +7,7 @@ gradients and part from that step, silently.
 
 Read from DDP's forwards (the tracer notes each one's ``require_backward_grad_sync``, and
 how many optimiser steps came before it): a step's micro-batches are its forwards at one
-line, as sync_frequency reads them. Only steps an optimiser step ended are judged.
+line, as allreduce_every_microbatch reads them. Only steps an optimiser step ended are judged.
 """
 
 from __future__ import annotations

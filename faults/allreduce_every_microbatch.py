@@ -26,4 +26,5 @@ FAULT = Fault(
     variants=(Variant("no-no-sync", "accumulate without no_sync()",
                       {"knobs.no_sync_accumulation": False}),),
     scenario=_accumulate,
+    reported_as=("allreduce-every-microbatch",),
 )

@@ -22,4 +22,5 @@ FAULT = Fault(
         "sharding cuts one model out of the ranks' own inits (each keeps its slice), so "
         "there are no replicas to disagree: every rank trains the same model, a valid "
         "random init that is simply not rank 0's")),
+    reported_as=("divergent-parameters",),
 )

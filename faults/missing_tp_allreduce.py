@@ -17,4 +17,5 @@ FAULT = Fault(
         "RowwiseParallel with output_layouts=Replicate(), its default)",
     variants=(Variant("no-allreduce", "fc2 hands each rank its own partial sum",
                       {"knobs.tp_output_allreduce": False}),),
+    reported_as=("missing-tp-allreduce",),
 )

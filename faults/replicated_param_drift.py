@@ -29,4 +29,5 @@ FAULT = Fault(
     variants=(Variant("unsynced", "the replicated layers' gradients are each rank's share",
                       {"knobs.tp_sync_replicated_grads": False}),),
     scenario=_sequence_parallel,
+    reported_as=("replicated-param-drift",),
 )

@@ -33,4 +33,5 @@ FAULT = Fault(
     variants=(Variant("send-first", "every stage sends, then receives",
                       {"knobs.p2p_order": "send-first"}),),
     scenario=_steady_and_short,
+    reported_as=("p2p-cycle",),
 )

@@ -29,4 +29,5 @@ FAULT = Fault(
                 "repeats epoch 0's order", {"knobs.sampler_set_epoch": False}),
     ),
     scenario=_two_epochs,
+    reported_as=("duplicate-samples", "repeated-epoch-order"),
 )

@@ -33,4 +33,5 @@ FAULT = Fault(
                            "every data-parallel strategy waits at its collectives for the "
                            "last member alike; hand-rolled DDP (arrivals traced) and torch's "
                            "DDP (arrivals from the Flight Recorder) show both sources"),
+    reported_as=("straggler",),
 )

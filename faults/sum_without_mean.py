@@ -13,4 +13,5 @@ FAULT = Fault(
     fix="divide the all-reduced gradient by world_size (or all-reduce with AVG)",
     variants=(Variant("sum", "all-reduce SUM with no division",
                       {"knobs.average_gradients": False}),),
+    reported_as=("sum-without-mean",),
 )

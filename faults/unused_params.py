@@ -24,4 +24,5 @@ FAULT = Fault(
         "before any gradient exists (a collective mismatch, which the hang and collective "
         "checks report), and a layer every rank skips simply gets no gradient anywhere, "
         "which sharded training handles")),
+    reported_as=("unused-params",),
 )

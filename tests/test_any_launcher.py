@@ -88,7 +88,7 @@ def test_a_silent_bug_in_each_of_two_process_groups_is_named_in_each(distdoctor,
     assert "== process group 1 of 2 (2 ranks, init_process_group at " \
            f"{line_of(script, 'dist.init_process_group(', EXAMPLES)})" in done.stdout
     assert "== process group 2 of 2" in done.stdout
-    assert done.stdout.count("FAILED: gradient-not-averaged (ranks 0, 1)") == 2
+    assert done.stdout.count("FAILED: sum-without-mean (ranks 0, 1)") == 2
     assert report["cause"]["measured"]["ratio"] == pytest.approx(2.0, abs=0.01)
     assert report["cause"]["where"] == line_of(script, "# BUG", EXAMPLES)
     assert "exited with code 0" in done.stdout  # the command itself succeeded

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from distdoctor.checks import (
-    gradient_scale,
+    allreduce_every_microbatch,
+    divergent_parameters,
     non_finite,
-    param_spread,
-    sample_overlap,
-    sync_frequency,
+    shared_shuffle_seed,
+    sum_without_mean,
     unused_params,
 )
 from distdoctor.models import (
@@ -49,30 +49,31 @@ def record(*per_rank_steps, backward=None, status="finished") -> RunRecord:
 
 
 def test_overlap_share_is_shared_ids_over_all_ids_seen_in_the_epoch():
-    found = sample_overlap.check(record([step(1, ids=[0, 1, 2, 3, 4, 5])],
+    found = shared_shuffle_seed.check(record([step(1, ids=[0, 1, 2, 3, 4, 5])],
                                         [step(1, ids=[4, 5, 6, 7, 8, 9])]))
     assert found[0].measured["overlap_share_per_epoch"] == {"0": 2 / 10}
 
 
 def test_a_single_epoch_cannot_be_replayed_and_one_rank_cannot_overlap():
-    assert sample_overlap.check(record([step(1, ids=[1, 2]), step(2, ids=[3, 4])])) == []
+    assert shared_shuffle_seed.check(record([step(1, ids=[1, 2]), step(2, ids=[3, 4])])) == []
 
 
 def test_gradient_scale_is_the_projection_on_the_mean_of_local_gradients():
     # local gradients (1, 3) and (3, 1): mean (2, 2); a synced (6, 6) is 3x the mean
-    found = gradient_scale.check(record([step(1, local=(1, 3), synced=(6, 6))],
+    found = sum_without_mean.check(record([step(1, local=(1, 3), synced=(6, 6))],
                                         [step(1, local=(3, 1), synced=(6, 6))]))
     assert found[0].measured["ratio"] == 3.0
 
 
 def test_gradient_scale_skips_steps_where_ranks_applied_different_gradients():
-    assert gradient_scale.check(record([step(1, local=(1, 3), synced=(1, 3))],
+    assert sum_without_mean.check(record([step(1, local=(1, 3), synced=(1, 3))],
                                        [step(1, local=(3, 1), synced=(3, 1))])) == []
 
 
 def test_several_buckets_moving_the_minimum_are_not_redundant():
-    assert sync_frequency.check(record([step(1, calls=3, sent=12, grad_bytes=12)])) == []
-    found = sync_frequency.check(record([step(1, calls=2, sent=24, grad_bytes=12)]))
+    several = record([step(1, calls=3, sent=12, grad_bytes=12)])
+    assert allreduce_every_microbatch.check(several) == []
+    found = allreduce_every_microbatch.check(record([step(1, calls=2, sent=24, grad_bytes=12)]))
     assert found[0].measured["wasted_share"] == 0.5
 
 
@@ -103,7 +104,7 @@ SAME = [(0, [0, 1, 2, 3]), (1, [2, 0, 3, 1])]  # one shuffled pass per epoch, re
 
 
 def test_replicas_of_one_ddp_reading_the_same_samples_overlap_fully():
-    found = sample_overlap.check(loader_record({0: SAME, 1: SAME}, {0: (0, 1), 1: (0, 1)}))
+    found = shared_shuffle_seed.check(loader_record({0: SAME, 1: SAME}, {0: (0, 1), 1: (0, 1)}))
     assert [f.measured["max_overlap_share"] for f in found] == [1.0]
     assert found[0].measured["where"] == "train.py:9" and "DistributedSampler" in found[0].fix
 
@@ -113,19 +114,20 @@ def test_ranks_in_different_ddp_groups_may_read_the_same_samples():
     design; each DDP group's replicas (0, 1) and (2, 3) read disjoint ones."""
     a, b = [(0, [0, 1]), (1, [3, 0])], [(0, [2, 3]), (1, [1, 2])]
     groups = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
-    assert sample_overlap.check(loader_record({0: a, 1: b, 2: a, 3: b}, groups)) == []
-    assert sample_overlap.check(loader_record({0: a, 1: a, 2: b, 3: b}, groups))
+    assert shared_shuffle_seed.check(loader_record({0: a, 1: b, 2: a, 3: b}, groups)) == []
+    assert shared_shuffle_seed.check(loader_record({0: a, 1: a, 2: b, 3: b}, groups))
 
 
 def test_evaluation_loaders_and_ranks_without_ddp_are_not_called_duplicates():
     shared = {0: SAME, 1: SAME}
-    assert sample_overlap.check(loader_record(shared, {0: (0, 1), 1: (0, 1)}, trains=False)) == []
-    assert sample_overlap.check(loader_record(shared, {})) == []  # independent models
+    evaluating = loader_record(shared, {0: (0, 1), 1: (0, 1)}, trains=False)
+    assert shared_shuffle_seed.check(evaluating) == []
+    assert shared_shuffle_seed.check(loader_record(shared, {})) == []  # independent models
 
 
 def test_a_pass_that_repeats_the_last_one_is_replayed_on_every_rank():
     replay = [(0, [3, 1]), (0, [0, 2]), (1, [3, 1]), (1, [0, 2])]
-    found = sample_overlap.check(loader_record({0: replay, 1: [(e, [i + 4 for i in ids])
+    found = shared_shuffle_seed.check(loader_record({0: replay, 1: [(e, [i + 4 for i in ids])
                                                               for e, ids in replay]}, {}))
     assert [f.measured["replayed_epochs"] for f in found] == [[1]]
     assert "before the loop over the DataLoader at train.py:9" in found[0].fix
@@ -157,16 +159,16 @@ def grads_record(*per_rank: list[tuple[tuple, tuple]]) -> RunRecord:
 
 def test_a_users_summed_gradients_are_twice_the_mean_at_two_ranks():
     # local (1, 3) and (3, 1): mean (2, 2); both ranks applied the sum (4, 4)
-    found = gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (4, 4))]))
+    found = sum_without_mean.check(grads_record([((1, 3), (4, 4))], [((3, 1), (4, 4))]))
     assert found[0].measured["ratio"] == 2.0
-    assert gradient_scale.check(grads_record([((1, 3), (2, 2))], [((3, 1), (2, 2))])) == []
+    assert sum_without_mean.check(grads_record([((1, 3), (2, 2))], [((3, 1), (2, 2))])) == []
 
 
 def test_ranks_that_never_synchronise_are_not_judged():
     """Independent models (nothing reduced) and ranks that applied different gradients."""
     same = [((1, 1), (1, 1))]
-    assert gradient_scale.check(grads_record(same, same)) == []
-    assert gradient_scale.check(grads_record([((1, 3), (4, 4))], [((3, 1), (5, 5))])) == []
+    assert sum_without_mean.check(grads_record(same, same)) == []
+    assert sum_without_mean.check(grads_record([((1, 3), (4, 4))], [((3, 1), (5, 5))])) == []
 
 
 def nan_step(n, loss=None, local=()):
@@ -233,14 +235,15 @@ def test_replicas_parting_between_sampled_steps_are_caught_at_the_step_they_part
     # each rank's own gradient, and the mean of both applied: one synchronisation
     mine = [((1, 3), (2, 2), (5,)), ((1, 3), (2, 2), (4,)), (None, None, (3,))]
     theirs = [((3, 1), (2, 2), (5,)), ((3, 1), (2, 2), (4,))]
-    found = param_spread.check(params_record(mine, theirs + [(None, None, (3.5,))]))
+    found = divergent_parameters.check(params_record(mine, theirs + [(None, None, (3.5,))]))
     assert found[0].measured["first_divergent_step"] == 3
     assert found[0].measured["ranks_differing_from_rank_0"] == [1]
     # ranks that apply their own gradients, never a multiple of the mean, are no replicas
     own = [((3, 1), (3, 1), (5,)), ((3, 1), (3, 1), (4,)), (None, None, (7,))]
-    assert param_spread.check(params_record(mine, own)) == []
+    assert divergent_parameters.check(params_record(mine, own)) == []
     # nor is a gradient step on one rank compared with a parameters-only one on another
-    assert param_spread.check(params_record(mine, theirs + [((3, 1), (2, 2), (3.5,))])) == []
+    mixed = params_record(mine, theirs + [((3, 1), (2, 2), (3.5,))])
+    assert divergent_parameters.check(mixed) == []
 
 
 def test_a_dumps_open_calls_that_part_evenly_defer_to_the_histories_that_show_the_culprit():

@@ -256,7 +256,7 @@ def test_pipeline_run_checks_the_reference_and_compares_bubbles(capsys):
     else:
         assert verdict.startswith("verdict: INCONCLUSIVE") and code == 1, verdict
         undecided = verdict.split("undecided after measuring more: ", 1)[1]
-        assert all(part.startswith("stage_balance") for part in undecided.split("; ")), \
+        assert all(part.startswith("unbalanced_stages") for part in undecided.split("; ")), \
             verdict
 
 

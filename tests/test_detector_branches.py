@@ -7,11 +7,10 @@ import pytest
 
 from distdoctor.checks import (
     collective_mismatch,
-    ddp_reduction,
+    divergent_parameters,
     hang,
-    memory_budget,
-    param_spread,
-    stage_balance,
+    over_memory_budget,
+    unbalanced_stages,
     unused_params,
 )
 from distdoctor.models import (
@@ -97,7 +96,7 @@ def test_matching_sends_and_receives_and_a_hung_run_are_left_alone():
         status="hung")) == []
 
 
-# -- memory_budget ------------------------------------------------------------------------
+# -- over_memory_budget ------------------------------------------------------------------------
 def memory_record(strategy: str, budget: int, stage: int = 1, world: int = 2) -> RunRecord:
     """Two ranks holding a 1000-parameter model in fp32 with SGD's state of nothing."""
     held = MemoryEvidence(step=1, stage=stage, world_size=world, params=4000, grads=4000,
@@ -109,7 +108,7 @@ def memory_record(strategy: str, budget: int, stage: int = 1, world: int = 2) ->
 
 
 def test_a_budget_nothing_fits_is_said_so_with_no_fix_to_apply():
-    (found,) = memory_budget.check(memory_record("zero1", budget=1))
+    (found,) = over_memory_budget.check(memory_record("zero1", budget=1))
     assert found.fix == "no ZeRO stage on any number of ranks fits this budget"
     assert found.fix_changes == {} and found.ranks == (0, 1)
     assert found.measured["bytes_per_rank"] == {"0": 8000, "1": 8000}
@@ -117,17 +116,17 @@ def test_a_budget_nothing_fits_is_said_so_with_no_fix_to_apply():
 
 
 def test_a_strategy_off_the_zero_family_gets_no_stage_change():
-    (found,) = memory_budget.check(memory_record("pipe-1f1b", budget=6000, stage=0))
+    (found,) = over_memory_budget.check(memory_record("pipe-1f1b", budget=6000, stage=0))
     assert found.fix_changes == {}
     assert found.fix.startswith("pipe-1f1b has no ZeRO stages to move up")
     assert "8000 bytes" in found.symptom and "33% over" in found.symptom  # 8000 / 6000
 
 
 def test_within_the_budget_is_no_finding():
-    assert memory_budget.check(memory_record("zero1", budget=8000)) == []
+    assert over_memory_budget.check(memory_record("zero1", budget=8000)) == []
 
 
-# -- param_spread on the built-in workload ------------------------------------------------
+# -- divergent_parameters on the built-in workload ------------------------------------------------
 def spread_record(per_rank: list[list[float]]) -> RunRecord:
     """``per_rank[rank]``: the one parameter's value after construction, then per step."""
     def fingerprint(value: float) -> Fingerprint:
@@ -144,16 +143,16 @@ def spread_record(per_rank: list[list[float]]) -> RunRecord:
     return RunRecord(RunSpec(world_size=len(per_rank)), tuple(ranks), 1.0)
 
 
-def test_replicas_that_start_alike_and_part_later_are_divergent_updates():
-    (found,) = param_spread.check(spread_record([[1.0, 0.5, 0.25], [1.0, 0.5, 0.75]]))
-    assert found.fault == "divergent-updates" and found.fix_changes == {}
+def test_replicas_that_start_alike_and_part_later_are_divergent_parameters_with_no_fix():
+    (found,) = divergent_parameters.check(spread_record([[1.0, 0.5, 0.25], [1.0, 0.5, 0.75]]))
+    assert found.fault == "divergent-parameters" and found.fix_changes == {}
     assert found.measured["first_divergent_step"] == 2
     assert found.measured["spread_per_step"] == [0.0, 0.0, 0.5]
     assert found.measured["ranks_differing_from_rank_0"] == [1]
     assert found.headline == "spread 0.5 from step 2"
 
 
-# -- stage_balance ------------------------------------------------------------------------
+# -- unbalanced_stages ------------------------------------------------------------------------
 def stage_record(cpu_per_rank: list[float], steps: int = 4) -> RunRecord:
     ranks = []
     for rank, cpu in enumerate(cpu_per_rank):
@@ -168,8 +167,8 @@ def stage_record(cpu_per_rank: list[float], steps: int = 4) -> RunRecord:
 
 
 def test_stages_under_two_ms_of_compute_are_not_judged_however_uneven():
-    assert stage_balance.check(stage_record([0.000375, 0.000125])) == []  # 0.25 ms mean
-    (found,) = stage_balance.check(stage_record([0.375, 0.125]))  # the same split, 250 ms
+    assert unbalanced_stages.check(stage_record([0.000375, 0.000125])) == []  # 0.25 ms mean
+    (found,) = unbalanced_stages.check(stage_record([0.375, 0.125]))  # the same split, 250 ms
     # rank 0 at 0.375 s against a mean of 0.25 s, at every step: 1.5x, a zero-width
     # interval (binary fractions, so the sums are exact)
     assert found.measured["max_over_mean_time"] == 1.5
@@ -203,7 +202,7 @@ def test_missing_gradients_where_a_rank_issued_no_all_reduce_are_reported():
     assert found.measured["no_grad_params"] == {"1": ["aux.weight"]}
 
 
-# -- ddp_reduction ------------------------------------------------------------------------
+# -- unused_params, from DDP's error ------------------------------------------------------
 DDP_ERROR = ("RuntimeError: Expected to have finished reduction in the prior iteration "
              "before starting a new one. ...\nParameter indices which did not receive grad "
              "for rank 1: 2 3\n In addition, you can set ...")
@@ -214,14 +213,14 @@ def test_ddp_s_parameter_indices_are_named_from_the_ranks_own_record():
                         Evidence(0, ddp_params=("a.weight", "a.bias", "b.weight", "b.bias"))),
              RankRecord(1, RankEnd(1, "raised", error=DDP_ERROR),
                         Evidence(1, ddp_params=("a.weight", "a.bias", "b.weight", "b.bias"))))
-    (found,) = ddp_reduction.check(RunRecord(RunSpec(), ranks, 1.0))
+    (found,) = unused_params.check(RunRecord(RunSpec(), ranks, 1.0))
     assert found.measured["no_grad_params"] == {"1": ["b.weight", "b.bias"]}
     assert found.ranks == (1,)
 
 
-def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
-    """The built-in workload records missing gradients itself, so ddp_reduction steps aside
-    there; user code does not, and this clean DDP run is where it must stay quiet."""
+def test_a_clean_ddp_run_of_user_code_is_judged_by_ddps_error_and_passes():
+    """The built-in workload records missing gradients itself, so unused_params reads DDP's
+    error only where that is absent, as in user code; a clean DDP run of it stays quiet."""
     import jobs
 
     from distdoctor import checks
@@ -233,7 +232,7 @@ def test_a_clean_ddp_run_of_user_code_is_judged_by_ddp_reduction_and_passes():
                            result.started, 60)
     assert not any(r.evidence.backward for r in record.ranks)  # no early return
     assert all(r.evidence.ddp_params == ("weight", "bias") for r in record.ranks)
-    assert ddp_reduction.check(record) == [] and checks.run_all(record) == ()
+    assert unused_params.check(record) == [] and checks.run_all(record) == ()
 
 
 def _mask_record(values: tuple[float, ...], steps: int) -> RunRecord:
@@ -252,20 +251,20 @@ def test_identical_slice_masks_are_judged_by_how_likely_chance_makes_them():
     """Half the values kept: two independent masks agree on each value with chance 1/2.
     8 values at 2 steps (chance 2^-16) is left alone; 64 values at 6 steps (2^-384) is the
     same RNG state on every rank."""
-    from distdoctor.checks import tp_dropout_masks
+    from distdoctor.checks import tp_dropout_rng
 
     half = (0.0, 2.0) * 4
-    assert tp_dropout_masks.check(_mask_record(half, 2)) == []
-    (found,) = tp_dropout_masks.check(_mask_record(half * 8, 6))
+    assert tp_dropout_rng.check(_mask_record(half, 2)) == []
+    (found,) = tp_dropout_rng.check(_mask_record(half * 8, 6))
     assert found.measured["log10_chance_if_independent"] == pytest.approx(-384 * 0.30103,
                                                                            rel=1e-4)
-    assert tp_dropout_masks.check(_mask_record((2.0,) * 64, 6)) == []  # nothing dropped
+    assert tp_dropout_rng.check(_mask_record((2.0,) * 64, 6)) == []  # nothing dropped
 
 
 def test_a_tensor_parallel_group_wider_than_a_node_is_not_a_swapped_mesh():
     """Four tensor-parallel ranks on nodes of two: no layout keeps the group inside one,
     so there is nothing to swap; on nodes of four, the same group is inside already."""
-    from distdoctor.checks import tp_node_layout
+    from distdoctor.checks import tp_across_nodes
     from distdoctor.models import GroupTraffic
 
     def record(per_node: int) -> RunRecord:
@@ -274,4 +273,4 @@ def test_a_tensor_parallel_group_wider_than_a_node_is_not_a_swapped_mesh():
             for r in range(4))
         return RunRecord(RunSpec(world_size=4), ranks, 1.0)
 
-    assert tp_node_layout.check(record(2)) == [] and tp_node_layout.check(record(4)) == []
+    assert tp_across_nodes.check(record(2)) == [] and tp_across_nodes.check(record(4)) == []

@@ -152,7 +152,7 @@ def test_demo_teaches_a_fault_from_code_the_bug_the_diff_and_both_runs(tmp_path,
     assert exercise.source().splitlines()[-1] in code  # the script, whole
     assert "+        p.grad /= dist.get_world_size()" in code  # the fix, as a diff
     bug, fixed = code.split("with the bug: ", 1)[1].split("fixed:", 1)
-    assert bug.startswith("FAILED: gradient-not-averaged: the synchronised gradient is "
+    assert bug.startswith("FAILED: sum-without-mean: the synchronised gradient is "
                           "2.00x the mean")
     assert "at sum_without_mean.py:18" in bug  # its own line, not a temporary folder's
     assert fixed.split("\n")[0].strip() == ("OK: every rank finished and no detector found "

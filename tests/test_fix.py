@@ -47,10 +47,10 @@ SKIP = ["skip = torch.tensor([float(not math.isfinite(loss.item()))])",
 
 # (example, ranks, the cause its patch cures, the diff's changed lines, no other)
 CASES = [
-    ("summed_gradients.py", 3, "gradient-not-averaged",
+    ("summed_gradients.py", 3, "sum-without-mean",
      ["+        p.grad /= dist.get_world_size()"]),
     ("epoch_not_set.py", 2, "repeated-epoch-order", ["+    sampler.set_epoch(epoch)"]),
-    ("ddp_unused_params.py", 2, "unused-parameters",
+    ("ddp_unused_params.py", 2, "unused-params",
      [f"-{DDP_LINE})  # BUG: find_unused_parameters=False",
       f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
     ("unwaited_async_allreduce.py", 2, "failed-sync",  # (the replicas' parting follows)
@@ -70,7 +70,7 @@ CASES = [
      [f"-        score = model(torch.randn(16, 8)).mean()  {EVAL_NOTE}",
       "+        with torch.no_grad():",
       f"+            score = model.module(torch.randn(16, 8)).mean()  {EVAL_NOTE}"]),
-    ("accumulate_without_no_sync.py", 2, "sync-every-microbatch",
+    ("accumulate_without_no_sync.py", 2, "allreduce-every-microbatch",
      ["+import contextlib", "-        loss = model(batch).pow(2).mean() / 4  # FORWARD",
       "-        loss.backward()",
       "+        with model.no_sync() if micro < 3 else contextlib.nullcontext():",
@@ -138,9 +138,9 @@ COMMANDS = [
      (sys.executable, "selflaunch/spawn_metric_on_rank0.py"), "collective-mismatch",
      [f"+        {METRIC}", f"-            {METRIC}"]),
     ("selflaunch/spawn_summed_gradients.py", (),  # (two groups, one mp.spawn each: both)
-     (sys.executable, "selflaunch/spawn_summed_gradients.py"), "gradient-not-averaged",
+     (sys.executable, "selflaunch/spawn_summed_gradients.py"), "sum-without-mean",
      ["+            p.grad /= dist.get_world_size()"]),
-    ("summed_gradients.py", (), TORCHRUN, "gradient-not-averaged",
+    ("summed_gradients.py", (), TORCHRUN, "sum-without-mean",
      ["+        p.grad /= dist.get_world_size()"]),
 ]
 
@@ -314,13 +314,13 @@ def test_an_edit_that_does_not_cure_the_run_is_never_offered_nor_applied(
         edited = average_the_sum(source, line, also)
         return edited.replace("dist.get_world_size()", "2") if edited else None
 
-    monkeypatch.setitem(remedies.REMEDIES, "gradient-not-averaged", halve)
+    monkeypatch.setitem(remedies.REMEDIES, "sum-without-mean", halve)
     patch = tmp_path / "fix.patch"
     done, report, script = fix_run(distdoctor, tmp_path, "summed_gradients.py", 3, "--apply",
                                    "--patch", str(patch))
     [fix] = report["fixes"]
     assert (fix["verified"], fix["diff"], fix["applied"]) == (False, "", None), done.stdout
-    assert fix["rerun"] == "FAILED: gradient-not-averaged (ranks 0-2)"
+    assert fix["rerun"] == "FAILED: sum-without-mean (ranks 0-2)"
     assert "did not verify" in done.stdout and "+++ b/" not in done.stdout
     assert not patch.exists() and not script.with_name("summed_gradients.py.orig").exists()
     assert script.read_text() == (EXAMPLES / "summed_gradients.py").read_text()

@@ -147,7 +147,7 @@ def test_a_summing_bug_before_os_exit_is_named_not_called_a_crash(distdoctor, mo
     monkeypatch.chdir(tmp_path)
     done = distdoctor("run", "--nproc-per-node", "2", "summing_os_exit.py")
     assert done.returncode == 1
-    assert "distdoctor run: FAILED: gradient-not-averaged (ranks 0, 1)" in done.stdout
+    assert "distdoctor run: FAILED: sum-without-mean (ranks 0, 1)" in done.stdout
     assert "rank-crashed" not in done.stdout
 
 

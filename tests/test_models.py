@@ -138,8 +138,14 @@ def _types_in(hint):
         yield from _types_in(arg)
 
 
+def _finding(fix_changes: dict | None = None, **more) -> Finding:
+    """A finding whose words are placeholders: what is tested is how it holds its data."""
+    return Finding(check="c", fault="f", symptom="s", cause="c", fix="fix",
+                   fix_changes=fix_changes or {}, **more)
+
+
 def test_measured_values_are_held_as_the_json_that_reads_back():
-    finding = Finding("c", "f", "s", "c", "fix", {}, measured={
+    finding = _finding(measured={
         "cycle": (0, 1), "reached": {0: 4}, "ratio": math.inf, "n": np.int64(3)})
     assert finding.measured == {"cycle": [0, 1], "reached": {"0": 4}, "ratio": math.inf,
                                 "n": 3}
@@ -147,11 +153,11 @@ def test_measured_values_are_held_as_the_json_that_reads_back():
     assert '"ratio": {"$float": "inf"}' in text
     assert from_json(Finding, json.loads(text)) == finding
     with pytest.raises(TypeError, match="measured.where: object is not JSON data"):
-        Finding("c", "f", "s", "c", "fix", {}, measured={"where": object()})
+        _finding(measured={"where": object()})
 
 
 def test_a_nan_among_the_measured_numbers_reads_back_as_nan():
-    finding = Finding("c", "f", "s", "c", "fix", {}, measured={"loss": math.nan})
+    finding = _finding(measured={"loss": math.nan})
     back = from_json(Finding, json.loads(json.dumps(to_json(finding), allow_nan=False)))
     assert math.isnan(back.measured["loss"])
 
@@ -199,12 +205,12 @@ def test_specs_refuse_impossible_settings(changes, message):
 
 def test_a_findings_fix_is_a_knob_change_on_a_new_spec():
     spec = RunSpec(knobs=Knobs(average_gradients=False, aux_skipped_on="odd-ranks"))
-    finding = Finding("c", "f", "s", "c", "fix", {"knobs.average_gradients": True,
-                                                   "knobs.aux_skipped_on": "none"})
+    finding = _finding(fix_changes={"knobs.average_gradients": True,
+                                 "knobs.aux_skipped_on": "none"})
     fixed = finding.apply_fix(spec)
     assert fixed.knobs == Knobs() and spec.knobs.average_gradients is False
     with pytest.raises(KeyError):
-        Finding("c", "f", "s", "c", "fix", {"knobs.nope": 1}).apply_fix(spec)
+        _finding(fix_changes={"knobs.nope": 1}).apply_fix(spec)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -120,7 +120,7 @@ def test_a_users_own_checks_package_does_not_break_the_plugin(user_project):
     assert failure is not None, output
     text = (failure.get("message") or "") + (failure.text or "")
     assert "has no attribute" not in text
-    assert "cause: gradient-not-averaged" in text and "2.00x" in text, text
+    assert "cause: sum-without-mean" in text and "2.00x" in text, text
 
 
 def test_distdoctor_run_on_a_script_importing_its_own_checks(user_project):
@@ -132,7 +132,7 @@ def test_distdoctor_run_on_a_script_importing_its_own_checks(user_project):
     assert "rank 0 imports the user's checks" in output
     assert "rank 1 imports the user's checks" in output
     summing = next(n for n, line in enumerate(USER_SCRIPT.splitlines(), 1) if "BUG" in line)
-    assert "FAILED: gradient-not-averaged (ranks 0, 1)" in output, output
+    assert "FAILED: sum-without-mean (ranks 0, 1)" in output, output
     assert f"look at: train.py:{summing}" in output, output
 
 

@@ -142,7 +142,7 @@ def test_findings_that_start_at_one_step_share_one_mark_and_the_reference_starts
     capsys.readouterr()
     html = page.read_text()
     # two charts, each mark with its label and its hover title
-    assert html.count(">missing-tp-allreduce, divergent-updates from step 1<") == 4
-    assert ">divergent-updates from step 1<" not in html
+    assert html.count(">missing-tp-allreduce, divergent-parameters from step 1<") == 4
+    assert ">divergent-parameters from step 1<" not in html
     reference = html[html.index("largest difference from the single-process run (log)"):]
     assert ">step 0<" in reference[:4000]

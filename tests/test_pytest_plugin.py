@@ -222,10 +222,10 @@ def test_a_resume_that_parts_from_the_training_never_stopped_is_named(user_run):
 def test_training_that_parts_from_one_process_is_given_its_cause(user_run):
     summed = user_run["test_summed_gradients"][1]
     assert "ranks 0, 1 of 2 part from one process after step 1" in summed
-    assert "cause: gradient-not-averaged" in summed and "2.00x" in summed
+    assert "cause: sum-without-mean" in summed and "2.00x" in summed
     assert case_line("cases_user.py", "summing") in summed
     # the edit run --fix would make, where it changes the user's own step alone
-    assert "suggested edit (gradient-not-averaged; the remedy distdoctor run --fix makes, " \
+    assert "suggested edit (sum-without-mean; the remedy distdoctor run --fix makes, " \
         "not re-run here: apply it and run the test again):" in summed
     assert "--- a/cases_user.py" in summed and "+++ b/cases_user.py" in summed
     hunk = re.search(r"@@ -(\d+),6 \+(\d+),7 @@", summed)  # one line added, none removed
@@ -237,7 +237,7 @@ def test_training_that_parts_from_one_process_is_given_its_cause(user_run):
     # its remedy would edit another function of the file (build_ddp's model): not offered
     assert "suggested edit" not in seeded
     unused = user_run["test_unused_parameters"][1]
-    assert "cause: unused-parameters" in unused and "b.weight, b.bias" in unused
+    assert "cause: unused-params" in unused and "b.weight, b.bias" in unused
     assert case_line("cases_user.py", "step") in unused
 
 

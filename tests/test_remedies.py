@@ -247,8 +247,8 @@ def test_the_verified_copy_holds_the_scripts_code_and_nothing_else(tmp_path):
         return "OK", []
 
     proposal = Proposal(tmp_path / "train.py", "import helpers\n", "import helpers  # x\n",
-                        ("gradient-not-averaged",))
-    outcome = verify(proposal, "train.py", rerun, ["gradient-not-averaged"])
+                        ("sum-without-mean",))
+    outcome = verify(proposal, "train.py", rerun, ["sum-without-mean"])
     assert outcome.verified and seen == ["helpers.py", "pkg", "pkg/__init__.py", "train.py"]
 
 
@@ -390,7 +390,7 @@ def test_a_file_changed_since_its_patch_was_made_is_never_written(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("x = 2  # edited meanwhile\n")
     with pytest.raises(OSError, match="changed while its patch was verified: not applied"):
-        apply(Proposal(script, "x = 1\n", "x = 1 / 2\n", ("gradient-not-averaged",)))
+        apply(Proposal(script, "x = 1\n", "x = 1 / 2\n", ("sum-without-mean",)))
     assert script.read_text() == "x = 2  # edited meanwhile\n"
     assert not script.with_name("train.py.orig").exists()
 

@@ -50,7 +50,7 @@ def run_example(distdoctor, tmp_path, example: str, ranks: int, deadline: float 
 def test_a_clean_script_is_reported_clean(distdoctor, tmp_path):
     done, report = run_example(distdoctor, tmp_path, "clean.py", 2)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert report["schema"] == "distdoctor.run.v5"
+    assert report["schema"] == "distdoctor.run.v6"
     assert (report["status"], report["cause"], report["findings"]) == ("ok", None, [])
     assert [r["state"] for r in report["ranks"]] == ["finished", "finished"]
     assert report["ranks"][0]["call"]["op"] == "barrier"
@@ -92,7 +92,7 @@ DEADLINE = 60.0
     ("reduce_op_mismatch.py", 2, "collective-mismatch", [0, 1],
      {r: "dist.all_reduce(" for r in range(2)}),
     ("rank_raises.py", 2, "rank-crashed", [1], {0: "dist.all_reduce("}),
-    ("ddp_unused_params.py", 2, "unused-parameters", [1], {}),
+    ("ddp_unused_params.py", 2, "unused-params", [1], {}),
     # rank 1 waits inside DDP's bucket-rebuild broadcast, which only the Flight Recorder
     # sees: rank 0's all-reduce, which rank 1 never makes, is to blame
     ("ddp_log_on_rank0.py", 2, "collective-mismatch", [0], {0: "dist.all_reduce("}),
@@ -146,7 +146,7 @@ def test_each_buggy_example_gets_its_cause_ranks_and_lines(distdoctor, tmp_path,
     # the report follows whatever the script printed itself
     assert f"\ndistdoctor run: FAILED: {kind}" in "\n" + done.stdout
     # a forward whose backward was skipped is no micro-batch of an accumulation
-    assert "sync-every-microbatch" not in done.stdout
+    assert "allreduce-every-microbatch" not in done.stdout
 
 
 # a group that can never form, proven from what each rank gave init_process_group as soon
@@ -229,19 +229,19 @@ def test_ranks_asking_for_different_backends_are_named_whichever_way_each_ended(
     ("no_distributed_sampler.py", 2, "duplicate-samples", [0, 1], "# LOOP",
      {"max_overlap_share": 1.0, "overlap_share_per_epoch": {"0": 1.0, "1": 1.0},
       "sampler": "RandomSampler"}),
-    ("summed_gradients.py", 3, "gradient-not-averaged", [0, 1, 2], "dist.all_reduce(p.grad)",
+    ("summed_gradients.py", 3, "sum-without-mean", [0, 1, 2], "dist.all_reduce(p.grad)",
      {"ratio": pytest.approx(3.0, rel=1e-5), "world_size": 3}),
     ("own_seed_no_broadcast.py", 3, "divergent-parameters", [1, 2], "# STEP",
      {"first_divergent_step": 1, "ranks_differing_from_rank_0": [1, 2]}),
     # 161 float32 parameters: 644 bytes a sync, 4 syncs where 1 would do
-    ("accumulate_without_no_sync.py", 2, "sync-every-microbatch", [0, 1], "# FORWARD",
+    ("accumulate_without_no_sync.py", 2, "allreduce-every-microbatch", [0, 1], "# FORWARD",
      {"syncs_per_step": 4, "micro_batches_per_step": 4, "minimum_bytes_per_step": 644,
       "bytes_per_step": 2576, "wasted_share": 0.75}),
     # record 21 of 64, unshuffled over 2 ranks: rank 1's 11th sample, its 3rd batch of 4
     # torch's tensor parallelism: the plan's line is where the fix goes
-    ("tp_partial_output.py", 2, "tp-partial-sums", [1], "= parallelize_module(",
+    ("tp_partial_output.py", 2, "missing-tp-allreduce", [1], "= parallelize_module(",
      {"first_step": 1, "layer": "2", "groups": [[0, 1]]}),
-    ("tp_sequence_parallel_head.py", 2, "tp-replica-drift", [1], "= parallelize_module(",
+    ("tp_sequence_parallel_head.py", 2, "replicated-param-drift", [1], "= parallelize_module(",
      {"first_step": 1, "parameters": ["4.bias", "4.weight"], "group": [0, 1]}),
     # buffers every rank keeps for itself: sampled as each forward begins, after DDP's
     # broadcast when it makes one; alike before step 1 (DDP broadcast them once, built)

@@ -58,7 +58,7 @@ def test_a_blocked_call_is_on_record_while_the_rank_is_still_blocked(pools):
 @pytest.mark.parametrize("job, world_size, fault, ranks, lines", [
     (jobs.send_cycle, 2, "send-before-receive", (0, 1), ["SEND-CYCLE-LINE"]),
     (jobs.p2p_cycle_with_helper_thread, 3, "p2p-cycle", (0, 1, 2), ["RECV-LINE"]),
-    (jobs.skip_collective_on_last_rank, 3, "missing-from-collective", (2,), ["SKIPPED-LINE"]),
+    (jobs.skip_collective_on_last_rank, 3, "rank-exited-early", (2,), ["SKIPPED-LINE"]),
     (jobs.mismatched_collectives, 2, "collective-mismatch", (0, 1),
      ["MISMATCH-ALLREDUCE-LINE", "MISMATCH-BROADCAST-LINE"]),
 ])
@@ -71,7 +71,7 @@ def test_hang_analysis_names_the_cause_and_every_blocked_line(pools, job, world_
     assert (found.fault, found.ranks) == (fault, ranks)
     for marker in lines:
         assert f"{Path(JOBS).name}:{line_number(JOBS, '# ' + marker)}" in found.symptom
-    if fault == "missing-from-collective":
+    if fault == "rank-exited-early":
         assert "rank 2: it finished" in found.symptom
         assert found.measured["waiting"] == [0, 1]
 
@@ -112,7 +112,7 @@ def test_a_group_of_the_same_ranks_as_the_world_is_another_channel(pools):
     calls = [fold(trace)[-1] for trace in result.traces]
     assert [c.pg is not None for c in calls] == [True, False]
     (found,) = hang.check(as_record(result, 2))
-    assert found.fault == "missing-from-collective"
+    assert found.fault == found.kind == "collective-mismatch"
     assert f"{Path(JOBS).name}:{line_number(JOBS, '# OTHER-GROUP-LINE')}" in found.symptom
 
 

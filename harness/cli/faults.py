@@ -56,5 +56,7 @@ def faults_command(args: argparse.Namespace) -> int:
                        f"({changes_text(variant.knobs)})", "  "))
         for label in ("symptom", "cause", "fix"):
             print(wrap(f"{label}: {getattr(fault, label)}", "  "))
+        print(wrap("in your own run: " + (", ".join(fault.reported_as) if fault.reported_as
+                                          else "shown by the built-in workload only"), "  "))
         print()
     return 0

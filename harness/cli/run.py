@@ -77,7 +77,7 @@ def add_commands(commands) -> None:
                           "reported within a fraction of a second, whatever this is; the "
                           "deadline is for what they cannot prove, like a rank spinning")
     run.add_argument("--report", metavar="PATH", help="also write the report as JSON "
-                     "(schema distdoctor.run.v5)")
+                     "(schema distdoctor.run.v6)")
     run.add_argument("--light", action="store_true",
                      help="trace only the collective and point-to-point calls (hangs, crashes, "
                           "mismatches, unused DDP parameters), not the evidence of the silent "

@@ -1,7 +1,7 @@
 """Run a spec on real ranks and assess the result: the forward path of the design.
 
 A timing judgement that cannot decide (its confidence interval straddles its limit: see
-``checks.stage_balance``) is not settled by luck: the same spec runs again with twice, then
+``checks.unbalanced_stages``) is not settled by luck: the same spec runs again with twice, then
 four times the steps, and only what is still undecided after that is reported as
 inconclusive.
 """

@@ -22,7 +22,7 @@ from distdoctor.fixing.syntax import (
 
 
 def average_the_sum(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
-    """gradient-not-averaged: after the all-reduce at ``line`` (a SUM by default), divide
+    """sum-without-mean: after the all-reduce at ``line`` (a SUM by default), divide
     what it reduced by its group's size: ``X /= dist.get_world_size(group)``."""
     tree, positions, parents = parsed(source)
     for statement in statements_at(tree, positions, line):
@@ -100,7 +100,7 @@ def _work_holder(statement: cst.SimpleStatementLine) -> tuple[str, bool] | None:
 
 
 def sync_the_last(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
-    """sync-every-microbatch: the micro-batch loop around ``line`` (``for i in
+    """allreduce-every-microbatch: the micro-batch loop around ``line`` (``for i in
     range(n):``) runs its forward and backward (from ``line`` to the statement holding
     ``.backward()``) inside ``model.no_sync()`` for every micro-batch but the last, whose
     backward synchronises the accumulated gradients once."""

@@ -50,15 +50,15 @@ def first_of(*remedies: Remedy) -> Remedy:
 
 # the remedies by the cause they cure (models.CauseKind)
 REMEDIES: dict[str, Remedy] = {
-    "gradient-not-averaged": average_the_sum,
+    "sum-without-mean": average_the_sum,
     "repeated-epoch-order": set_the_epoch,
-    "unused-parameters": find_unused,
+    "unused-params": find_unused,
     "failed-sync": wait_before_step,
     "divergent-parameters": broadcast_after_construction,
     "p2p-cycle": alternate_the_pair,
     "duplicate-samples": shard_the_loader,
     "collective-mismatch": first_of(evaluate_the_module, out_of_the_guard),
-    "sync-every-microbatch": sync_the_last,
+    "allreduce-every-microbatch": sync_the_last,
     "rank-dependent-update": out_of_the_guard,
     "partial-step": agree_on_the_skip,
     "rank-exited-early": first_of(join_the_uneven, agree_on_the_steps),

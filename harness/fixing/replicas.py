@@ -18,7 +18,7 @@ from distdoctor.fixing.syntax import (
 
 
 def find_unused(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
-    """unused-parameters: the script's one DistributedDataParallel(...) (by that name or
+    """unused-params: the script's one DistributedDataParallel(...) (by that name or
     the usual alias DDP) told to look for parameters a rank's loss did not use:
     ``find_unused_parameters=True``. Several wrappers, or one told False already, are the
     user's to decide (``line``, where DDP stopped, is not where it was made)."""

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from distdoctor.models.jsoncodec import SchemaError, from_json, json_data, to_json
-from distdoctor.models.record import SCHEMA_VERSION, RunRecord
+from distdoctor.models.record import RunRecord
 from distdoctor.models.spec import RunSpec, apply_changes
 
-REPORT_SCHEMA = f"distdoctor.report.v{SCHEMA_VERSION}"
+# v2: the failure modes' kinds took their catalogue names (v1 said gradient-not-averaged,
+# unused-parameters, sync-every-microbatch, tp-partial-sums, tp-replica-drift)
+REPORT_SCHEMA = "distdoctor.report.v2"
 Outcome = Literal["healthy", "unhealthy", "fixed", "not-fixed", "masked", "not-reproduced",
                   "inconclusive"]
 
@@ -24,15 +26,16 @@ CauseKind = Literal["world-size-mismatch", "duplicate-rank", "split-rendezvous",
                     "rank-never-joined", "p2p-cycle", "group-cycle", "partial-step",
                     "collective-mismatch",
                     "rank-exited-early", "rank-crashed",
-                    "unused-parameters", "busy-rank", "hang-unknown", "tp-partial-sums",
-                    "tp-replica-drift", "unsynced-microbatches", "rank-dependent-update",
+                    "unused-params", "busy-rank", "hang-unknown", "missing-tp-allreduce",
+                    "replicated-param-drift", "unsynced-microbatches", "rank-dependent-update",
                     "failed-sync", "divergent-parameters",
                     "divergent-buffers",
-                    "gradient-not-averaged", "sync-every-microbatch",
+                    "sum-without-mean", "allreduce-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler"]
+CAUSE_KINDS: tuple[str, ...] = get_args(CauseKind)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """A detected failure mode, with the numbers that show it and the fix as knob changes."""
 

@@ -89,7 +89,7 @@ COURSE: tuple[Exercise, ...] = (
         "unused-params", "The job dies at its first backward",
         "The job stops at the first backward pass on every rank but rank 0. Find out why, "
         "and fix it so that it trains on every rank.",
-        "unused_params.py", ("unused-parameters",),
+        "unused_params.py", ("unused-params",),
         (Edit("DistributedDataParallel(Model())",
               "DistributedDataParallel(Model(), find_unused_parameters=True)"),)),
     Exercise(
@@ -97,13 +97,13 @@ COURSE: tuple[Exercise, ...] = (
         "The loss scale changes when you change the number of ranks: with more ranks the "
         "steps get larger. Find out why, and fix it so that the step does not depend on "
         "how many ranks there are.",
-        "sum_without_mean.py", ("gradient-not-averaged",),
+        "sum_without_mean.py", ("sum-without-mean",),
         (Edit("        dist.all_reduce(p.grad)\n",
               "        dist.all_reduce(p.grad)\n        p.grad /= dist.get_world_size()\n"),),
         (WrongFix("divided by today's world size, a constant", (
             Edit("        dist.all_reduce(p.grad)\n",
                  "        dist.all_reduce(p.grad)\n        p.grad /= 2\n"),),
-            "gradient-not-averaged"),)),
+            "sum-without-mean"),)),
     Exercise(
         "send-before-receive", "Point-to-point hangs",
         "Each rank passes a tensor to its right neighbour and takes one from its left, and "
@@ -121,7 +121,7 @@ COURSE: tuple[Exercise, ...] = (
         "allreduce-every-microbatch", "Gradient accumulation is slow",
         "Each optimiser step accumulates four micro-batches, and the job moves four times "
         "the gradient traffic one step needs. Fix it so that it synchronises once a step.",
-        "allreduce_every_microbatch.py", ("sync-every-microbatch",),
+        "allreduce_every_microbatch.py", ("allreduce-every-microbatch",),
         (Edit("import torch\n", "import contextlib\n\nimport torch\n"),
          Edit("        loss = model(batch).pow(2).mean() / 4\n        loss.backward()\n",
               "        with model.no_sync() if micro < 3 else contextlib.nullcontext():\n"

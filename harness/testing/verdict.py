@@ -33,13 +33,13 @@ from distdoctor.userjob.reporting.report import (
 Status = Literal["passed", "failed", "skipped", "xfailed"]
 # the analysis's causes that explain a failure beyond "a rank raised" or "a rank left"
 MOST_CHARS = 200  # of a rank's exception line in a test's failure
-_EXPLAINING = ("p2p-cycle", "group-cycle", "collective-mismatch", "unused-parameters")
+_EXPLAINING = ("p2p-cycle", "group-cycle", "collective-mismatch", "unused-params")
 
 
 class RankFailure(AssertionError):
     """A job did not succeed on every rank. ``kind``: "failed" (a rank's code raised),
     "died" (a rank's process ended without a result), or the hang analysis's cause
-    ("p2p-cycle", "group-cycle", "collective-mismatch", "rank-exited-early", "unused-parameters",
+    ("p2p-cycle", "group-cycle", "collective-mismatch", "rank-exited-early", "unused-params",
     "busy-rank", "hang-unknown"); ``ranks``: the ranks it names; ``text``: the whole report."""
 
     def __init__(self, kind: str, ranks: tuple[int, ...], text: str):

@@ -2,24 +2,26 @@
 
 The findings of the checks are folded into causes of the kinds a user meets. A run that
 hung or crashed has one of p2p-cycle, collective-mismatch, rank-exited-early, rank-crashed,
-unused-parameters, busy-rank (a rank running its own code while its peers wait in a
+unused-params, busy-rank (a rank running its own code while its peers wait in a
 collective for it) or hang-unknown: a mismatch outranks the crash it caused, and a rank's
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
-that never crash follow, in the order they spoil training: non-finite, tp-partial-sums (a
-tensor-parallel layer's ranks each go on with a partial sum), tp-replica-drift (copies of
+that never crash follow, in the order they spoil training: non-finite, missing-tp-allreduce (a
+tensor-parallel layer's ranks each go on with a partial sum), replicated-param-drift (copies of
 a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
 ran inside no_sync(): the replicas apply different gradients), rank-dependent-update (a
 learning rate, clipping or optimiser state that differs by rank turns the same gradient
 into different updates), divergent-parameters (the replicas are different models),
-divergent-buffers (their running statistics differ), gradient-not-averaged (every step is
+divergent-buffers (their running statistics differ), sum-without-mean (every step is
 N times too large), duplicate-samples (the ranks train on the same data), then
-repeated-epoch-order (each epoch replays the last), and last sync-every-microbatch (it
+repeated-epoch-order (each epoch replays the last), and last allreduce-every-microbatch (it
 costs time, not correctness). Each cause is chosen by the ``kind`` its finding carries
 (set by the check), never by the numbers inside it. Every cause found is listed in
 ``findings``; ``cause`` is the first; evidence the ranks could not record is listed in
 ``incomplete``. Written as JSON, the report has the schema
-``distdoctor.run.v5`` (v4 had no ``undecided``; v3 no ``also_at``; v2 no ``incomplete``; v1
-had ``cause`` alone, without ``where``).
+``distdoctor.run.v6`` (v5 named five kinds otherwise: gradient-not-averaged,
+unused-parameters, sync-every-microbatch, tp-partial-sums, tp-replica-drift; v4 had no
+``undecided``; v3 no ``also_at``; v2 no ``incomplete``; v1 had ``cause`` alone, without
+``where``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from distdoctor.models.record import (
 )
 from distdoctor.userjob.reporting.stacktext import stack_text
 
-RUN_SCHEMA = "distdoctor.run.v5"
+RUN_SCHEMA = "distdoctor.run.v6"
 # running: stopped while in its own code, in no traced call (a loop that never ends)
 RankState = Literal["finished", "blocked", "running", "crashed", "exited"]
 
@@ -173,10 +175,10 @@ def incomplete(record: RunRecord) -> list[str]:
 
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
-    "partial-step", "non-finite", "tp-partial-sums", "tp-replica-drift", "unsynced-microbatches",
-    "rank-dependent-update", "failed-sync", "divergent-parameters", "divergent-buffers",
-    "gradient-not-averaged", "duplicate-samples", "repeated-epoch-order",
-    "sync-every-microbatch", "straggler")
+    "partial-step", "non-finite", "missing-tp-allreduce", "replicated-param-drift",
+    "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
+    "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
+    "allreduce-every-microbatch", "straggler")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
@@ -194,7 +196,7 @@ BEFORE_ANY_RANK: tuple[CauseKind, ...] = ("rendezvous-mismatch", "rendezvous-inc
 NAMED_ORDER: tuple[CauseKind, ...] = (
     "world-size-mismatch", "duplicate-rank", "split-rendezvous", "backend-mismatch",
     "rank-never-joined",
-    "unused-parameters", "collective-mismatch", "p2p-cycle", "group-cycle", "partial-step",
+    "unused-params", "collective-mismatch", "p2p-cycle", "group-cycle", "partial-step",
     "rank-exited-early",
     "busy-rank")
 
@@ -404,7 +406,7 @@ def look_at(result: ScriptReport) -> list[str]:
     places |= {c.where for c in result.findings if c.where}
     places |= {r.running.rsplit(" at ", 1)[1] for r in result.ranks if r.running}
     cause = result.cause
-    if cause is not None and cause.kind in ("rank-crashed", "unused-parameters"):
+    if cause is not None and cause.kind in ("rank-crashed", "unused-params"):
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error is not None]
         places |= {line for r in root[:1] for line in [raising_line(r.error)] if line}
     first = list(dict.fromkeys([cause.where, *cause.also_at])) \
@@ -439,7 +441,7 @@ def render(result: ScriptReport, command: str = "run", partial: bool = False) ->
     lines += [f"  not decided: {text}" for text in result.undecided]
     if result.cause is not None:
         root = [r for r in result.ranks if r.rank in cause.ranks and r.error]
-        if cause.kind in ("rank-crashed", "unused-parameters"):
+        if cause.kind in ("rank-crashed", "unused-params"):
             for r in root[:1]:
                 lines.append(f"\nrank {r.rank} (root cause):\n" + (r.error or "").rstrip())
     sections: dict[str, list[int]] = {}  # ranks in the same state at the same lines: once

@@ -16,7 +16,7 @@ from distdoctor.checks import finding, group_disagreements
 from distdoctor.models import Finding, GroupTensor, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
-NAME = "tp_dropout_masks"
+NAME = "tp_dropout_rng"
 CHANCE = 1e-9  # identical independent masks this likely or more are left alone
 
 

@@ -29,7 +29,7 @@ from distdoctor.analysis.timing import per_step_times
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
 
-NAME = "stage_balance"
+NAME = "unbalanced_stages"
 TOLERANCE = 1.25
 MIN_COMPUTE_S = 0.002  # below 2 ms of compute per rank and step, per-call overhead rules
 MIN_STEPS = 3  # complete steps needed before the spread across steps means anything

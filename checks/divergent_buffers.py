@@ -15,7 +15,7 @@ from distdoctor.checks import one_ddp, replica_parts
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 
-NAME = "buffer_spread"
+NAME = "divergent_buffers"
 TOLERANCE = 1e-6  # relative to the values' size
 
 

@@ -13,7 +13,7 @@ from distdoctor.checks import finding, group_disagreements, largest_per_step
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
-NAME = "tp_partial_sums"
+NAME = "missing_tp_allreduce"
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -42,4 +42,4 @@ def check(record: RunRecord) -> list[Finding]:
         f"{ranks_phrase(first['ranks'])} {'differs' if len(first['ranks']) == 1 else 'differ'} "
         f"from rank {first['group'][0]} (each holds its own partial sum)",
         fix_changes={"knobs.tp_output_allreduce": True}, ranks=first["ranks"], measured=measured,
-        kind="tp-partial-sums", first_step=first["step"], where=first["where"])]
+        kind="missing-tp-allreduce", first_step=first["step"], where=first["where"])]

@@ -24,7 +24,7 @@ from collections import Counter
 from distdoctor.checks import finding, gradient_steps_on_every_rank, steps_on_every_rank
 from distdoctor.models import Finding, RunRecord
 
-NAME = "gradient_scale"
+NAME = "sum_without_mean"
 TOLERANCE = 0.05
 
 
@@ -59,7 +59,7 @@ def check(record: RunRecord) -> list[Finding]:
         fix=None if where is None else
         f"divide the gradients all-reduced at {where} by dist.get_world_size() (or pass "
         f"op=dist.ReduceOp.AVG where the backend has it) before optimizer.step()",
-        kind="gradient-not-averaged", where=where)]
+        kind="sum-without-mean", where=where)]
 
 
 def _user_ratio(steps) -> float | None:

@@ -13,7 +13,7 @@ from distdoctor.checks import finding, group_disagreements, largest_per_step
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
-NAME = "tp_replica_drift"
+NAME = "replicated_param_drift"
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -45,4 +45,4 @@ def check(record: RunRecord) -> list[Finding]:
         f"agree; largest difference per step: {trail}",
         fix_changes={"knobs.tp_sync_replicated_grads": True}, ranks=first["ranks"],
         measured=measured,
-        kind="tp-replica-drift", first_step=first["step"], where=first["where"])]
+        kind="replicated-param-drift", first_step=first["step"], where=first["where"])]

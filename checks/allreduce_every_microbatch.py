@@ -11,7 +11,7 @@ from distdoctor.analysis.forwards import forwards_without_backward
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
 
-NAME = "sync_frequency"
+NAME = "allreduce_every_microbatch"
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -36,7 +36,7 @@ def check(record: RunRecord) -> list[Finding]:
         measured={"allreduces_per_step": calls, "bytes_per_step": sent,
          "minimum_bytes_per_step": minimum, "wasted_share": wasted,
          "steps_affected": len({s.step for _, s in excess})},
-        kind="sync-every-microbatch")]
+        kind="allreduce-every-microbatch")]
 
 
 def _user_ddp(record: RunRecord) -> list[Finding]:
@@ -83,4 +83,4 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
          "steps_affected": len({e[1] for e in excess}), "where": where},
         fix=f"run every micro-batch but the last inside `with model.no_sync():` (the "
             f"forward at {where} and its backward), so only the last backward all-reduces",
-        kind="sync-every-microbatch", where=where)]
+        kind="allreduce-every-microbatch", where=where)]

@@ -18,7 +18,7 @@ from distdoctor.models import Finding, MemoryEvidence, RunRecord
 from distdoctor.models.calls import ranks_phrase
 from distdoctor.models.strategies import family_of
 
-NAME = "memory_budget"
+NAME = "over_memory_budget"
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
 

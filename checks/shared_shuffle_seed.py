@@ -15,7 +15,7 @@ from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
-NAME = "sample_overlap"
+NAME = "shared_shuffle_seed"
 
 
 def check(record: RunRecord) -> list[Finding]:

@@ -23,7 +23,7 @@ from distdoctor.models import Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
 TOLERANCE = 1e-6
-NAME = "param_spread"
+NAME = "divergent_parameters"
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -50,7 +50,7 @@ def check(record: RunRecord) -> list[Finding]:
             fix_changes={"knobs.broadcast_params_at_start": True}, ranks=differ, measured=measured,
             kind="divergent-parameters", first_step=first)]
     return [Finding(
-        check=NAME, fault="divergent-updates",
+        check=NAME, fault="divergent-parameters",
         symptom=f"the ranks started identical but diverge from step {first}: spread "
                 f"{per_step[first]:.3g} (limit {TOLERANCE:g}); {ranks_phrase(differ)} differ "
                 f"from rank 0; spread per step: {trail}",
@@ -117,7 +117,7 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
                 "in DistributedDataParallel, which does; or seed every rank alike",
             kind="divergent-parameters", first_step=first, where=where)]
     return [Finding(
-        check=NAME, fault="divergent-updates",
+        check=NAME, fault="divergent-parameters",
         symptom=f"the replicas started identical but differ from optimiser step {first} (at "
                 f"{where}): spread {max(trail):.3g} (limit {TOLERANCE:g}) though {though}; "
                 f"{ranks_phrase(differ)} "

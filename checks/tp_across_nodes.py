@@ -15,7 +15,7 @@ from collections import Counter
 from distdoctor.checks import finding
 from distdoctor.models import Finding, RunRecord
 
-NAME = "tp_node_layout"
+NAME = "tp_across_nodes"
 
 
 def check(record: RunRecord) -> list[Finding]:

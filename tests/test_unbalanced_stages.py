@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from distdoctor.checks import stage_balance
+from distdoctor.checks import unbalanced_stages
 from distdoctor.models import (
     Evidence,
     Fingerprint,
@@ -50,7 +50,7 @@ def expected_interval(ratios: list[float], t95: float) -> tuple[float, float]:
 
 def test_clearly_unbalanced_is_decided_with_its_interval():
     slow = [20.0, 21.0, 19.0, 20.5, 19.5, 20.0]  # rank 1 about 2x rank 0, every step
-    found = stage_balance.check(record([[10.0] * 6, slow]))
+    found = unbalanced_stages.check(record([[10.0] * 6, slow]))
     assert len(found) == 1 and not found[0].inconclusive
     ratios = [s / ((10.0 + s) / 2) for s in slow]
     low, high = expected_interval(ratios, 2.571)  # t for 5 degrees of freedom
@@ -58,7 +58,7 @@ def test_clearly_unbalanced_is_decided_with_its_interval():
     assert measured["slowest_rank"] == 1 and measured["steps_judged"] == 6
     assert measured["max_over_mean_time"] == pytest.approx(statistics.fmean(ratios))
     assert measured["max_over_mean_time_interval"] == pytest.approx([low, high])
-    assert low > stage_balance.TOLERANCE
+    assert low > unbalanced_stages.TOLERANCE
 
 
 def test_clearly_balanced_says_nothing_even_when_one_step_is_over_the_limit():
@@ -66,28 +66,28 @@ def test_clearly_balanced_says_nothing_even_when_one_step_is_over_the_limit():
     the old rule judged a median of few steps against the line, this one the interval."""
     other = [10.0, 10.2, 9.9, 10.1, 10.0, 10.0, 9.8, 10.1]
     busy = [10.1, 9.9, 20.0, 10.0, 10.2, 9.9, 10.0, 10.1]
-    assert stage_balance.check(record([other, busy])) == []
+    assert unbalanced_stages.check(record([other, busy])) == []
 
 
 def test_straddling_the_limit_is_inconclusive_not_a_verdict():
     ratios_wanted = [1.18, 1.32, 1.22, 1.30, 1.20, 1.28]  # mean 1.25, spread across the line
     slow = [10.0 * r / (2 - r) for r in ratios_wanted]  # two ranks: ratio = 2s / (10 + s)
-    found = stage_balance.check(record([[10.0] * 6, slow]))
+    found = unbalanced_stages.check(record([[10.0] * 6, slow]))
     assert len(found) == 1 and found[0].inconclusive
     low, high = found[0].measured["max_over_mean_time_interval"]
-    assert low < stage_balance.TOLERANCE < high
+    assert low < unbalanced_stages.TOLERANCE < high
     assert "(inconclusive)" in found[0].headline and "measure more" in found[0].symptom
 
 
 def test_only_steps_every_rank_completed_are_judged():
     """A hung run's last step is partial: a rank blocked in it looks idle, its peer busy."""
     even = [[10.0, 10.0, 10.0, 10.0, 2.0], [10.0, 10.0, 10.0, 10.0, 30.0]]
-    assert stage_balance.check(record(even, complete=[1, 2, 3, 4], status="hung")) == []
-    assert stage_balance.check(record(even))  # the same times, all judged: it fires
+    assert unbalanced_stages.check(record(even, complete=[1, 2, 3, 4], status="hung")) == []
+    assert unbalanced_stages.check(record(even))  # the same times, all judged: it fires
 
 
 def test_too_few_complete_steps_are_not_judged():
-    assert stage_balance.check(record([[10.0] * 2, [30.0] * 2])) == []
+    assert unbalanced_stages.check(record([[10.0] * 2, [30.0] * 2])) == []
 
 
 def test_inconclusive_findings_are_neither_detected_nor_remaining():
@@ -96,7 +96,7 @@ def test_inconclusive_findings_are_neither_detected_nor_remaining():
 
     ratios_wanted = [1.18, 1.32, 1.22, 1.30, 1.20, 1.28]
     rec = record([[10.0] * 6, [10.0 * r / (2 - r) for r in ratios_wanted]])
-    found = tuple(stage_balance.check(rec))
+    found = tuple(unbalanced_stages.check(rec))
     assessment = Assessment(found, ReferenceComparison(0.0, (0.0,)), None, True)
     assert assessment.decided == () and assessment.undecided == found
     assert assessment.healthy and not assessment.decided_health
@@ -131,7 +131,7 @@ def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, w
     fault = faults.get("unbalanced-stages")
     spec = fault.inject(fault.scenario(RunSpec(strategy="pipe-gpipe", world_size=world_size)))
     record, assessment = run_decided(spec, pools(world_size))
-    found = [f for f in assessment.decided if f.check == "stage_balance"]
+    found = [f for f in assessment.decided if f.check == "unbalanced_stages"]
     assert len(found) == 1, [f.headline for f in assessment.findings]
     low, _ = found[0].measured["max_over_mean_time_interval"]
     # cut by parameters, the last half of the stages hold only attention blocks (12 MLP,
@@ -139,4 +139,4 @@ def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, w
     attention_only = {r.rank for r in record.ranks
                       if all(set(s.kinds) == {"a"} for s in r.evidence.stages)}
     assert attention_only == set(range(world_size // 2, world_size))
-    assert low > stage_balance.TOLERANCE and set(found[0].ranks) <= attention_only
+    assert low > unbalanced_stages.TOLERANCE and set(found[0].ranks) <= attention_only
