@@ -146,6 +146,26 @@ COURSE: tuple[Exercise, ...] = (
             Edit("    if rank == 0 and step == 1:\n",
                  "    dist.barrier()\n    if rank == 0 and step == 1:\n"),),
             "collective-mismatch"),)),
+    Exercise(
+        "missing-tp-allreduce", "Tensor-parallel ranks disagree on the output",
+        "The model is cut across the ranks with tensor parallelism. Nothing fails and the "
+        "loss goes down, yet the ranks print different losses for the same batch. Find out "
+        "why, and fix it so that every rank computes the output the whole model would.",
+        "missing_tp_allreduce.py", ("missing-tp-allreduce",),
+        (Edit("from torch.distributed.tensor import Partial\n", ""),
+         Edit('"2": RowwiseParallel(output_layouts=Partial()),', '"2": RowwiseParallel(),'))),
+    Exercise(
+        "replicated-param-drift", "Copies of a layer drift apart",
+        "Every rank holds the last layer whole, and the copies start equal, but after a few "
+        "steps they no longer agree. Find out why, and fix it so that the copies stay one.",
+        "replicated_param_drift.py", ("replicated-param-drift",),
+        (Edit("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, "
+              "parallelize_module\n",
+              "from torch.distributed.tensor.parallel import (\n    ColwiseParallel,\n"
+              "    RowwiseParallel,\n    SequenceParallel,\n    parallelize_module,\n)\n"),
+         Edit('    "2": RowwiseParallel(output_layouts=Shard(0)),\n',
+              '    "2": RowwiseParallel(output_layouts=Shard(0)),\n'
+              '    "4": SequenceParallel(sequence_dim=0),\n'))),
 )
 
 

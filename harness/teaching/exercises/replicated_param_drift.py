@@ -1,0 +1,27 @@
+"""Sequence parallelism with torch's parallelize_module: fc1 split by columns, fc2 by rows,
+and from fc2 on each rank keeps its own rows of the batch."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+torch.manual_seed(0)  # one model, cut across the ranks
+model = nn.Sequential(nn.Linear(8, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 1))
+model = parallelize_module(model, mesh, {
+    "0": ColwiseParallel(),
+    "2": RowwiseParallel(output_layouts=Shard(0)),
+})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+data = torch.randn(72, 8, generator=torch.Generator().manual_seed(0))  # the same batch everywhere
+for step in range(6):
+    batch = data[step * 12:(step + 1) * 12]
+    loss = model(batch).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+dist.destroy_process_group()
