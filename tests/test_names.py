@@ -97,3 +97,18 @@ def test_exercises_and_remedies_use_the_names_of_the_catalogue_and_the_report():
         for wrong in exercise.wrong_fixes:
             assert wrong.still in CAUSE_KINDS, (exercise.name, wrong.name)
     assert set(REMEDIES) <= set(CAUSE_KINDS)
+
+
+def test_each_row_of_the_readmes_symptom_table_names_its_failure_modes():
+    """Each symptom a user looks up leads to one name: a fault's lesson or a cause kind,
+    and every fault of the catalogue has its row."""
+    readme = (DOCS.parent / "README.md").read_text()
+    table = readme[readme.index("| Symptom | Cause | Fix |"):]
+    rows = table[:table.index("\n\n")].splitlines()[2:]
+    named = set()
+    for row in rows:
+        names = re.findall(r"`([a-z0-9-]+)`", row.rstrip(" |").rsplit(" | ", 1)[1])
+        assert names, row
+        named |= set(names)
+    assert named <= set(CATALOGUE) | set(CAUSE_KINDS)
+    assert set(CATALOGUE) <= named
