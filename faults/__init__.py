@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distdoctor.models import CauseKind, RunSpec, apply_changes
+from distdoctor.models.verdict import ResumeCause
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,11 @@ class Fault:
     masked_by: dict[str, str] = field(default_factory=dict)  # strategy -> why it cannot occur
     excluded: dict[str, str] = field(default_factory=dict)  # strategy -> why it does not apply
     min_world_size: int = 1  # fewer ranks cannot show it (e.g. one node holds them all)
-    # the cause a user's own run with this bug is told (a report's kind): the fault's own
-    # name, or a broader kind that covers its cousins too (a cycle of blocked sends,
-    # samples two ranks read); () when only the built-in workload shows it
-    reported_as: tuple[CauseKind, ...] = ()
+    # the cause a user's own run with this bug is told (a run report's kind, or what
+    # resume-check names): the fault's own name, or a broader one that covers its cousins
+    # too (a cycle of blocked sends, samples two ranks read); () when only the built-in
+    # workload shows it
+    reported_as: tuple[CauseKind | ResumeCause, ...] = ()
 
     def __post_init__(self) -> None:
         for variant in self.variants:

@@ -16,4 +16,5 @@ FAULT = Fault(
     variants=(Variant("rank-0-only", "only rank 0 loads the optimiser's state",
                       {"knobs.restored_optimizer": "rank-0"}),),
     scenario=restarted,
+    reported_as=("optimizer-state-not-restored",),
 )

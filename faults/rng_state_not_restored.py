@@ -16,4 +16,5 @@ FAULT = Fault(
     variants=(Variant("one-rank-kept", "the RNG state is saved under one key for every rank, "
                       "so the checkpoint keeps one rank's", {"knobs.restored_rng": "one-rank"}),),
     scenario=restarted,
+    reported_as=("rng-state-not-restored",),
 )

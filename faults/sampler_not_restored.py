@@ -21,4 +21,5 @@ FAULT = Fault(
                 {"knobs.restored_sampler": "nothing"}),
     ),
     scenario=restarted,
+    reported_as=("sampler-not-restored",),
 )

@@ -17,4 +17,5 @@ FAULT = Fault(
     variants=(Variant("not-saved", "the scheduler's state is left out of the checkpoint",
                       {"knobs.restore_scheduler": False}),),
     scenario=restarted,
+    reported_as=("scheduler-not-restored",),
 )

@@ -22,4 +22,5 @@ FAULT = Fault(
     excluded=dict.fromkeys(("torch-zero", "fsdp2", "fsdp2-grad-op"), (
         "the ranks' shards differ in shape there, so DCP refuses the checkpoint (a size "
         "mismatch, or a key it cannot place) instead of resuming silently wrong")),
+    reported_as=("params-not-restored",),
 )

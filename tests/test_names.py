@@ -14,7 +14,7 @@ import pytest
 
 from distdoctor import checks, faults
 from distdoctor.fixing.remedies import REMEDIES
-from distdoctor.models.verdict import CAUSE_KINDS
+from distdoctor.models.verdict import CAUSE_KINDS, RESUME_CAUSES
 from distdoctor.teaching.course import COURSE
 from distdoctor.userjob.reporting.report import BEFORE_ANY_RANK
 
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.tier("unit")
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 CATALOGUE = faults.catalogue()
+TOLD = set(CAUSE_KINDS) | set(RESUME_CAUSES)  # what a run's report or resume-check says
 
 
 def _module_name(name: str) -> str:
@@ -43,7 +44,7 @@ def test_each_check_is_named_by_its_module_and_the_module_by_a_failure_mode():
     for name, module in _modules().items():
         assert module.NAME == name
         dashed = name.replace("_", "-")
-        assert dashed in CATALOGUE or dashed in CAUSE_KINDS or name in _families(), \
+        assert dashed in CATALOGUE or dashed in TOLD or name in _families(), \
             f"checks/{name}.py names no fault of the catalogue and no kind of the report"
 
 
@@ -58,8 +59,8 @@ def test_each_fault_has_a_check_of_its_name_or_of_the_kind_it_is_reported_as():
 
 def test_a_fault_that_is_a_kind_is_reported_as_itself_and_only_as_kinds():
     for fault in CATALOGUE.values():
-        assert set(fault.reported_as) <= set(CAUSE_KINDS), fault.id
-        if fault.id in CAUSE_KINDS:
+        assert set(fault.reported_as) <= TOLD, fault.id
+        if fault.id in TOLD:
             assert fault.id in fault.reported_as, fault.id
 
 
@@ -90,13 +91,14 @@ def test_every_kind_and_fault_is_in_the_docs_and_each_catalogue_row_names_its_ki
 
 def test_exercises_and_remedies_use_the_names_of_the_catalogue_and_the_report():
     for exercise in COURSE:
-        assert exercise.name in CATALOGUE or exercise.name in CAUSE_KINDS, exercise.name
-        assert set(exercise.kinds) <= set(CAUSE_KINDS), exercise.name
+        assert exercise.name in CATALOGUE or exercise.name in TOLD, exercise.name
+        assert set(exercise.kinds) <= TOLD, exercise.name
         if exercise.name in CATALOGUE:
             assert set(exercise.kinds) <= set(CATALOGUE[exercise.name].reported_as)
         for wrong in exercise.wrong_fixes:
             assert wrong.still in CAUSE_KINDS, (exercise.name, wrong.name)
     assert set(REMEDIES) <= set(CAUSE_KINDS)
+    assert not set(CAUSE_KINDS) & set(RESUME_CAUSES)  # a name says which tool told it
 
 
 def test_each_row_of_the_readmes_symptom_table_names_its_failure_modes():
@@ -110,5 +112,5 @@ def test_each_row_of_the_readmes_symptom_table_names_its_failure_modes():
         names = re.findall(r"`([a-z0-9-]+)`", row.rstrip(" |").rsplit(" | ", 1)[1])
         assert names, row
         named |= set(names)
-    assert named <= set(CATALOGUE) | set(CAUSE_KINDS)
+    assert named <= set(CATALOGUE) | TOLD
     assert set(CATALOGUE) <= named

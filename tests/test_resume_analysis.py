@@ -49,7 +49,7 @@ def test_the_first_thing_a_step_depends_on_is_blamed_first():
     parted = {6: {"optimizer_state": "other", "grads": "other"}, 7: {"params": "other"}}
     resumed = [run(range(5, 9), loads=True), run(range(5, 9), parted, loads=True)]
     found = compare(whole, stopped, resumed, 4)
-    assert (found.ok, found.kind, found.ranks) == (False, "optimizer_state", (1,))
+    assert (found.ok, found.kind, found.ranks) == (False, "optimizer-state-not-restored", (1,))
     assert found.summary.startswith("rank 1: the optimiser's state at step 6 after the "
                                     "resume differs from the uninterrupted run's")
     assert "saved by every rank at /w/train.py:30; loaded by every rank at /w/train.py:9" \
@@ -62,7 +62,8 @@ def test_an_rng_state_is_blamed_with_the_gradients_and_harmless_without():
     drawn = {3: {"rng_torch": "rank0s", "grads": "other"}}
     found = compare(whole, stopped, [run(range(3, 7), loads=True),
                                      run(range(3, 7), drawn, loads=True)], 2)
-    assert (found.kind, found.ranks, found.measured["which"]) == ("rng", (1,), ["torch"])
+    assert (found.kind, found.ranks, found.measured["which"]) == \
+        ("rng-state-not-restored", (1,), ["torch"])
     unused = {3: {"rng_torch": "rank0s"}}
     found = compare(whole, stopped, [run(range(3, 7), loads=True),
                                      run(range(3, 7), unused, loads=True)], 2)
@@ -74,12 +75,13 @@ def test_other_samples_at_the_same_step_are_the_loaders_position():
     stopped = [run(range(1, 3), saves=(2,))] * 2
     replayed = [run(range(1, 5), first=1, loads=True)] * 2  # reads steps 1.. again
     found = compare(whole, stopped, replayed, 2)
-    assert (found.kind, found.ranks) == ("params", (0, 1))  # its parameters are step 1's
+    # its parameters are step 1's
+    assert (found.kind, found.ranks) == ("params-not-restored", (0, 1))
     same_params = [run(range(3, 7), {s: {"_": 0} for s in range(3, 7)}, loads=True)] * 2
     shifted = [tuple({**e, "ids": [0]} if e["ev"] == Ev.BATCH else e for e in t)
                for t in same_params]
     found = compare(whole, stopped, shifted, 2)
-    assert (found.kind, found.measured["step"]) == ("batch", 3)
+    assert (found.kind, found.measured["step"]) == ("sampler-not-restored", 3)
 
 
 def test_what_two_runs_from_the_start_disagree_on_is_not_compared():
@@ -120,12 +122,12 @@ def test_a_run_that_is_not_deterministic_is_compared_within_its_stated_tolerance
     lost = {4: {"optimizer_state_sample": [0.0, 0.0]}}  # momentum from zero: off by all of it
     found = compare(whole, stopped, [noisy(range(3, 7), 3e-6, loads=True),
                                      noisy(range(3, 7), 3e-6, lost, loads=True)], 2)
-    assert (found.ok, found.kind, found.ranks) == (False, "optimizer_state", (1,))
+    assert (found.ok, found.kind, found.ranks) == (False, "optimizer-state-not-restored", (1,))
     assert found.measured["relative_difference"] == 1.0
     assert "by 1 relative, beyond the tolerance of 1e-03" in found.summary
     lr = {3: {"settings": [{"lr": 0.2}]}}  # a setting is compared bitwise still
     found = compare(whole, stopped, [noisy(range(3, 7), 3e-6, lr, loads=True)] * 2, 2)
-    assert (found.kind, found.measured["step"]) == ("settings", 3)
+    assert (found.kind, found.measured["step"]) == ("scheduler-not-restored", 3)
 
 
 def test_the_tolerance_grows_with_the_noise_the_runs_show():
@@ -134,7 +136,7 @@ def test_the_tolerance_grows_with_the_noise_the_runs_show():
     found = compare(whole, stopped, [noisy(range(3, 7), 5e-3, loads=True)] * 2, 2)
     assert found.ok and found.measured["tolerance"] == pytest.approx(1e-2, rel=1e-3)
     found = compare(whole, stopped, [noisy(range(3, 7), 5e-2, loads=True)] * 2, 2)
-    assert found.kind == "params" and found.measured["relative_difference"] > 1e-2
+    assert found.kind == "params-not-restored" and found.measured["relative_difference"] > 1e-2
 
 
 def test_a_run_that_starts_over_or_resumes_at_another_step_is_named():
@@ -143,7 +145,7 @@ def test_a_run_that_starts_over_or_resumes_at_another_step_is_named():
     over = compare(whole, stopped, [run(range(1, 7))] * 2, 2)
     assert over.kind == "not-resumed" and "it started over" in over.summary
     short = compare(whole, stopped, [run(range(3, 6), loads=True)] * 2, 2)
-    assert short.kind == "steps" and short.measured == {"made": 3, "expected": 4}
+    assert short.kind == "resumed-at-another-step" and short.measured == {"made": 3, "expected": 4}
 
 
 def test_a_sample_is_every_kth_value_of_the_tensors_end_to_end_without_joining_them():

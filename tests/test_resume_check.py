@@ -74,18 +74,18 @@ def test_a_resume_that_restores_every_state_trains_like_one_that_never_stopped(l
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("example, kind, ranks, step, said", [
-    ("resume_rng_from_rank0.py", "rng", [1], 3,
+    ("resume_rng_from_rank0.py", "rng-state-not-restored", [1], 3,
      [f"saved by rank 0 only at {line('resume_rng_from_rank0.py', 'torch.save(')}",
       f"its state set by every rank at {line('resume_rng_from_rank0.py', 'set_rng_state')}"]),
-    ("resume_scheduler_forgotten.py", "settings", [0, 1], 4,
+    ("resume_scheduler_forgotten.py", "scheduler-not-restored", [0, 1], 4,
      ["lr 0.05 uninterrupted, 0.1 resumed", "the scheduler starts over"]),
-    ("resume_epoch_started_over.py", "batch", [0, 1], 2,
+    ("resume_epoch_started_over.py", "sampler-not-restored", [0, 1], 2,
      ["the data loader's position is not restored"]),
-    ("resume_optimizer_on_one_rank.py", "optimizer_state", [1], 3,
+    ("resume_optimizer_on_one_rank.py", "optimizer-state-not-restored", [1], 3,
      ["the optimiser's state (momentum, Adam's moments) is not restored on these ranks"]),
-    ("resume_not_deterministic_momentum_lost.py", "optimizer_state", [0, 1], 3,
+    ("resume_not_deterministic_momentum_lost.py", "optimizer-state-not-restored", [0, 1], 3,
      ["(empty after the resume, or of another size: not the same state)"]),
-    ("resume_sampler_epoch_lost.py", "epoch", [0, 1], 3,
+    ("resume_sampler_epoch_lost.py", "sampler-not-restored", [0, 1], 3,
      ["the sampler's epoch at step 3 after the resume differs from the uninterrupted run's "
       "(1 uninterrupted, 0 resumed)"]),
 ])
@@ -97,7 +97,7 @@ def test_each_resume_bug_is_named_with_its_step_ranks_and_lines(lanes, example, 
         (kind, ranks, step), report["summary"]
     for text in said:
         assert text in report["summary"]
-    assert f"distdoctor resume-check: FAILED: {report['summary']}" in done.stdout
+    assert f"distdoctor resume-check: FAILED: {kind}: {report['summary']}" in done.stdout
     page = (Path(lanes.job(f"resume-check {example}").steps[0].cwd) / "report.html").read_text()
     assert f"FAILED: {kind}" in page and html.escape(report["summary"]) in page
 
@@ -122,7 +122,7 @@ def test_a_distributed_checkpoint_that_keeps_one_ranks_rng_state_is_named(lanes)
     done, report, _ = checked(lanes, "resume_dcp_rng_replicated.py")
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert (report["kind"], len(report["ranks"]), report["measured"]["which"]) == \
-        ("rng", 1, ["torch"]), report["summary"]
+        ("rng-state-not-restored", 1, ["torch"]), report["summary"]
     assert f"loaded by every rank at {line('resume_dcp_rng_replicated.py', 'dcp.load(')}" \
         in report["summary"]
 
@@ -147,7 +147,8 @@ def test_a_command_is_checked_the_same_way(lanes):
     base = Path(lanes.job("resume-check -- torchrun").steps[0].cwd)
     report = json.loads((base / "report.json").read_text())
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    assert (report["kind"], report["ranks"], report["measured"]["step"]) == ("rng", [1], 3)
+    assert (report["kind"], report["ranks"], report["measured"]["step"]) == \
+        ("rng-state-not-restored", [1], 3)
     assert sorted(p.name for p in base.iterdir()) == ["report.json", "train.py"]
 
 

@@ -18,36 +18,37 @@ from dataclasses import dataclass, field
 
 from distdoctor.models.calls import ranks_phrase, relative_line
 from distdoctor.models.events import Ev
+from distdoctor.models.verdict import ResumeCause
 
 # what a step depends on, in the order a difference is blamed: (key, what it is, why it
 # differs, what to save and restore). "data" is the last batch the step read (its
 # sampler's epoch and its sample ids); "rng" is blamed only where the gradients differ
 # with it: an RNG state nothing draws from is harmless.
-RESTORED = (
-    ("params", "the model's parameters",
+RESTORED: tuple[tuple[str, ResumeCause, str, str, str], ...] = (
+    ("params", "params-not-restored", "the model's parameters",
      "the model's state is not restored from the checkpoint (or from another step's)",
      "save model.state_dict() and load it on every rank before training resumes"),
-    ("optimizer_state", "the optimiser's state",
+    ("optimizer_state", "optimizer-state-not-restored", "the optimiser's state",
      "the optimiser's state (momentum, Adam's moments) is not restored on these ranks",
      "save optimizer.state_dict() and load it on every rank"),
-    ("settings", "the optimiser's settings (the learning rate)",
+    ("settings", "scheduler-not-restored", "the optimiser's settings (the learning rate)",
      "the learning-rate schedule is not restored: the scheduler starts over",
      "save scheduler.state_dict() and load it on every rank (or step it to the resumed "
      "step)"),
-    ("epoch", "the sampler's epoch",
+    ("epoch", "sampler-not-restored", "the sampler's epoch",
      "the DistributedSampler is not told the resumed epoch, so it deals another order",
      "call sampler.set_epoch(epoch) with the checkpoint's epoch before iterating"),
-    ("batch", "the batch the step read",
+    ("batch", "sampler-not-restored", "the batch the step read",
      "the data loader's position is not restored: the resumed run reads other samples "
      "than the uninterrupted run at the same step",
      "resume the loader where the checkpoint's step left it: the same epoch, and the "
      "batches it already read skipped"),
-    ("rng", "the RNG state and the gradients with it",
+    ("rng", "rng-state-not-restored", "the RNG state and the gradients with it",
      "each rank's own RNG state is not restored, so what draws from it (dropout, random "
      "data) draws other numbers",
      "save each rank's own RNG states (torch.get_rng_state(), and numpy's and random's if "
      "used) in a file per rank, and restore each rank's own"),
-    ("grads", "the gradients",
+    ("grads", "state-not-restored", "the gradients",
      "the step computed other gradients from the same parameters, optimiser and data: "
      "state the checkpoint does not hold (a buffer, a generator of the script's own), or "
      "a computation that is not deterministic",
@@ -78,7 +79,9 @@ class Resumption:
     ok: bool
     summary: str
     fix: str = ""
-    kind: str = ""  # the RESTORED key of the first difference, or a reason it is unchecked
+    # the failure mode of the first difference (a ResumeCause; measured["part"] says which
+    # part of the state), or "not-deterministic": why it could not be compared
+    kind: str = ""
     ranks: tuple[int, ...] = ()
     checkpoint_step: int = 0  # S: the optimiser steps done when the K-th save returned
     compared_steps: tuple[int, int] = (0, 0)  # the uninterrupted run's steps compared
@@ -178,7 +181,7 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
         for rank, w, a in pairs:
             if w["rng"] != a["rng"]:
                 rng_apart.setdefault(rank, at)
-        for key, what, why, fix in RESTORED:
+        for key, name, what, why, fix in RESTORED:
             if key == "rng":
                 parted = tuple(r for r, w, a in pairs if differs("grads", w, a)
                                and w["rng"] != a["rng"])
@@ -186,7 +189,7 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
                 parted = tuple(r for r, w, a in pairs if differs(key, w, a))
             if not parted:
                 continue
-            measured: dict = {"step": at, "ranks": list(parted)}
+            measured: dict = {"step": at, "ranks": list(parted), "part": key}
             if key in ("settings", "epoch"):
                 rank = parted[0]
                 measured.update(uninterrupted=whole[rank][at].get(key),
@@ -210,14 +213,14 @@ def compare(uninterrupted: list[tuple[dict, ...]], interrupted: list[tuple[dict,
                 f"differ{'' if key in PLURAL else 's'} from the "
                 f"uninterrupted run's{said}: {why}"
                 + (f"; {'; '.join(lines)}" if lines else ""),
-                fix, key, parted, step, (step + 1, at), tuple(lines), measured)
+                fix, name, parted, step, (step + 1, at), tuple(lines), measured)
     if made + step != total:
         return Resumption(False, f"the resumed run made {made} steps after step {step}, "
                           f"where the uninterrupted run made {total - step}: it resumed from "
                           f"another step than its checkpoint's",
                           "resume from the checkpoint's own step (save the step with it)",
-                          "steps", checkpoint_step=step, measured={"made": made,
-                                                                   "expected": total - step})
+                          "resumed-at-another-step", checkpoint_step=step,
+                          measured={"made": made, "expected": total - step})
     note = ""
     if rng_apart:
         note = (f"; {ranks_phrase(sorted(rng_apart))}' RNG state differs from step "

@@ -124,7 +124,8 @@ def resume_check(args: argparse.Namespace) -> int:
     if found.kind == "not-deterministic":
         raise UsageError(f"cannot check {name}: {found.summary}; {found.fix}")
     verdict = "OK" if found.ok else "FAILED"
-    print(f"distdoctor resume-check: {verdict}: {found.summary}", flush=True)
+    named = "" if found.ok else f"{found.kind}: "  # the failure mode's one name
+    print(f"distdoctor resume-check: {verdict}: {named}{found.summary}", flush=True)
     if found.fix:
         print(f"  fix: {found.fix}", flush=True)
     if args.report:

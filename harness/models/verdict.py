@@ -33,6 +33,14 @@ CauseKind = Literal["world-size-mismatch", "duplicate-rank", "split-rendezvous",
                     "sum-without-mean", "allreduce-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler"]
 CAUSE_KINDS: tuple[str, ...] = get_args(CauseKind)
+# what resume-check tells a script whose resume parts from the run that never stopped:
+# the part of the state not restored, by its failure mode's name (the catalogue's resume
+# faults inject four of them into the built-in workload)
+ResumeCause = Literal["params-not-restored", "optimizer-state-not-restored",
+                      "scheduler-not-restored", "sampler-not-restored",
+                      "rng-state-not-restored", "state-not-restored", "not-resumed",
+                      "resumed-at-another-step"]
+RESUME_CAUSES: tuple[str, ...] = get_args(ResumeCause)
 
 
 @dataclass(frozen=True, kw_only=True)
