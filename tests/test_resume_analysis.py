@@ -158,3 +158,29 @@ def test_a_sample_is_every_kth_value_of_the_tensors_end_to_end_without_joining_t
     joined = torch.cat([t.reshape(-1) for t in tensors])
     assert _sample(tensors) == joined[::100 // SAMPLED][:SAMPLED].tolist()
     assert _sample([torch.tensor([1.5, 2.5])]) == [1.5, 2.5] and _sample([]) == []
+
+
+def test_float_rounding_a_restart_brings_is_not_a_state_lost():
+    """A deterministic script whose resumed run sums a reduction in another order (DDP's
+    first iteration at 3 ranks): the gradients' digests differ, their values by 1e-8
+    relative, and every later state carries it, some too little to reach the sample. That
+    is rounding, said; a value off by 1e-3 is a lost state, and so are equal samples of
+    other digests before any rounding showed."""
+    exact = {step: {"params_sample": [1.0, -2.0], "grads_sample": [0.5],
+                    "optimizer_state_sample": [0.25]} for step in range(1, 7)}
+    whole = [run(range(1, 7), exact)] * 2
+    stopped = [run(range(1, 3), exact, saves=(2,))] * 2
+    rounded = {**{s: dict(exact[s]) for s in range(3, 7)},
+               3: {**exact[3], "grads": "g3'", "grads_sample": [0.5 * (1 + 1e-8)]},
+               4: {**exact[4], "params": "p4'"}}  # its sampled values are still equal
+    found = compare(whole, stopped, [run(range(3, 7), rounded, loads=True)] * 2, 2)
+    assert found.ok, found.summary
+    assert found.measured["rounding"] == {"grads": pytest.approx(1e-8, rel=1e-2),
+                                          "params": 0.0}
+    assert "but for float rounding in the gradients and parameters" in found.summary
+    lost = {**rounded, 3: {**exact[3], "grads": "g3'", "grads_sample": [0.5 * (1 + 1e-3)]}}
+    found = compare(whole, stopped, [run(range(3, 7), lost, loads=True)] * 2, 2)
+    assert (found.ok, found.kind, found.measured["step"]) == (False, "state-not-restored", 3)
+    unseen = {**{s: dict(exact[s]) for s in range(3, 7)}, 3: {**exact[3], "params": "p3'"}}
+    found = compare(whole, stopped, [run(range(3, 7), unseen, loads=True)] * 2, 2)
+    assert (found.ok, found.kind) == (False, "params-not-restored")
