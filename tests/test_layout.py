@@ -236,7 +236,8 @@ def test_the_layer_table_is_the_one_the_package_documents():
 # userjob's module families (harness/userjob/__init__.py says the same): family -> the
 # families it may import
 USERJOB_FAMILIES = {"launching": {"inrank", "watching"}, "inrank": {"watching"},
-                    "watching": set(), "attaching": set(), "reporting": set()}
+                    "watching": set(), "attaching": set(), "reporting": set(),
+                    "resuming": {"launching", "reporting"}}
 
 
 def test_userjobs_families_import_only_what_their_table_allows():
