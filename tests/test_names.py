@@ -96,7 +96,7 @@ def test_exercises_and_remedies_use_the_names_of_the_catalogue_and_the_report():
         if exercise.name in CATALOGUE:
             assert set(exercise.kinds) <= set(CATALOGUE[exercise.name].reported_as)
         for wrong in exercise.wrong_fixes:
-            assert wrong.still in CAUSE_KINDS, (exercise.name, wrong.name)
+            assert wrong.still in TOLD, (exercise.name, wrong.name)
     assert set(REMEDIES) <= set(CAUSE_KINDS)
     assert not set(CAUSE_KINDS) & set(RESUME_CAUSES)  # a name says which tool told it
 

@@ -136,7 +136,7 @@ def test_under_torchrun_analyze_names_the_straggler_from_the_traces(distdoctor, 
 def test_a_rank_late_because_its_core_runs_other_work_is_the_machine_not_a_failure(
         distdoctor, tmp_path):
     """Each rank on a core of its own, rank 1's shared with a busy loop (another job on
-    the node): rank 1 is last at every step, and its threads' wait for a CPU (the kernel's
+    the node): rank 1 is last at most steps, and its threads' wait for a CPU (the kernel's
     run-queue delay) covers its lateness, so the verdict names the machine and stays
     undecided: the run is OK. A rank late from its own work waits little for a CPU and
     is still a straggler (test_each_straggler_is_named_with_where_its_time_goes)."""
@@ -146,7 +146,9 @@ def test_a_rank_late_because_its_core_runs_other_work_is_the_machine_not_a_failu
     result = json.loads(report.read_text())
     assert done.returncode == 0 and result["status"] == "ok", done.stdout
     [said] = result["undecided"]
-    assert said.startswith("straggler (rank 1): rank 1 arrives last") and \
+    # rank 1 as a rule; rank 0 where the machine's other jobs took its core instead (seen
+    # with the whole suite beside it): either way the late rank is the machine's
+    assert re.match(r"straggler \(rank (\d)\): rank \1 arrives last", said) and \
         "the machine's, not the program's" in said and "waiting for a CPU" in said, said
     waited = float(re.search(r"waited ([\d.]+) ms a step longer", said)[1])
     late = float(re.search(r"against ([\d.]+) ms a step late", said)[1])

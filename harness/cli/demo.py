@@ -138,8 +138,9 @@ def _write_pages(directory: str, rows: list, taught: list) -> None:
                 page.Section("The script", "script", f"<pre>{escape(lesson.source)}</pre>"),
                 page.Section("The fix", "fix", page.diff(lesson.diff)),
                 page.Section(f"Both run on {lesson.world_size} gloo ranks", "runs", page.table(
-                    ["script", "verdict"], [["with the bug", run_verdict(lesson.before)],
-                                            ["fixed", run_verdict(lesson.after)]]))]))
+                    ["script", "verdict"],
+                    [["with the bug", run_verdict(lesson.before, lesson.exercise.resumes)],
+                     ["fixed", run_verdict(lesson.after, lesson.exercise.resumes)]]))]))
         entries.append((name, f"{lesson.exercise.name} from code",
                         "fixed" if _cured(lesson) else "not-fixed"))
     for row in rows:

@@ -84,19 +84,23 @@ def code_lesson_text(taught) -> str:
         indented.rstrip("\n"),
         "The fix, as a diff of it:",
         taught.diff.rstrip("\n"),
-        f"Both run on {taught.world_size} gloo ranks:",
-        wrap(f"with the bug: {run_verdict(taught.before)}", indent="  "),
-        wrap(f"fixed:        {run_verdict(taught.after)}", indent="  "),
+        f"Both run on {taught.world_size} gloo ranks" + (
+            ", each by resume-check (stopped after its first checkpoint, once through, and "
+            "resumed):" if exercise.resumes else ":"),
+        wrap(f"with the bug: {run_verdict(taught.before, exercise.resumes)}", indent="  "),
+        wrap(f"fixed:        {run_verdict(taught.after, exercise.resumes)}", indent="  "),
     ])
 
 
-def run_verdict(run) -> str:
+def run_verdict(run, resumed: bool = False) -> str:
     """A graded run in a line: its first cause with the detector's numbers, or OK."""
     if run.causes:
         kind, summary = run.causes[0]
         return f"FAILED: {kind}: {summary}"
     if not run.finished:
         return "FAILED: a rank did not finish"
+    if resumed:
+        return "OK: resumed from its checkpoint, it trains like the run that never stopped"
     return "OK: every rank finished and no detector found a cause"
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 
+from distdoctor.models.verdict import RESUME_CAUSES
+
 # the world sizes a script is graded at: a second one catches a fix that holds only at the
 # first (a gradient divided by a constant that happens to equal today's world size)
 WORLD_SIZES = (2, 3)
@@ -52,6 +54,12 @@ class Exercise:
 
     def source(self) -> str:
         return resources.files(__package__).joinpath("exercises", self.script).read_text()
+
+    @property
+    def resumes(self) -> bool:
+        """Is the bug in how the script resumes? Then resume-check grades it (stopped after
+        a checkpoint, run through, resumed), not a run alone."""
+        return set(self.kinds) <= set(RESUME_CAUSES)
 
 
 def _sampler(arguments: str, epoch: str) -> tuple[Edit, ...]:
@@ -166,6 +174,24 @@ COURSE: tuple[Exercise, ...] = (
          Edit('    "2": RowwiseParallel(output_layouts=Shard(0)),\n',
               '    "2": RowwiseParallel(output_layouts=Shard(0)),\n'
               '    "4": SequenceParallel(sequence_dim=0),\n'))),
+    Exercise(
+        "scheduler-not-restored", "A resumed run trains differently",
+        "The job checkpoints at the end of each epoch and resumes from its last checkpoint "
+        "when restarted. A run that was stopped and resumed ends with another model than one "
+        "that never stopped. Find out why, and fix it so that a resumed run trains exactly "
+        "like one that never stopped.",
+        "scheduler_not_restored.py", ("scheduler-not-restored",),
+        (Edit('    optimizer.load_state_dict(saved["optimizer"])\n',
+              '    optimizer.load_state_dict(saved["optimizer"])\n'
+              '    scheduler.load_state_dict(saved["scheduler"])\n'),
+         Edit('"rng": torch.get_rng_state(), "epoch": epoch}, path)',
+              '"rng": torch.get_rng_state(), "epoch": epoch,\n'
+              '                "scheduler": scheduler.state_dict()}, path)')),
+        (WrongFix("the scheduler saved but never loaded", (
+            Edit('"rng": torch.get_rng_state(), "epoch": epoch}, path)',
+                 '"rng": torch.get_rng_state(), "epoch": epoch,\n'
+                 '                "scheduler": scheduler.state_dict()}, path)'),),
+            "scheduler-not-restored"),)),
 )
 
 

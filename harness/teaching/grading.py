@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from distdoctor.models.deadlines import IN_RANK_S
 from distdoctor.models.jsoncodec import to_json
@@ -57,11 +58,14 @@ def start(name: str, directory: Path) -> Exercise:
         raise FileExistsError(directory / SCRIPT)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / SCRIPT).write_text(chosen.source())
+    how = ("three times on each (stopped after its first checkpoint, once through, and "
+           "resumed from that checkpoint), compares the resumed run with the one never "
+           "stopped," if chosen.resumes else "and")
     (directory / TASK).write_text(
         f"# {chosen.title}\n\n{chosen.task}\n\nEdit {SCRIPT}, then run\n\n"
         f"    distdoctor exercise check {directory}\n\nIt runs your script on "
-        f"{' and '.join(map(str, WORLD_SIZES))} gloo ranks and says passed, or what is "
-        f"still wrong.\n")
+        f"{' and '.join(map(str, WORLD_SIZES))} gloo ranks {how} says passed, or what "
+        f"is still wrong.\n")
     (directory / SETTINGS).write_text(json.dumps({"exercise": name, "script": SCRIPT}) + "\n")
     return chosen
 
@@ -83,20 +87,46 @@ def settings(directory: Path) -> tuple[str, Path]:
 
 def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade:
     name, script = settings(directory)
+    chosen = exercise(name)
+    attempt = attempt_for(chosen)
     runs = []
     for world_size in WORLD_SIZES:
         progress(f"running {script.name} on {world_size} ranks ...")
-        runs.append(run_attempt(script, world_size, deadline))
+        runs.append(attempt(script, world_size, deadline))
         if runs[-1].causes or not runs[-1].finished:
             break  # what is still wrong, at the first world size that shows it
     last = runs[-1]
     if not last.causes and last.finished:
         sizes = " and ".join(str(r.world_size) for r in runs)
+        clean = ("resumed from its checkpoint, it trains like the run that never stopped"
+                 if chosen.resumes else "every rank finished and no detector found a cause")
         return Grade(name, str(script), True, f"passed: {script.name} runs clean on {sizes} "
-                     f"ranks: every rank finished and no detector found a cause", tuple(runs))
+                     f"ranks: {clean}", tuple(runs))
     said = last.causes[0][1] if last.causes else "a rank did not finish"
     return Grade(name, str(script), False, f"not yet: on {last.world_size} ranks, {said}",
                  tuple(runs))
+
+
+def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
+    """How an attempt at ``chosen`` is run and judged: by resume-check where the bug is in
+    the resume, else by every detector on one run."""
+    return resume_attempt if chosen.resumes else run_attempt
+
+
+def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
+    """``script`` as resume-check runs it on ``world_size`` ranks: stopped after its first
+    checkpoint, once through, resumed; the first thing the resumed run does otherwise."""
+    from distdoctor.userjob.resuming.runs import CannotCompare, resumption, script_runs
+
+    script = script.resolve()
+    try:
+        found = resumption(script_runs(script, [], world_size, deadline, script.parent),
+                           script.name, script.parent)
+    except CannotCompare as exc:
+        return Run(world_size, False, (("not-compared", str(exc)),))
+    if found.ok:
+        return Run(world_size, True, ())
+    return Run(world_size, found.kind != "not-deterministic", ((found.kind, found.summary),))
 
 
 def run_attempt(script: Path, world_size: int, deadline: float) -> Run:

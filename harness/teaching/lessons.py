@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distdoctor.teaching.course import COURSE, Exercise
-from distdoctor.teaching.grading import Run, run_attempt
+from distdoctor.teaching.grading import Run, attempt_for
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def code_lesson(name: str, world_size: int, deadline: float) -> CodeLesson:
             (Path(folder) / label).mkdir()
             script = Path(folder) / label / exercise.script
             script.write_text(text)
-            ran = run_attempt(script, world_size, deadline)
+            ran = attempt_for(exercise)(script, world_size, deadline)
             here = f"{script.parent}/"  # the scripts' lines said by name, as printed
             runs.append(replace(ran, causes=tuple((kind, summary.replace(here, ""))
                                                   for kind, summary in ran.causes)))
