@@ -2,6 +2,10 @@
 
 A distributed sampler deals every epoch out in disjoint shares: no sample id may appear
 on two ranks in one epoch (share 0%), and epoch e must not replay epoch e-1's order. The
+one exception is the padding that evens the shares out (torch's DistributedSampler
+without drop_last repeats a few samples so that every rank gets as many): fewer extra
+draws than there are ranks, each rank drawing as many, is that padding, not a share read
+twice. The
 same rule reads the built-in workload's steps and the batches a user's script drew from
 its data loaders (recorded by the tracer's batch-sampler hook).
 """
@@ -75,6 +79,8 @@ def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
             for sample in (i for batch in rank_batches for i in batch):
                 seen[sample].add(rank)
         shared = [s for s, ranks in seen.items() if len(ranks) > 1]
+        if _padded(per_rank, len(seen)):
+            shared = []
         shares[epoch] = len(shared) / len(seen) if seen else 0.0
         ranks_involved.update(r for s in shared for r in seen[s])
     worst = max(shares.values(), default=0.0)
@@ -98,6 +104,12 @@ def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:
         fix_changes={"knobs.sampler": "distributed"}, ranks=ranks_involved, measured=measured,
         fix=fix,
         kind="duplicate-samples", where=loop.where if loop else ())]
+
+
+def _padded(per_rank: dict, unique: int) -> bool:
+    """Are an epoch's repeats only the padding that gives every rank as many samples?"""
+    drawn = [sum(map(len, rank_batches)) for rank_batches in per_rank.values()]
+    return len(set(drawn)) == 1 and sum(drawn) - unique < len(drawn)
 
 
 def _replayed_epochs(batches: dict, loop: Loop | None = None) -> list[Finding]:

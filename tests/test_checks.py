@@ -109,6 +109,20 @@ def test_replicas_of_one_ddp_reading_the_same_samples_overlap_fully():
     assert found[0].measured["where"] == "train.py:9" and "DistributedSampler" in found[0].fix
 
 
+def test_the_padding_that_evens_out_the_shares_is_not_a_sample_read_twice():
+    """32 samples on 3 ranks: DistributedSampler deals 11 each, one sample twice (33 draws
+    of 32); a share read twice is more repeats than ranks, or shares of other sizes."""
+    groups = {r: (0, 1, 2) for r in range(3)}
+    padded = {0: [(0, list(range(0, 11)))], 1: [(0, list(range(11, 22)))],
+              2: [(0, [*range(22, 32), 0])]}
+    assert shared_shuffle_seed.check(loader_record(padded, groups,
+                                                   sampler="DistributedSampler")) == []
+    twice = {**padded, 2: [(0, [*range(20, 30), 0])]}  # 10 + 11 + 11 repeats of 30 samples
+    assert shared_shuffle_seed.check(loader_record(twice, groups))
+    uneven = {**padded, 2: [(0, [*range(22, 32), 0, 1])]}
+    assert shared_shuffle_seed.check(loader_record(uneven, groups))
+
+
 def test_ranks_in_different_ddp_groups_may_read_the_same_samples():
     """Tensor or pipeline parallel peers (0 with 2, 1 with 3) read the same batches by
     design; each DDP group's replicas (0, 1) and (2, 3) read disjoint ones."""
