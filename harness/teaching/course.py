@@ -74,6 +74,18 @@ def _sampler(arguments: str, epoch: str) -> tuple[Edit, ...]:
                  f"for epoch in range(2):\n    sampler.set_epoch({epoch})\n"))
 
 
+# rng_state_not_restored.py's checkpoint, saved by rank 0 alone, and by every rank
+_SAVED_ON_RANK_0 = (
+    '    if rank == 0:\n'
+    '        torch.save({"model": model.module.state_dict(), "optimizer": '
+    'optimizer.state_dict(),\n'
+    '                    "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),\n'
+    '                    "epoch": epoch}, path)\n')
+_SAVED_ON_EVERY_RANK = (
+    '    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),\n'
+    '                "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),\n'
+    '                "epoch": epoch}, path)\n')
+
 COURSE: tuple[Exercise, ...] = (
     Exercise(
         "divergent-init", "Ranks diverge from step one",
@@ -192,6 +204,37 @@ COURSE: tuple[Exercise, ...] = (
                  '"rng": torch.get_rng_state(), "epoch": epoch,\n'
                  '                "scheduler": scheduler.state_dict()}, path)'),),
             "scheduler-not-restored"),)),
+    Exercise(
+        "rng-state-not-restored", "A resumed run parts from one that never stopped",
+        "The job checkpoints at the end of each epoch and resumes from its last checkpoint "
+        "when restarted. Each rank draws its own dropout masks, yet after a resume the "
+        "ranks train differently from a run that never stopped. Find out why, and fix it "
+        "so that a resumed run trains exactly like one that never stopped.",
+        "rng_state_not_restored.py", ("rng-state-not-restored",),
+        (Edit('path = "checkpoints/last.pt"', 'path = f"checkpoints/rank{rank}.pt"'),
+         Edit(_SAVED_ON_RANK_0, _SAVED_ON_EVERY_RANK)),
+        (WrongFix("the RNG state no longer restored", (
+            Edit('    torch.set_rng_state(saved["rng"])\n', ""),), "rng-state-not-restored"),)),
+    Exercise(
+        "optimizer-state-not-restored", "After a resume the ranks no longer agree",
+        "The job checkpoints at the end of each epoch and resumes from its last checkpoint "
+        "when restarted. A run that was stopped and resumed ends with another model than one "
+        "that never stopped, and the ranks' models no longer agree. Find out why, and fix it "
+        "so that a resumed run trains exactly like one that never stopped.",
+        "optimizer_state_not_restored.py", ("optimizer-state-not-restored",),
+        (Edit('    if rank == 0:\n        state["optimizer"] = optimizer.state_dict()\n',
+              '    state["optimizer"] = optimizer.state_dict()\n'),)),
+    Exercise(
+        "sampler-not-restored", "A resumed run reads other batches",
+        "The job checkpoints at the end of each epoch and resumes from its last checkpoint "
+        "when restarted. After a resume it trains on other batches than a run that never "
+        "stopped would at the same step. Find out why, and fix it so that a resumed run "
+        "trains exactly like one that never stopped.",
+        "sampler_not_restored.py", ("sampler-not-restored",),
+        (Edit("    sampler.set_epoch(ran)\n", "    sampler.set_epoch(epoch)\n"),),
+        (WrongFix("set_epoch with a constant", (
+            Edit("    sampler.set_epoch(ran)\n", "    sampler.set_epoch(0)\n"),),
+            "repeated-epoch-order"),)),
 )
 
 

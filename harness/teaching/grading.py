@@ -114,11 +114,22 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
-    """``script`` as resume-check runs it on ``world_size`` ranks: stopped after its first
-    checkpoint, once through, resumed; the first thing the resumed run does otherwise."""
-    from distdoctor.userjob.resuming.runs import CannotCompare, resumption, script_runs
+    """``script`` on ``world_size`` ranks judged by every detector, in a folder of its own
+    (a fix that resumes alike but breaks training, a sampler told a constant epoch, is no
+    fix); then as resume-check runs it: stopped after its first checkpoint, once through,
+    resumed; the first thing the resumed run does otherwise."""
+    from distdoctor.userjob.resuming.runs import (
+        CannotCompare,
+        own_folder,
+        resumption,
+        script_runs,
+    )
 
     script = script.resolve()
+    with own_folder(script.parent) as folder:
+        plain = run_attempt(folder / script.name, world_size, deadline)
+    if plain.causes or not plain.finished:
+        return plain
     try:
         found = resumption(script_runs(script, [], world_size, deadline, script.parent),
                            script.name, script.parent)

@@ -72,6 +72,20 @@ def resumption(runs: Runs, name: str, home: Path, at: int = 1, steps: int | None
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+@contextmanager
+def own_folder(home: Path):
+    """A fresh folder, linked to ``home``'s entries, as the working directory (and TMPDIR)
+    while a run writes its checkpoints there; removed after."""
+    scratch = Path(tempfile.mkdtemp(prefix="distdoctor-resume-"))
+    try:
+        folder = scratch / "run"
+        _linked(home.resolve(), folder)
+        with _inside_folder(folder, {"TMPDIR": str(folder)}):
+            yield folder
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _at_home(found: Resumption, folders: tuple[Path, ...], home: Path) -> Resumption:
     """The lines said as the user's own files: a line outside the working directory is
     said through the run's folder, which is gone once the runs are compared."""
