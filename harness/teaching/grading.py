@@ -9,7 +9,7 @@ fix: the student finds that. The grade is also written as JSON, for a grading sc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -98,8 +98,9 @@ def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade
     last = runs[-1]
     if not last.causes and last.finished:
         sizes = " and ".join(str(r.world_size) for r in runs)
-        clean = ("resumed from its checkpoint, it trains like the run that never stopped"
-                 if chosen.resumes else "every rank finished and no detector found a cause")
+        clean = "every rank finished and no detector found a cause" + (
+            ", and resumed from its checkpoint it trains like the run that never stopped"
+            if chosen.resumes else "")
         return Grade(name, str(script), True, f"passed: {script.name} runs clean on {sizes} "
                      f"ranks: {clean}", tuple(runs))
     said = last.causes[0][1] if last.causes else "a rank did not finish"
@@ -128,8 +129,10 @@ def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
     script = script.resolve()
     with own_folder(script.parent) as folder:
         plain = run_attempt(folder / script.name, world_size, deadline)
-    if plain.causes or not plain.finished:
-        return plain
+    if plain.causes or not plain.finished:  # its lines said as the student's own file's
+        return replace(plain, causes=tuple(
+            (kind, said.replace(f"{folder}/", f"{script.parent}/"))
+            for kind, said in plain.causes))
     try:
         found = resumption(script_runs(script, [], world_size, deadline, script.parent),
                            script.name, script.parent)
