@@ -176,6 +176,35 @@ def test_a_deadlock_is_closed_from_a_stopped_rank_s_reported_wait():
     assert wait_cycle(ends, ((), ())) == []  # without rank 1's report there is no cycle
 
 
+def test_a_deadlock_the_watch_proved_is_closed_from_the_calls_its_traces_hold_open():
+    """The race the suite lost next (hang_time's smoke run, on a loaded machine): the
+    watch proved the cycle from both ranks' open sends and stopped them before either
+    transport had waited the 0.05 s after which it reports whom it waits for. The proof's
+    own evidence, each rank's open send in its trace, closes the cycle; a trace alone,
+    for a rank not stopped by a proof, does not (a buffered send is open for an instant)."""
+    from distdoctor.analysis.waitfor import PROVEN
+    from distdoctor.collectives.checker import deadlock_text, wait_cycle
+    from distdoctor.models import RankEnd
+
+    def trace(rank: int, peer: int) -> tuple[dict, ...]:
+        return ({"ev": "enter", "id": 1, "op": "send", "peer": peer, "where": "/u/a.py:7"},
+                {"ev": "done", "id": 1},
+                {"ev": "enter", "id": 2, "op": "isend", "peer": peer, "where": "/u/a.py:9"},
+                {"ev": "enter", "id": 3, "op": "recv", "peer": peer, "where": "/u/a.py:8"},
+                {"ev": "done", "id": 3})
+
+    proven = f"{PROVEN}: ranks 0 -> 1 -> 0 each wait for the next"
+    ends = (RankEnd(0, "hung", error=proven), RankEnd(1, "hung", error=proven))
+    traces, events = (trace(0, 1), trace(1, 0)), ((), ())
+    assert wait_cycle(ends, events, traces) == [0, 1]
+    assert ("rank 0 in send to rank 1 at /u/a.py:9; rank 1 in send to rank 0 at /u/a.py:9"
+            in deadlock_text([0, 1], ends, events, "rendezvous", traces))
+    unproven = (RankEnd(0, "hung"), RankEnd(1, "hung"))
+    assert wait_cycle(unproven, events, traces) == []
+    closed = tuple(t + ({"ev": "done", "id": 2},) for t in traces)
+    assert wait_cycle(ends, events, closed) == []
+
+
 def test_a_call_the_transport_does_not_take_fails_on_the_first_example(capsys):
     """A torch-style recv(buffer, src) fails alike on every example: said at once, with
     the transport's methods, instead of shrinking over a hundred examples (25 s)."""

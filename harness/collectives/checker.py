@@ -29,7 +29,8 @@ from distdoctor.collectives import KINDS  # noqa: F401 (part of this module's in
 from distdoctor.collectives.jobs import TransportMisuse, run_user
 from distdoctor.collectives.properties import Case, cases, mismatch, reduced
 from distdoctor.launch.pool import shared_pool
-from distdoctor.models.events import Emit
+from distdoctor.models.calls import direction, is_point_to_point
+from distdoctor.models.events import Emit, Ev
 from distdoctor.models.record import STOPPED
 
 # as a path's tail: "harness/..." in a checkout, "distdoctor/..." installed
@@ -157,11 +158,11 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
         hung = [end for end in result.ends
                 if "Timeout" in (end.error or "") or end.status in STOPPED]
         timed_out = any(not (end.error or "").startswith(PROVEN) for end in hung)
-        cycle = wait_cycle(result.ends, result.events)
+        cycle = wait_cycle(result.ends, result.events, result.traces)
         if cycle:
             return Failure(case, "deadlock",
-                           deadlock_text(cycle, result.ends, result.events, wire), wire,
-                           timed_out)
+                           deadlock_text(cycle, result.ends, result.events, wire,
+                                         result.traces), wire, timed_out)
         hang = bool(hung)
         lines = [rank_text(end, events) for end, events in zip(result.ends, result.events)
                  if not end.ok]
@@ -170,15 +171,18 @@ def evaluate(target: str, kind: str, case: Case, deadline: float,
     return Failure(case, "wrong result", problem, wire) if problem else None
 
 
-def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
+def waits_of(ends, events, traces=()) -> dict[int, tuple[str, int, str]]:
     """Whom each rank that did not finish was waiting for: rank -> (how, peer, line). From
     its own timeout when it raised one; else, for a rank the pool stopped, from the last
-    wait its transport reported ("waiting", what, peer) and the line its stack was at."""
+    wait its transport reported ("waiting", what, peer) and the line its stack was at; else,
+    for a rank stopped by the watch's proof, from the send or receive its trace shows open
+    (the very call the proof held open for CONFIRM_S: on a loaded machine the proof can
+    stop a rank before its transport has reported the wait, 0.05 s in)."""
     from distdoctor.models.record import user_frame
     from distdoctor.userjob.reporting.report import raising_line
 
     waits = {}
-    for end, emitted in zip(ends, events):
+    for end, emitted, trace in zip(ends, events, traces or ((),) * len(ends)):
         found = _WAIT.search(end.error or "")
         if found and int(found["rank"]) == end.rank:
             how = "in send to" if found["how"] == "in send to" else "in recv from"
@@ -190,21 +194,36 @@ def waits_of(ends, events) -> dict[int, tuple[str, int, str]]:
             frame = user_frame(end.stacks)
             waits[end.rank] = ("in send to" if what == "send" else "in recv from", peer,
                                frame.place if frame else "?")
+        elif end.status in STOPPED and (end.error or "").startswith(PROVEN):
+            call = open_transfer(trace)
+            if call is not None:
+                waits[end.rank] = ("in send to" if direction(call["op"]) == "send"
+                                   else "in recv from", call["peer"], call.get("where") or "?")
     return waits
 
 
-def wait_cycle(ends, events) -> list[int]:
+def open_transfer(trace) -> dict | None:
+    """The last send or receive of our transport a rank's trace shows entered and never
+    done nor failed: the call it was stopped in."""
+    closed = {event.get("id") for event in trace if event.get("ev") in (Ev.DONE, Ev.ERROR)}
+    entered = [event for event in trace if event.get("ev") == Ev.ENTER
+               and is_point_to_point(str(event.get("op")))
+               and isinstance(event.get("peer"), int) and event.get("id") not in closed]
+    return entered[-1] if entered else None
+
+
+def wait_cycle(ends, events, traces=()) -> list[int]:
     """Ranks that each wait for the next (in a send to it, or for its data) around a
     cycle: an ordering deadlock. [] when the waits form no cycle."""
     from distdoctor.analysis.waitfor import cycle_of
 
-    waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events).items()}
+    waits = {rank: {peer} for rank, (_, peer, _) in waits_of(ends, events, traces).items()}
     return cycle_of(waits) or []
 
 
-def deadlock_text(cycle: list[int], ends, events, wire: str) -> str:
+def deadlock_text(cycle: list[int], ends, events, wire: str, traces=()) -> str:
     ring = " -> ".join(map(str, cycle + [cycle[0]]))
-    waits = waits_of(ends, events)
+    waits = waits_of(ends, events, traces)
     each = "; ".join(f"rank {rank} {waits[rank][0]} rank {waits[rank][1]} at {waits[rank][2]}"
                      for rank in sorted(cycle))
     return (f"ordering deadlock on the {wire} transport: ranks {ring} each wait for the next: "
