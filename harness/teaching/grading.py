@@ -9,7 +9,7 @@ fix: the student finds that. The grade is also written as JSON, for a grading sc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -115,29 +115,37 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
-    """``script`` on ``world_size`` ranks judged by every detector, in a folder of its own
-    (a fix that resumes alike but breaks training, a sampler told a constant epoch, is no
-    fix); then as resume-check runs it: stopped after its first checkpoint, once through,
-    resumed; the first thing the resumed run does otherwise."""
+    """``script`` on ``world_size`` ranks as resume-check runs it: stopped after its first
+    checkpoint, once through, resumed. The run once through is judged by every detector
+    as a plain run is (a fix that resumes alike but breaks training, a sampler told a
+    constant epoch, is no fix), then the first thing the resumed run does otherwise."""
     from distdoctor.userjob.resuming.runs import (
         CannotCompare,
         own_folder,
         resumption,
+        said_at_home,
         script_runs,
     )
 
     script = script.resolve()
-    with own_folder(script.parent) as folder:
-        plain = run_attempt(folder / script.name, world_size, deadline)
-    if plain.causes or not plain.finished:  # its lines said as the student's own file's
-        return replace(plain, causes=tuple(
-            (kind, said.replace(f"{folder}/", f"{script.parent}/"))
-            for kind, said in plain.causes))
+    judged: list[Run] = []
+    runs = script_runs(script, [], world_size, deadline, script.parent,
+                       judge=lambda finished, causes: judged.append(
+                           Run(world_size, finished, causes)))
+    found, why = None, ""
     try:
-        found = resumption(script_runs(script, [], world_size, deadline, script.parent),
-                           script.name, script.parent)
+        found = resumption(runs, script.name, script.parent)
     except CannotCompare as exc:
-        return Run(world_size, False, (("not-compared", str(exc)),))
+        why = str(exc)
+    if not judged:  # it failed before the run once through: a plain run says how
+        with own_folder(script.parent) as folder:
+            plain = run_attempt(folder / script.name, world_size, deadline)
+        judged.append(Run(world_size, plain.finished, tuple(
+            (kind, said_at_home(said, (folder,), script.parent)) for kind, said in plain.causes)))
+    if judged[0].causes or not judged[0].finished:
+        return judged[0]
+    if found is None:
+        return Run(world_size, False, (("not-compared", why),))
     if found.ok:
         return Run(world_size, True, ())
     return Run(world_size, found.kind != "not-deterministic", ((found.kind, found.summary),))

@@ -20,9 +20,12 @@ from distdoctor.analysis.resume import Resumption, checkpoint_step, compare
 from distdoctor.models.events import Ev
 from distdoctor.trace.resume import LIMIT_ENV, MARK_ENV, RESUME_ENV, STOP_ENV
 
-# one run: from a folder, with more environment, and whether it must finish -> each
-# rank's trace
+# one run: from a folder, with more environment, whether it must finish, and whether it is
+# the run once through (the one a plain run of the script would be) -> each rank's trace
 Runs = Callable[..., list[tuple[dict, ...]]]
+# told what every detector finds in the run once through: whether each rank finished, and
+# each cause (kind, summary), its lines said as the user's own files
+Judge = Callable[[bool, tuple[tuple[str, str], ...]], None]
 
 
 class CannotCompare(ValueError):
@@ -54,7 +57,7 @@ def resumption(runs: Runs, name: str, home: Path, at: int = 1, steps: int | None
         limited = {LIMIT_ENV: str(step + steps)} if steps else {}
         progress(f"2 of 3: {name} once through"
                  f"{f' to step {step + steps}' if steps else ''}, in another ...")
-        uninterrupted = runs(whole, {RESUME_ENV: "1", **limited})
+        uninterrupted = runs(whole, {RESUME_ENV: "1", **limited}, once_through=True)
         _inside(uninterrupted, whole)
         last = max((e["step"] for trace in uninterrupted for e in trace
                     if e.get("ev") == Ev.STATE), default=0)
@@ -66,8 +69,10 @@ def resumption(runs: Runs, name: str, home: Path, at: int = 1, steps: int | None
                  f"step {step}) ...")
         resumed = runs(stopped, {RESUME_ENV: "1",
                                  **({LIMIT_ENV: str(steps)} if steps else {})})
-        return _at_home(compare(uninterrupted, interrupted, resumed, step),
-                        (whole, stopped), home)
+        found = compare(uninterrupted, interrupted, resumed, step)
+        return replace(found, summary=said_at_home(found.summary, (whole, stopped), home),
+                       lines=tuple(said_at_home(line, (whole, stopped), home)
+                                   for line in found.lines))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -86,36 +91,41 @@ def own_folder(home: Path):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _at_home(found: Resumption, folders: tuple[Path, ...], home: Path) -> Resumption:
-    """The lines said as the user's own files: a line outside the working directory is
-    said through the run's folder, which is gone once the runs are compared."""
-    def said(text: str) -> str:
-        for folder in folders:
-            text = text.replace(f"{folder}/", f"{home}/")
-        return text
-
-    return replace(found, summary=said(found.summary), lines=tuple(map(said, found.lines)))
+def said_at_home(text: str, folders: tuple[Path, ...], home: Path) -> str:
+    """A text said as the user's own files: a line outside the working directory is said
+    through the run's folder, which is gone once the runs are compared."""
+    for folder in folders:
+        text = text.replace(f"{folder}/", f"{home}/")
+    return text
 
 
 def script_runs(script: Path, script_args: list[str], world_size: int, deadline: float,
-                home: Path) -> Runs:
-    """Runs of ``script`` (its path under ``home`` taken through each run's folder)."""
-    return lambda folder, env, expect_ok=True: _run(  # noqa: E731
-        _in(script, home, folder), script_args, world_size, deadline, folder, env, expect_ok)
+                home: Path, judge: Judge | None = None) -> Runs:
+    """Runs of ``script`` (its path under ``home`` taken through each run's folder).
+    ``judge``, if given, is told what every detector finds in the run once through: it
+    is a plain run of the script too, so a grader needs no fourth run."""
+    def run(folder: Path, env: dict[str, str], expect_ok: bool = True,
+            once_through: bool = False) -> list[tuple[dict, ...]]:
+        return _run(_in(script, home, folder), script_args, world_size, deadline, folder, env,
+                    expect_ok, (lambda finished, causes: judge(finished, tuple(
+                        (kind, said_at_home(said, (folder,), home)) for kind, said in causes)))
+                    if judge is not None and once_through else None)
+
+    return run
 
 
 def command_runs(argv: list[str], deadline: float) -> Runs:
     """Runs of any command that starts its ranks itself (torchrun, mp.spawn)."""
-    return lambda folder, env, expect_ok=True: _run_command(  # noqa: E731
+    return lambda folder, env, expect_ok=True, once_through=False: _run_command(  # noqa: E731
         argv, deadline, folder, env, expect_ok)
 
 
 def _run(script: Path, script_args: list[str], world_size: int, deadline: float,
-         folder: Path, env: dict[str, str], expect_ok: bool = True
-         ) -> list[tuple[dict, ...]]:
+         folder: Path, env: dict[str, str], expect_ok: bool = True,
+         judge: Judge | None = None) -> list[tuple[dict, ...]]:
     """One run of the script on real ranks, from ``folder`` (its TMPDIR there too), with
-    the resume recorder on: each rank's trace. A run meant to finish that failed cannot be
-    compared: said in one line."""
+    the resume recorder on: each rank's trace, and what every detector finds told to
+    ``judge``. A run meant to finish that failed cannot be compared: said in one line."""
     from distdoctor.launch import procs
     from distdoctor.userjob.launching.launcher import ScriptStartError, run_script
     from distdoctor.userjob.reporting.record import explain, script_record
@@ -127,10 +137,12 @@ def _run(script: Path, script_args: list[str], world_size: int, deadline: float,
             raise CannotCompare(str(exc).splitlines()[0]) from None
         finally:
             procs.wait_reaped()
+    record = script_record(result.ends, result.traces, result.wall_s, result.started, deadline)
+    if judge is not None:  # as ``distdoctor run`` would say it
+        judge(all(end.status == "finished" for end in result.ends),
+              tuple((c.kind, c.summary) for c in explain(record, str(script)).findings))
     if expect_ok and not result.ok:
-        report = explain(script_record(result.ends, result.traces, result.wall_s,
-                                       result.started, deadline), script.name)
-        cause = report.cause
+        cause = explain(record, script.name).cause
         raise CannotCompare(f"a run of {script.name} failed, so it cannot be compared: "
                             f"{cause.kind + ': ' + cause.summary if cause else 'it did not finish'}"
                             f" (distdoctor run {script.name} says more)")
