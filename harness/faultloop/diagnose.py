@@ -6,15 +6,25 @@ detectors miss is reported as not reproduced rather than fixed by looking up the
 
 from __future__ import annotations
 
+from typing import Callable
+
 from distdoctor.analysis.distance import built_spread, spreads
 from distdoctor.faultloop.runspec import run_decided, undecided_note
 from distdoctor.faults import Fault
 from distdoctor.launch.pool import RankPool
 from distdoctor.models import Outcome, RunReport, RunSpec, Verdict, apply_changes
+from distdoctor.models.record import RunRecord
+from distdoctor.models.verdict import Assessment
+
+# how a spec is run and assessed (a caller that diagnoses many faults may share the runs of
+# a spec several fixes arrive at: the suite's fault matrix does)
+Runner = Callable[[RunSpec, RankPool | None], tuple[RunRecord, Assessment]]
 
 
 def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
-             pool: RankPool | None = None) -> RunReport:
+             pool: RankPool | None = None, run_fixed: Runner = run_decided) -> RunReport:
+    """The fault injected into ``base``, run on ``pool``, detected, fixed as its findings
+    say, and the fixed spec run by ``run_fixed``."""
     spec = fault.inject(fault.scenario(base), variant)
     label = f"{fault.id}:{fault.variant(variant).name}"
     record, before = run_decided(spec, pool)
@@ -37,7 +47,7 @@ def diagnose(fault: Fault, base: RunSpec, variant: str | None = None,
     fixed = apply_changes(spec, changes)
     # a fix may change the world size (more ranks to fit memory): that needs its own pool
     same_size = pool is not None and pool.world_size == fixed.world_size
-    fixed_record, after = run_decided(fixed, pool if same_size else None)
+    fixed_record, after = run_fixed(fixed, pool if same_size else None)
     applied = "applied " + ", ".join(f"{k}={v}" for k, v in changes.items())
     if not after.decided_health:
         verdict = Verdict("inconclusive", before, after,
