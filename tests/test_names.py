@@ -114,3 +114,37 @@ def test_each_row_of_the_readmes_symptom_table_names_its_failure_modes():
         named |= set(names)
     assert named <= set(CATALOGUE) | TOLD
     assert set(CATALOGUE) <= named
+
+
+def _kind_literals(path: Path) -> set[str]:
+    """Every string in a module's code that is a cause kind, the KINDS table itself aside."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    table = {id(node) for statement in tree.body if isinstance(statement, ast.AnnAssign)
+             and getattr(statement.target, "id", "") == "KINDS"
+             for node in ast.walk(statement)}
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and node.value in CAUSE_KINDS
+            and id(node) not in table}
+
+
+def test_a_family_declares_every_kind_its_code_names():
+    """A family check's KINDS (what tests/test_names.py reads) cannot drift from the kinds
+    it emits: every cause kind written in its module, or in the analysis module it reads
+    its findings from, is declared."""
+    import ast
+    import importlib.util
+
+    for name, kinds in _families().items():
+        module = _modules()[name]
+        sources = [Path(module.__file__)]
+        for node in ast.walk(ast.parse(sources[0].read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "distdoctor.analysis."):
+                spec = importlib.util.find_spec(node.module)
+                assert spec is not None and spec.origin is not None
+                sources.append(Path(spec.origin))
+        named = set().union(*map(_kind_literals, sources))
+        assert named, f"checks/{name}.py names no kind at all: the scan found nothing"
+        assert named <= set(kinds), (name, sorted(named - set(kinds)))
