@@ -382,6 +382,40 @@ def test_attach_asks_for_flight_recorder_dumps_through_the_dump_pipe(distdoctor,
         job.stop()
 
 
+def test_a_rank_py_spy_fails_to_read_is_read_again_never_called_exited(distdoctor, tmp_path,
+                                                                        monkeypatch):
+    """The suite once saw attach call a live rank 0 "exited" (rank-exited-early) because
+    py-spy's first read of it failed on a busy machine (its 10 s timeout). py-spy's answer
+    is forced here: a failed first read of rank 0 is tried again, and one that keeps
+    failing is said as such, exit 2, while the job runs on."""
+    from distdoctor.userjob.attaching import attach, pyspy
+
+    real, failed = pyspy.dump, set()
+
+    def flaky(pid: int, with_locals: bool = True):
+        if attach._environment(pid).get("RANK") == "0" and (always or pid not in failed):
+            failed.add(pid)
+            raise pyspy.StackReadError(f"py-spy took over 10 s to read process {pid}")
+        return real(pid, with_locals)
+
+    monkeypatch.setattr(pyspy, "dump", flaky)
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "conditional_collective.py"], tmp_path)
+    try:
+        always = False
+        done, report = attach_until_stuck(distdoctor, job, tmp_path)
+        assert done.returncode == 1 and failed, done.stdout + done.stderr
+        assert (report["cause"]["kind"], len(report["ranks"])) == ("collective-mismatch", 2)
+        always = True
+        done = distdoctor("attach", str(job.process.pid))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "rank 0 (process " in done.stderr and "is running but its stacks could not " \
+            "be read (py-spy took over 10 s" in done.stderr
+        assert job.process.poll() is None
+    finally:
+        job.stop()
+
+
 def test_attach_leaves_a_healthy_job_alone_even_when_its_stacks_repeat(distdoctor, tmp_path):
     """A loop of all-reduces with no counter reads the same at every stack read; its main
     threads still run (their CPU time and context switches grow): not stuck."""

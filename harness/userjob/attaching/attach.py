@@ -42,6 +42,9 @@ from distdoctor.userjob.attaching import pyspy
 
 READS = 4  # reads of each rank's stacks; a rank whose reads all agree has not moved
 READ_GAP_S = 0.3
+# tries of a rank's first read: py-spy can fail on a live process (a torn read, or its 10 s
+# timeout while a busy machine loads libtorch's symbols), which is not the rank ending
+FIRST_READ_TRIES = 3
 DUMP_WAIT_S = 15.0  # for a rank's Flight Recorder dump after its pipe was written (a
 # rank's first dump with stack traces takes 4 s here: torch sets up its symbolizer)
 PIPE_VARIABLES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
@@ -83,6 +86,24 @@ def _activity(pid: int) -> int:
 def _read(pid: int) -> Read:
     activity = _activity(pid)
     return Read(pyspy.dump(pid), activity)
+
+
+def _first_read(pid: int) -> Read:
+    """A process's first read, tried again while it is still alive: only a process that
+    is gone may be left out of the job as gone."""
+    tries = 1
+    while True:
+        try:
+            return _read(pid)
+        except pyspy.StackReadError as exc:
+            if tries >= FIRST_READ_TRIES or _activity(pid) < 0 or _refused(exc):
+                raise
+            tries += 1
+
+
+def _refused(exc: pyspy.StackReadError) -> bool:
+    """No read of any process can work: py-spy is missing or may not read processes."""
+    return "not permitted" in str(exc) or "not installed" in str(exc)
 
 
 class AttachError(RuntimeError):
@@ -159,10 +180,15 @@ def _ranks_under(root: int, links: dict[int, int]
             continue
         env = _environment(pid)
         try:
-            read = _read(pid)
+            read = _first_read(pid)
         except pyspy.StackReadError as exc:
-            if "not permitted" in str(exc) or "not installed" in str(exc):
+            if _refused(exc):
                 raise AttachError(str(exc)) from None
+            number, _ = _number(env, pyspy.Snapshot(pid, (), (), ()))
+            if number is not None and _activity(pid) >= 0:  # a rank, running, not read:
+                raise AttachError(  # never to be called one that exited
+                    f"rank {number} (process {pid}) is running but its stacks could not be "
+                    f"read ({exc}): attach again") from None
             continue  # gone meanwhile, or not Python after all
         number, how = _number(env, read.snapshot)
         if number is None and not _in_distributed(read.snapshot):
