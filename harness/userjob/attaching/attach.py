@@ -184,7 +184,7 @@ def _ranks_under(root: int, links: dict[int, int]
         except pyspy.StackReadError as exc:
             if _refused(exc):
                 raise AttachError(str(exc)) from None
-            number, _ = _number(env, pyspy.Snapshot(pid, (), (), ()))
+            number = _numbered_by_environment(env)
             if number is not None and _activity(pid) >= 0:  # a rank, running, not read:
                 raise AttachError(  # never to be called one that exited
                     f"rank {number} (process {pid}) is running but its stacks could not be "
@@ -206,9 +206,17 @@ def _ranks_under(root: int, links: dict[int, int]
     return found, reads
 
 
-def _number(env: dict[str, str], snapshot: pyspy.Snapshot) -> tuple[int | None, str]:
+def _numbered_by_environment(env: dict[str, str]) -> int | None:
+    """The rank a launcher's environment gives a process, if it gives one."""
     if env.get("RANK", "").isdigit() and ("WORLD_SIZE" in env or "LOCAL_RANK" in env):
-        return int(env["RANK"]), "RANK in its environment"
+        return int(env["RANK"])
+    return None
+
+
+def _number(env: dict[str, str], snapshot: pyspy.Snapshot) -> tuple[int | None, str]:
+    numbered = _numbered_by_environment(env)
+    if numbered is not None:
+        return numbered, "RANK in its environment"
     for thread, frame_locals in zip(snapshot.threads, snapshot.locals):
         for frame, names in zip(thread.frames, frame_locals):
             if frame.function == "_wrap" and frame.file.endswith(

@@ -106,10 +106,13 @@ def script_runs(script: Path, script_args: list[str], world_size: int, deadline:
     is a plain run of the script too, so a grader needs no fourth run."""
     def run(folder: Path, env: dict[str, str], expect_ok: bool = True,
             once_through: bool = False) -> list[tuple[dict, ...]]:
+        def judged(finished: bool, causes: tuple[tuple[str, str], ...]) -> None:
+            assert judge is not None
+            judge(finished, tuple((kind, said_at_home(said, (folder,), home))
+                                  for kind, said in causes))
+
         return _run(_in(script, home, folder), script_args, world_size, deadline, folder, env,
-                    expect_ok, (lambda finished, causes: judge(finished, tuple(
-                        (kind, said_at_home(said, (folder,), home)) for kind, said in causes)))
-                    if judge is not None and once_through else None)
+                    expect_ok, judged if judge is not None and once_through else None)
 
     return run
 
