@@ -38,6 +38,15 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
     return tuple(sorted(found, key=lambda f: not f.fix_changes))
 
 
+def confirmed_by_a_second_run(check: str) -> bool:
+    """Does the detector named ``check`` judge time from one run's steps, so that its alarm
+    stands only once a second run raises it too (``faultloop.runspec.run_decided``)? Its
+    module says so with ``CONFIRMED_BY_A_SECOND_RUN``."""
+    return any(getattr(module, "NAME", None) == check
+               and getattr(module, "CONFIRMED_BY_A_SECOND_RUN", False)
+               for module in detectors())
+
+
 def finding(fault_id: str, *, check: str, headline: str, symptom: str, fix_changes: dict,
             ranks=(), measured: dict | None = None, cause: str | None = None,
             fix: str | None = None, inconclusive: bool = False,

@@ -16,6 +16,8 @@ The rule, since four ranks share two cores here and one step's times wander by +
   the mean: at least a fifth of every cycle lost); balanced when it lies at or below 1.25;
   otherwise the finding is marked inconclusive, with the interval, and the runner measures
   more steps (``distdoctor.faultloop.runspec``) before anything is decided;
+- unbalanced stands only when a second run, with more steps, says so too: one run's steps
+  share their luck on a loaded machine (``CONFIRMED_BY_A_SECOND_RUN``);
 - not judged at all: fewer than 3 complete steps, or under 2 ms of compute per rank and
   step, where per-call overhead, not compute, sets the times.
 """
@@ -33,6 +35,10 @@ NAME = "unbalanced_stages"
 TOLERANCE = 1.25
 MIN_COMPUTE_S = 0.002  # below 2 ms of compute per rank and step, per-call overhead rules
 MIN_STEPS = 3  # complete steps needed before the spread across steps means anything
+# One run's steps share their neighbours on the machine: a rank beside a busy process all
+# run long measures slow at every step (CPU time too stretches on a shared physical core),
+# and the interval cannot see it. An alarm stands once a second run raises it too.
+CONFIRMED_BY_A_SECOND_RUN = True
 # two-sided 95% Student-t quantiles by degrees of freedom
 _T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
         9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,

@@ -140,3 +140,46 @@ def test_an_unbalanced_split_under_a_cpu_hog_is_still_detected(pools, cpu_hog, w
                       if all(set(s.kinds) == {"a"} for s in r.evidence.stages)}
     assert attention_only == set(range(world_size // 2, world_size))
     assert low > unbalanced_stages.TOLERANCE and set(found[0].ranks) <= attention_only
+
+
+UNEVEN = [[10.0] * 6, [20.0, 21.0, 19.0, 20.5, 19.5, 20.0]]  # decided: unbalanced
+EVEN = [[10.0] * 6, [10.1, 9.9, 10.0, 10.2, 9.8, 10.0]]  # decided: balanced
+STRADDLING = [[10.0] * 6, [10.0 * r / (2 - r) for r in (1.18, 1.32, 1.22, 1.30, 1.20, 1.28)]]
+
+
+@pytest.mark.parametrize(("runs", "made", "outcome"), [
+    ([EVEN], 1, "healthy"),  # quiet at once: nothing to confirm
+    ([UNEVEN, UNEVEN], 2, "unhealthy"),  # the alarm raised twice stands
+    ([UNEVEN, EVEN, EVEN], 3, "healthy"),  # one loaded run outvoted by two quiet ones
+    ([UNEVEN, EVEN, UNEVEN], 3, "unhealthy"),
+    ([UNEVEN, STRADDLING, EVEN], 3, "inconclusive"),  # one each way: said as undecided
+    ([STRADDLING, UNEVEN, EVEN], 3, "inconclusive"),
+    ([STRADDLING, STRADDLING, STRADDLING], 3, "inconclusive"),
+])
+def test_a_timing_alarm_stands_only_when_a_second_run_raises_it(monkeypatch, runs, made,
+                                                                outcome):
+    """``run_decided``'s vote over runs, on hand-made records in place of real runs (the
+    runner's real runs are the fault matrix's): a run with a rank beside a busy process
+    all run long measures as unbalanced; a second run apart in time does not share it."""
+    from distdoctor.faultloop import runspec
+    from distdoctor.models import Assessment, ReferenceComparison
+
+    made_runs: list[int] = []
+
+    def fake_run(spec, pool=None):
+        made_runs.append(spec.num_steps)
+        return record(runs[len(made_runs) - 1])
+
+    def fake_assess(rec):
+        return Assessment(tuple(unbalanced_stages.check(rec)),
+                          ReferenceComparison(0.0, (0.0,)), None, rec.finished)
+
+    monkeypatch.setattr(runspec, "run", fake_run)
+    monkeypatch.setattr(runspec, "assess", fake_assess)
+    spec = RunSpec(strategy="pipe-gpipe", world_size=2, num_steps=6)
+    _, assessment = runspec.run_decided(spec)
+    assert made_runs == [6, 12, 24][:made]
+    assert runspec.judge(record(runs[-1]), assessment).outcome == outcome
+    if outcome == "inconclusive" and runs[-1] is EVEN:
+        (said,) = assessment.undecided
+        assert said.headline.endswith("(raised in 1 of 2 runs, not in the others)")

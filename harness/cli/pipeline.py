@@ -133,6 +133,8 @@ def run_command(args: argparse.Namespace) -> int:
     elif bubble is not None:
         print(f"bubble: measured {bubble:.2%} (no simulator for {spec.strategy})")
     verdict = judge(record, assessment)
+    for found in assessment.findings:
+        print(tables.finding_text(found))
     label = {"healthy": "PASS", "unhealthy": "FAIL"}.get(verdict.outcome, "INCONCLUSIVE")
     print(f"verdict: {label}: " + tables.numbers_line(assessment)
           + (f"; {verdict.note}" if verdict.note else ""))

@@ -3,7 +3,8 @@
 A timing judgement that cannot decide (its confidence interval straddles its limit: see
 ``checks.unbalanced_stages``) is not settled by luck: the same spec runs again with twice, then
 four times the steps, and only what is still undecided after that is reported as
-inconclusive.
+inconclusive. A timing alarm one run raises stands only when a second run raises it too
+(``run_decided``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from distdoctor import checks
 from distdoctor.analysis.distance import spreads
 from distdoctor.launch.pool import RankPool, shared_pool
-from distdoctor.models import Assessment, RankRecord, RunRecord, RunSpec, Verdict
+from distdoctor.models import Assessment, Finding, RankRecord, RunRecord, RunSpec, Verdict
 from distdoctor.pipeline.train import pipeline_job
 from distdoctor.tensor.train import tensor_job
 from distdoctor.trace.evidence import evidence_from_events
@@ -57,16 +58,58 @@ MORE_STEPS = (2, 4)  # step multiples tried while a timing judgement stays undec
 
 
 def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord, Assessment]:
-    """``run`` and ``assess``; while a finished run leaves a timing judgement undecided, run
-    the spec again with more steps (the last record and its assessment are returned)."""
+    """``run`` and ``assess``; while a finished run leaves a timing judgement undecided, or
+    holds a timing alarm not yet seen in a second run, run the spec again with more steps
+    (the last record and its assessment are returned).
+
+    Why a second run for an alarm: a run's steps share their neighbours on the machine, so
+    a rank placed beside a busy process all run long (on a shared physical core its CPU
+    time itself stretches) passes the per-step interval as clearly slow. A healthy 2-stage
+    pipeline measured 1.31x under the suite's load and 1.05-1.1x on its own. Runs apart in
+    time do not share that luck: an alarm stands when two runs raise it, and is dropped
+    when two runs find none; one of each leaves it undecided, said as such."""
     record = run(spec, pool)
     assessment = assess(record)
+    said = [timing_alarm(assessment)]
     for factor in MORE_STEPS:
-        if not (assessment.undecided and record.finished):
+        if not record.finished or (not assessment.undecided and settled(said)):
             break
         record = run(dataclasses.replace(spec, num_steps=spec.num_steps * factor), pool)
         assessment = assess(record)
+        said.append(timing_alarm(assessment))
+    if record.finished and not assessment.undecided and not settled(said):
+        assessment = unconfirmed(assessment, said)
     return record, assessment
+
+
+def timing_alarm(assessment: Assessment) -> tuple[Finding, ...] | None:
+    """The decided findings of the checks that judge time from one run (``checks``:
+    ``CONFIRMED_BY_A_SECOND_RUN``); None while such a check is undecided."""
+    timed = [f for f in assessment.findings if checks.confirmed_by_a_second_run(f.check)]
+    return None if any(f.inconclusive for f in timed) else tuple(timed)
+
+
+def settled(said: list[tuple[Finding, ...] | None]) -> bool:
+    """Does the latest run's timing verdict stand? Quiet stands unless an earlier run
+    raised an alarm the quiet runs do not outnumber; an alarm stands once two runs raised
+    it."""
+    alarms = sum(1 for s in said if s)
+    quiet = sum(1 for s in said if s == ())
+    if said[-1] == ():
+        return quiet > alarms
+    return said[-1] is not None and alarms >= 2
+
+
+def unconfirmed(assessment: Assessment, said: list[tuple[Finding, ...] | None]) -> Assessment:
+    """The last run's assessment with its timing verdict left undecided: the runs split."""
+    alarm = next(s for s in reversed(said) if s)
+    alarms, quiet = sum(1 for s in said if s), sum(1 for s in said if s == ())
+    split = f" (raised in {alarms} of {alarms + quiet} runs, not in the others)"
+    kept = [f for f in assessment.findings if f not in alarm and
+            not checks.confirmed_by_a_second_run(f.check)]
+    undecided = [dataclasses.replace(f, inconclusive=True, headline=f.headline + split)
+                 for f in alarm]
+    return dataclasses.replace(assessment, findings=(*kept, *undecided))
 
 
 def judge(record: RunRecord, assessment: Assessment | None = None) -> Verdict:
