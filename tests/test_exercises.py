@@ -89,6 +89,27 @@ def test_each_wrong_fix_fails_with_the_cause_it_leaves(lanes, name, wrong):
     assert not any(words in grade["message"] for words in fix_words)  # never the answer
 
 
+def test_a_timing_judgement_left_open_is_graded_undecided_never_passed(tmp_path, monkeypatch):
+    """A straggler the busy machine could not decide (the detector's interval straddles its
+    limit) is neither a pass nor a cause: the student is asked to check again. The run is
+    a made-up one in place of a real run: what is tested is the grade's rule."""
+    from distdoctor.teaching import grading
+
+    start("straggler", tmp_path)
+    said = "straggler (rank 0): its share of the waiting 0.70 (95% interval 0.55-0.85)"
+    made: list[int] = []
+
+    def attempt(script, world_size, deadline):
+        made.append(world_size)
+        return grading.Run(world_size, True, (), (said,))
+
+    monkeypatch.setattr(grading, "attempt_for", lambda chosen: attempt)
+    grade = grading.grade(tmp_path, progress=lambda _: None)
+    assert not grade.passed and made == [WORLD_SIZES[0]]
+    assert grade.message.startswith(f"undecided: on {WORLD_SIZES[0]} ranks, {said}; ")
+    assert "check again" in grade.message
+
+
 def test_the_course_opens_with_the_classic_cases_and_names_failure_modes():
     names = [e.name for e in COURSE]
     assert names[:5] == ["divergent-init", "shared-shuffle-seed", "unused-params",

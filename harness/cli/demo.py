@@ -121,8 +121,11 @@ def demo_command(args: argparse.Namespace) -> int:
 
 
 def _cured(taught) -> bool:
-    """A code lesson passes when its bug showed a cause and its fix ran clean."""
-    return bool(taught.before.causes) and not taught.after.causes and taught.after.finished
+    """A code lesson passes when its bug showed a cause and its fix ran clean (a timing
+    judgement left undecided is not clean)."""
+    after = taught.after
+    return bool(taught.before.causes) and not after.causes and not after.undecided \
+        and after.finished
 
 
 def _write_pages(directory: str, rows: list, taught: list) -> None:

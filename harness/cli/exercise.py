@@ -28,9 +28,11 @@ def add_commands(commands) -> None:
                     "and its task (TASK.md) into DIR. Edit train.py, then `exercise check "
                     "DIR` runs it on 2 and then 3 gloo ranks and grades it with the "
                     "detectors: passed (every rank finished, no cause found at either world "
-                    "size), or not yet, with what is still wrong. It writes the grade as "
+                    "size), or not yet, with what is still wrong; undecided where a timing "
+                    "judgement (a straggler) could not be made with a margin on a busy "
+                    "machine. It writes the grade as "
                     f"JSON to DIR/{GRADE} (or --json PATH) for a grading script. Exit 0 "
-                    "passed, 1 not yet, 2 bad input.")
+                    "passed, 1 not yet or undecided, 2 bad input.")
     exercise.add_argument("what", metavar="list | check | NAME",
                           help="list the course, check DIR, or start exercise NAME in DIR")
     exercise.add_argument("directory", nargs="?", metavar="DIR",

@@ -99,6 +99,8 @@ def run_verdict(run, resumed: bool = False) -> str:
         return f"FAILED: {kind}: {summary}"
     if not run.finished:
         return "FAILED: a rank did not finish"
+    if run.undecided:
+        return f"UNDECIDED (the machine too busy to judge with a margin): {run.undecided[0]}"
     if resumed:
         return "OK: resumed from its checkpoint, it trains like the run that never stopped"
     return "OK: every rank finished and no detector found a cause"

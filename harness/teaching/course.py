@@ -187,6 +187,21 @@ COURSE: tuple[Exercise, ...] = (
               '    "2": RowwiseParallel(output_layouts=Shard(0)),\n'
               '    "4": SequenceParallel(sequence_dim=0),\n'))),
     Exercise(
+        "straggler", "Adding ranks does not make training faster",
+        "Each step's compute takes a few milliseconds, yet a step takes ten times that, "
+        "and adding ranks does not help: a profile shows most ranks spending most of each "
+        "step waiting in the gradient all-reduce. Find out why, and fix it so that no rank "
+        "holds the others up, while every step's loss is still sent to the metrics service.",
+        "straggler.py", ("straggler",),
+        (Edit("import time\n", "import threading\nimport time\n"),
+         Edit("        log_metrics(service, step, loss)\n",
+              "        threading.Thread(target=log_metrics,\n"
+              "                         args=(service, step, loss.detach())).start()\n")),
+        (WrongFix("barrier() on every rank after rank 0's logging", (
+            Edit("        log_metrics(service, step, loss)\n",
+                 "        log_metrics(service, step, loss)\n    dist.barrier()\n"),),
+            "straggler"),)),
+    Exercise(
         "scheduler-not-restored", "A resumed run trains differently",
         "The job checkpoints at the end of each epoch and resumes from its last checkpoint "
         "when restarted. A run that was stopped and resumed ends with another model than one "
