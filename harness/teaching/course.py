@@ -250,6 +250,15 @@ COURSE: tuple[Exercise, ...] = (
         (WrongFix("set_epoch with a constant", (
             Edit("    sampler.set_epoch(ran)\n", "    sampler.set_epoch(0)\n"),),
             "repeated-epoch-order"),)),
+    Exercise(
+        "shards-not-restored", "A sharded model resumes as another model",
+        "The job shards its parameters across the ranks (each rank updates its own slice), "
+        "saves a distributed checkpoint every other step, and resumes from the last one "
+        "when started again. A run that was stopped and resumed ends with another model "
+        "than one that never stopped. Find out why, and fix it so that a resumed run trains "
+        "exactly like one that never stopped.",
+        "shards_not_restored.py", ("params-not-restored",),
+        (Edit('    return {"shard": shard,', '    return {f"shard.rank{rank}": shard,'),)),
 )
 
 
