@@ -33,4 +33,5 @@ FAULT = Fault(
     variants=(Variant("by-params", "stages cut at equal parameter counts",
                       {"knobs.stage_split": "params"}),),
     scenario=_costly_attention,
+    reported_as=("unbalanced-stages",),
 )

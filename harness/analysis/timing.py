@@ -6,12 +6,18 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from distdoctor.models.record import RunRecord
+from distdoctor.models.record import RankRecord, RunRecord
 
 
 def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
-    """Each rank's compute CPU time per step, for the steps every rank completed."""
-    done = [{s.step for s in r.evidence.pipe_steps} for r in record.ranks]
+    """Each rank's compute CPU time per step, for the steps every rank completed: those
+    its optimiser-step records name (the built-in pipeline) or, for a user's pipeline
+    timed per micro-batch alone, each step it computed in, but for the one it was in when
+    it stopped (a rank that did not finish)."""
+    if any(r.evidence.pipe_steps for r in record.ranks):
+        done = [{s.step for s in r.evidence.pipe_steps} for r in record.ranks]
+    else:
+        done = [_computed_in(r) for r in record.ranks]
     complete = set.intersection(*done) if done else set()
     times = {}
     for rank in record.ranks:
@@ -22,6 +28,13 @@ def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
         if by_step:
             times[rank.rank] = dict(by_step)
     return times
+
+
+def _computed_in(rank: RankRecord) -> set[int]:
+    steps = {e.step for e in rank.evidence.stage_events}
+    if steps and rank.end.status != "finished":
+        steps.discard(max(steps))
+    return steps
 
 
 def per_rank_times(record: RunRecord) -> dict[int, float]:

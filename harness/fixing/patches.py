@@ -25,6 +25,8 @@ FOLLOWERS = {"divergent-parameters"}
 NO_MECHANICAL_EDIT = {
     "busy-rank": "a rank busy in its own code: what to move off the path is a design choice",
     "straggler": "a rank slower than the others: where its time goes is the user's to cut",
+    "unbalanced-stages": "a pipeline cut into unequal stages: where to cut is the user's "
+                         "to measure (a stage's layers, their time per micro-batch)",
     "rank-crashed": "a crash in the user's own logic: its traceback names what to mend",
     "hang-unknown": "nothing proves a cause: no edit could be checked against one",
     "non-finite": "a value that is not finite: where it comes from (the data, a learning "

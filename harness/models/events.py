@@ -35,6 +35,10 @@ class Ev:
     BUFFERS = "buffers"  # a DDP model's buffers as a training forward begins, sampled
     OPTIMIZER = "optimizer"  # an optimiser's settings when they change, its state sampled
     TP_TENSOR = "tp_tensor"  # a tensor a tensor-parallel group must hold alike or apart
+    # a pipeline stage (torch.distributed.pipelining): its parameters and layers, and each
+    # forward or backward of one micro-batch with its CPU time
+    STAGE_HELD = "stage_held"
+    STAGE_CALL = "stage_call"
     # where a rank's time goes: a loader wait, forward, backward or optimiser step; its own
     # code's lines sampled in long gaps, per step; when it entered each collective
     PHASE = "phase"

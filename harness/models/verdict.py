@@ -31,7 +31,8 @@ CauseKind = Literal["world-size-mismatch", "duplicate-rank", "split-rendezvous",
                     "failed-sync", "divergent-parameters",
                     "divergent-buffers",
                     "sum-without-mean", "allreduce-every-microbatch",
-                    "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler"]
+                    "duplicate-samples", "repeated-epoch-order", "non-finite", "straggler",
+                    "unbalanced-stages"]
 CAUSE_KINDS: tuple[str, ...] = get_args(CauseKind)
 # what resume-check tells a script whose resume parts from the run that never stopped:
 # the part of the state not restored, by its failure mode's name (the catalogue's resume
@@ -62,7 +63,7 @@ class Finding:
     # What the report and the pictures read, set by the check itself; nothing downstream
     # reads the names inside ``measured``, which are free to change.
     kind: CauseKind | Literal[""] = ""  # the cause a user of their own script is told;
-    # "" for what only the built-in workload shows (stage balance, memory)
+    # "" for what only the built-in workload shows (memory, a plan across nodes)
     first_step: int | None = None  # the step the symptom first shows at
     where: tuple[str, ...] = ()  # the user's lines to look at, most telling first
 

@@ -18,6 +18,7 @@ from distdoctor.trace.folds import (
     fold_nonfinite,
     fold_optimizer,
     fold_phases,
+    fold_stages,
 )
 from distdoctor.trace.startup import fold_startup
 
@@ -59,6 +60,9 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
         elif kind not in EMITTED:  # our own rank job wrote it: a reader is missing
             raise ValueError(f"rank {rank} recorded {kind!r}, a kind no reader knows "
                              f"(distdoctor.models.events.Emit)")
+    if not fields["stage_events"]:  # a user's pipeline (the built-in one emits its own)
+        held, calls = fold_stages(trace)
+        fields["stages"], fields["stage_events"] = list(held), list(calls)
     built: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                              for k, v in fields.items()}
     return Evidence(rank=rank, **built)

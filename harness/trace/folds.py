@@ -23,6 +23,8 @@ from distdoctor.models import (
     NonFiniteEvidence,
     OptimizerEvidence,
     Phase,
+    StageCost,
+    StageEvent,
 )
 from distdoctor.models.events import Ev
 
@@ -143,6 +145,23 @@ def _time(value: object) -> float:
             or not math.isfinite(value):
         raise ValueError(f"not a time: {value!r}")
     return float(value)
+
+def fold_stages(events: Iterable[dict]) -> tuple[tuple[StageCost, ...],
+                                                 tuple[StageEvent, ...]]:
+    """A user's pipeline stages (trace/pipelining.py): each stage's parameters and layers,
+    and each forward or backward of a micro-batch. A stage's layers are numbered within
+    its own module, and no FLOPs are counted (0)."""
+    held, calls = [], []
+    for e in events:
+        if e.get("ev") == Ev.STAGE_HELD:
+            held.append(StageCost(int(e["stage"]), 0, int(e["layers"]), str(e["kinds"]),
+                                  int(e["params"]), 0, 0))
+        elif e.get("ev") == Ev.STAGE_CALL:
+            calls.append(StageEvent(int(e["step"]), int(e["stage"]), int(e["micro"]),
+                                    str(e["kind"]), _time(e["t0"]), _time(e["t1"]),
+                                    _time(e["cpu"])))
+    return tuple(held), tuple(calls)
+
 
 def fold_gap_samples(events: Iterable[dict]) -> tuple[GapSample, ...]:
     return tuple(GapSample(int(e["s"]), str(line[0]), str(line[1]),

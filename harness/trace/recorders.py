@@ -6,14 +6,15 @@ from __future__ import annotations
 
 def install_recorders(tracer) -> None:
     """Batches, gradients, DDP's buffers, non-finite values, optimisers' settings and
-    state, a tensor-parallel model's shared tensors, where each step's time goes: hooks
-    that stay for the life of the process."""
+    state, a tensor-parallel model's shared tensors, a pipeline's stage times, where each
+    step's time goes: hooks that stay for the life of the process."""
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.buffers import record_buffers
     from distdoctor.trace.gradients import record_gradients
     from distdoctor.trace.nonfinite import record_nonfinite
     from distdoctor.trace.optimizer import record_optimizer
     from distdoctor.trace.phases import record_phases
+    from distdoctor.trace.pipelining import record_pipeline_stages
     from distdoctor.trace.resume import record_resume
     from distdoctor.trace.tensorparallel import record_tensor_parallel
 
@@ -23,5 +24,6 @@ def install_recorders(tracer) -> None:
     record_nonfinite(tracer)
     record_optimizer(tracer)
     record_tensor_parallel(tracer)
+    record_pipeline_stages(tracer)
     record_phases(tracer)
     record_resume(tracer)  # (only under resume-check)

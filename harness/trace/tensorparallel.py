@@ -17,8 +17,6 @@ samples across the tensor-parallel group: the ranks must agree.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 import weakref
 from typing import Any
@@ -27,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from distdoctor.models.events import Ev
+from distdoctor.trace.afterimport import after_import
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.steps import step_hooks
 from distdoctor.trace.tracer import incomplete, user_line
@@ -84,36 +83,7 @@ def record_tensor_parallel(tracer: Any) -> None:
             setattr(api, "parallelize_module", parallelize_module)  # noqa: B010
 
     step_hooks(tracer).before_step.append(("tensor-parallel samples", before_step))
-    if PACKAGE in sys.modules:
-        wrap(sys.modules[PACKAGE])
-    else:
-        sys.meta_path.insert(0, _AfterImport(PACKAGE, wrap))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` once ``name`` has been imported, by whoever imports it."""
-
-    def __init__(self, name: str, then) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run, then = spec.loader.exec_module, self.then
-
-        def exec_module(module):
-            run(module)
-            try:
-                then(module)
-            except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
-                incomplete("tensor-parallel samples", exc)
-
-        setattr(spec.loader, "exec_module", exec_module)  # noqa: B010 (a patch)
-        return spec
+    after_import(PACKAGE, wrap, "tensor-parallel samples")
 
 
 def _hook_output(tracer, module, name: str, group: tuple[int, ...], where: str) -> None:

@@ -178,7 +178,7 @@ SILENT_ORDER: tuple[CauseKind, ...] = (
     "partial-step", "non-finite", "missing-tp-allreduce", "replicated-param-drift",
     "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
     "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
-    "allreduce-every-microbatch", "straggler")
+    "allreduce-every-microbatch", "straggler", "unbalanced-stages")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
