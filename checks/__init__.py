@@ -39,9 +39,11 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
 
 
 def confirmed_by_a_second_run(check: str) -> bool:
-    """Does the detector named ``check`` judge time from one run's steps, so that its alarm
-    stands only once a second run raises it too (``faultloop.runspec.run_decided``)? Its
-    module says so with ``CONFIRMED_BY_A_SECOND_RUN``."""
+    """Does the detector named ``check`` (its NAME, or the kind it reports: one name per
+    failure mode, tests/test_names.py) judge time from one run's steps, so that its alarm
+    stands only once a second run raises it too (``faultloop.runspec.run_decided``, and
+    the exercises' grader)? Its module says so with ``CONFIRMED_BY_A_SECOND_RUN``."""
+    check = check.replace("-", "_")
     return any(getattr(module, "NAME", None) == check
                and getattr(module, "CONFIRMED_BY_A_SECOND_RUN", False)
                for module in detectors())

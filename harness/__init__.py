@@ -45,8 +45,9 @@ edge, and on any import circle):
 - ``fixing``: a user's script patched for a cause (libcst edits), verified by a re-run.
   imports: nothing
 - ``teaching``: the exercises (a buggy script each, its task, its fix, the wrong fixes) and
-  the grading of a student's attempt on real ranks.
-  imports: models, launch, userjob
+  the grading of a student's attempt on real ranks (a timing alarm put to the vote of a
+  second run: analysis, checks).
+  imports: models, analysis, launch, userjob, checks
 - ``testing``: the pytest plugin and the helpers that test a user's code on warm ranks.
   imports: models, analysis, trace, launch, userjob, fixing
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.

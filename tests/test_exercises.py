@@ -110,10 +110,38 @@ def test_a_timing_judgement_left_open_is_graded_undecided_never_passed(tmp_path,
     assert "check again" in grade.message
 
 
+UNEVEN = (("unbalanced-stages", "rank 1, holding stage 1, takes 1.31x the mean"),)
+
+
+@pytest.mark.parametrize(("said", "made", "passed"), [
+    ([()], 1, True),  # quiet at once
+    ([UNEVEN, UNEVEN], 2, False),  # raised twice: it stands
+    ([UNEVEN, (), ()], 3, True),  # one loaded run, outvoted
+    ([UNEVEN, (), UNEVEN], 3, False),
+])
+def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
+        tmp_path, monkeypatch, said, made, passed):
+    """The grader's vote over runs of one attempt, with made-up runs in place of real ones
+    (the real runs are the exercise's own tests): a run's steps share their luck on a
+    loaded machine, runs apart in time do not."""
+    from distdoctor.teaching import grading
+
+    start("unbalanced-stages", tmp_path)
+    runs: list[int] = []
+
+    def run_once(script, world_size, deadline):
+        runs.append(world_size)
+        return grading.Run(world_size, True, said[len(runs) - 1])
+
+    monkeypatch.setattr(grading, "run_once", run_once)
+    ran = grading.run_attempt(tmp_path / "train.py", 2, 60.0)
+    assert len(runs) == made and (ran.causes == ()) is passed
+
+
 def test_the_course_opens_with_the_classic_cases_and_names_failure_modes():
     names = [e.name for e in COURSE]
-    assert names[:5] == ["divergent-init", "shared-shuffle-seed", "unused-params",
-                         "sum-without-mean", "send-before-receive"]
+    assert names[:6] == ["divergent-init", "shared-shuffle-seed", "unused-params",
+                         "sum-without-mean", "send-before-receive", "unbalanced-stages"]
     for exercise in COURSE:  # its names: tests/test_names.py
         source = exercise.source()
         assert "BUG" not in source and "FIX" not in source  # no hint in the student's copy

@@ -174,7 +174,7 @@ LAYERS = {
     "faultloop": {"models", "analysis", "trace", "launch", "training", "tensor", "pipeline",
                   "checks", "faults"},
     "fixing": set(),
-    "teaching": {"models", "launch", "userjob"},
+    "teaching": {"models", "analysis", "launch", "userjob", "checks"},
     "testing": {"models", "analysis", "trace", "launch", "userjob", "fixing"},
     "pictures": {"models", "analysis", "memory", "pipeline"},
     "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "trace", "launch",

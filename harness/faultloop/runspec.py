@@ -15,6 +15,7 @@ import torch
 
 from distdoctor import checks
 from distdoctor.analysis.distance import spreads
+from distdoctor.analysis.votes import settled
 from distdoctor.launch.pool import RankPool, shared_pool
 from distdoctor.models import Assessment, Finding, RankRecord, RunRecord, RunSpec, Verdict
 from distdoctor.pipeline.train import pipeline_job
@@ -87,17 +88,6 @@ def timing_alarm(assessment: Assessment) -> tuple[Finding, ...] | None:
     ``CONFIRMED_BY_A_SECOND_RUN``); None while such a check is undecided."""
     timed = [f for f in assessment.findings if checks.confirmed_by_a_second_run(f.check)]
     return None if any(f.inconclusive for f in timed) else tuple(timed)
-
-
-def settled(said: list[tuple[Finding, ...] | None]) -> bool:
-    """Does the latest run's timing verdict stand? Quiet stands unless an earlier run
-    raised an alarm the quiet runs do not outnumber; an alarm stands once two runs raised
-    it."""
-    alarms = sum(1 for s in said if s)
-    quiet = sum(1 for s in said if s == ())
-    if said[-1] == ():
-        return quiet > alarms
-    return said[-1] is not None and alarms >= 2
 
 
 def unconfirmed(assessment: Assessment, said: list[tuple[Finding, ...] | None]) -> Assessment:

@@ -138,6 +138,35 @@ COURSE: tuple[Exercise, ...] = (
               "    dist.recv(incoming, src=(rank - 1) % world)\n"
               "    dist.send(outgoing, dst=(rank + 1) % world)\n"),)),
     Exercise(
+        "unbalanced-stages", "Most pipeline ranks sit idle",
+        "The model is trained as a pipeline, one stage per rank, and the stages are cut so "
+        "that each holds an equal share of the model. Yet adding ranks barely speeds a step "
+        "up, and most ranks spend most of each step waiting for their neighbours. Find out "
+        "why, and fix it so that no stage holds the others up, whatever the number of ranks.",
+        "unbalanced_stages.py", ("unbalanced-stages",),
+        (Edit("import torch\n", "import time\n\nimport torch\n"),
+         Edit("    return sum(p.numel() for p in layer.parameters())\n",
+              "    sample = torch.randn(MICRO, SEQ, WIDTH)\n"
+              "    times = []\n"
+              "    for _ in range(5):\n"
+              "        start = time.thread_time()\n"
+              "        layer(sample).sum().backward()\n"
+              "        times.append(time.thread_time() - start)\n"
+              "    layer.zero_grad()\n"
+              "    return min(times)\n"),
+         Edit("bounds = cut(layers, world)\n",
+              "bounds = [cut(layers, world)]\n"
+              "dist.broadcast_object_list(bounds, src=0)  # every rank cuts where rank 0 does\n"
+              "bounds = bounds[0]\n")),
+        (WrongFix("a cut by FLOPs", (
+            Edit("    return sum(p.numel() for p in layer.parameters())\n",
+                 "    from torch.utils.flop_counter import FlopCounterMode\n\n"
+                 "    counter = FlopCounterMode(display=False)\n"
+                 "    with counter:\n"
+                 "        layer(torch.randn(MICRO, SEQ, WIDTH)).sum().backward()\n"
+                 "    layer.zero_grad()\n"
+                 "    return counter.get_total_flops()\n"),), "unbalanced-stages"),)),
+    Exercise(
         "allreduce-every-microbatch", "Gradient accumulation is slow",
         "Each optimiser step accumulates four micro-batches, and the job moves four times "
         "the gradient traffic one step needs. Fix it so that it synchronises once a step.",
