@@ -12,7 +12,13 @@ collective.
 
 from __future__ import annotations
 
-from distdoctor.analysis.startup import NeverForms, backends_differ, never_forms
+from distdoctor.analysis.startup import (
+    NeverForms,
+    backends_differ,
+    claimed_rank,
+    expected_world,
+    never_forms,
+)
 from distdoctor.models import CauseKind, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED, user_frame
@@ -30,6 +36,9 @@ def check(record: RunRecord) -> list[Finding]:
     if split is not None:
         return [_never_forms(split, {"backends": {r: s.backend for r, s in entered.items()},
                                      "ranks_started": len(record.ranks)})]
+    smaller = _asks_for_fewer(record, entered)
+    if smaller is not None:
+        return [smaller]
     stopped = [r for r in record.ranks if r.end.status in STOPPED]
     waiting = {r.rank: r.evidence.startup for r in stopped
                if r.evidence.startup is not None and not r.evidence.startup.joined}
@@ -44,6 +53,43 @@ def check(record: RunRecord) -> list[Finding]:
         return []  # every rank waits in it, and nothing recorded shows why: the deadline's
     return [_never_joined(elsewhere, sorted(waiting), measured,
                           tuple(s.where for s in waiting.values() if s.where))]
+
+
+def _asks_for_fewer(record: RunRecord, entered: dict) -> Finding | None:
+    """A rank that asked init_process_group for a group smaller than the ranks started and
+    never got out of it (it raised, or stopped there): its rank has no place in that group,
+    so it fails alone while the others may form the smaller group without it. Judged only
+    for a rank that never joined and did not finish: one that did is not harmed."""
+    started = len(record.ranks)
+    left = [r for r in record.ranks if r.rank in entered and not entered[r.rank].joined
+            and not r.end.ok]
+    asked = {r.rank: expected_world(entered[r.rank]) for r in left}
+    fewer = {rank: w for rank, w in asked.items() if w is not None and w < started}
+    if not fewer:
+        return None
+    rank, world = min(fewer.items())
+    startup = entered[rank]
+    how = (f"world_size={world} at {relative_line(startup.where)}"
+           if startup.world_size is not None else f"WORLD_SIZE={world} in its environment")
+    claimed = claimed_rank(startup)
+    formed = [r.rank for r in record.ranks if r.rank in entered and entered[r.rank].joined]
+    error = f": it raised {record.ranks[rank].end.headline}" if record.ranks[rank].end.headline \
+        else ""
+    return Finding(
+        check=NAME, fault="world-size-mismatch",
+        symptom=f"rank {rank} asks init_process_group for a group of {world} ({how}), but "
+                f"{started} ranks were started: as rank {claimed} it has no place in a group "
+                f"of {world}, so it never joined{error}"
+                + (f"; {ranks_phrase(formed)} formed a group of {world} without it"
+                   if formed else ""),
+        cause="the group's size is not the number of ranks the launcher started",
+        fix='take the group\'s size from the launcher: world_size=int(os.environ['
+            '"WORLD_SIZE"]) (or pass neither rank nor world_size: init_process_group reads '
+            'them from the environment)',
+        fix_changes={}, ranks=tuple(sorted(fewer)),
+        measured={"asked_for": world, "ranks_started": started, "formed": formed},
+        headline=f"a group of {world}, {started} ranks started", kind="world-size-mismatch",
+        where=(relative_line(startup.where),) if startup.where else ())
 
 
 def _never_forms(found: NeverForms, measured: dict) -> Finding:

@@ -322,3 +322,42 @@ def test_an_agents_command_line_says_what_its_rendezvous_waits_for():
                             "--master-port", "29500", "t.py"], 1.0)
     assert static is not None and (static.nnodes, static.endpoint) == ("2", "h:29500")
     assert agent_note(9, ["--nnodes", "two", "t.py"], 1.0) is None
+
+
+def _record(ends: list[tuple[str, Startup | None, str]]):
+    """A run of ranks, each (status, its start-up, its error)."""
+    from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+
+    ranks = tuple(RankRecord(r, RankEnd(r, status, error=error or None),
+                             Evidence(r, startup=startup))
+                  for r, (status, startup, error) in enumerate(ends))
+    return RunRecord(RunSpec(strategy="user-script", world_size=len(ends)), ranks, 1.0)
+
+
+def test_a_rank_that_asked_for_a_smaller_group_and_raised_is_a_world_size_mismatch():
+    """world_size=2 hard-coded, 3 ranks started: ranks 0 and 1 form a group of 2 and
+    finish; rank 2, with no place in it, raises inside init_process_group."""
+    import dataclasses
+
+    from distdoctor.checks import startup as check
+
+    def entered(rank: int, joined: bool) -> Startup:
+        return dataclasses.replace(joining(rank, world=3, passed_rank=rank, passed_world=2),
+                                   joined=joined)
+
+    raised = "Traceback ...\nRuntimeError: [enforce fail at context.cc:23] rank < size. 2 vs 2"
+    found = check.check(_record([("finished", entered(0, True), ""),
+                                 ("finished", entered(1, True), ""),
+                                 ("raised", entered(2, False), raised)]))
+    assert [(f.kind, f.ranks) for f in found] == [("world-size-mismatch", (2,))]
+    assert found[0].measured == {"asked_for": 2, "ranks_started": 3, "formed": [0, 1]}
+    assert "world_size=2 at /job/train.py:7" in found[0].symptom
+    assert "rank < size. 2 vs 2" in found[0].symptom
+    # look-alikes: every rank asks for the ranks started, or the one that asked for fewer
+    # joined and finished, or a rank raised after it joined
+    right = [("finished", dataclasses.replace(joining(r, world=3), joined=True), "")
+             for r in range(3)]
+    assert check.check(_record(right)) == []
+    assert check.check(_record(right[:2] + [("raised", dataclasses.replace(
+        joining(2, world=3), joined=True), raised)])) == []
+    assert check.check(_record([("finished", entered(r, True), "") for r in range(3)])) == []
