@@ -50,6 +50,25 @@ def graded(lanes, name: str, label: str):
     return done, json.loads((base / "grade.json").read_text())
 
 
+# the exercises graded by timing: on a machine too busy to judge with a margin the grade
+# says undecided, with the kind and its numbers, rather than a verdict by luck
+TIMED = {"straggler", "unbalanced-stages"}
+
+
+def undecided(grade: dict) -> bool:
+    return grade["message"].startswith("undecided: ")
+
+
+def told(grade: dict, kind: str) -> bool:
+    """Is the attempt not yet passed for ``kind``: its first cause, or for a timing
+    judgement the machine left open, the undecided one?"""
+    causes = [found for found, _ in grade["runs"][-1]["causes"]]
+    if causes:
+        return causes[0] == kind
+    return kind in TIMED and undecided(grade) and \
+        any(text.startswith(f"{kind} (") for text in grade["runs"][-1]["undecided"])
+
+
 @pytest.mark.timeout(900)  # the first test may wait for its job
 @pytest.mark.parametrize("name", [e.name for e in COURSE])
 def test_the_buggy_script_is_not_yet_passed_with_its_cause(lanes, name):
@@ -57,9 +76,8 @@ def test_the_buggy_script_is_not_yet_passed_with_its_cause(lanes, name):
     done, grade = graded(lanes, name, "bug")
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert grade["passed"] is False and grade["runs"][0]["world_size"] == WORLD_SIZES[0]
-    kinds = [kind for kind, _ in grade["runs"][-1]["causes"]]
-    assert kinds[0] in exercise.kinds, grade["message"]
-    assert f"{name}: not yet: on 2 ranks, " in done.stdout
+    assert any(told(grade, kind) for kind in exercise.kinds), grade["message"]
+    assert f"{name}: not yet: on 2 ranks, " in done.stdout or undecided(grade)
 
 
 @pytest.mark.timeout(900)
@@ -80,8 +98,7 @@ def test_each_wrong_fix_fails_with_the_cause_it_leaves(lanes, name, wrong):
     still = next(w.still for w in exercise.wrong_fixes if w.name == wrong)
     done, grade = graded(lanes, name, wrong)
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    kinds = [kind for kind, _ in grade["runs"][-1]["causes"]]
-    assert kinds[0] == still, grade["message"]
+    assert told(grade, still), grade["message"]
     if name == "sum-without-mean":  # /2 is right at 2 ranks: the second size catches it
         assert [(r["world_size"], r["causes"] == []) for r in grade["runs"]] == [
             (WORLD_SIZES[0], True), (WORLD_SIZES[1], False)], grade
@@ -183,6 +200,21 @@ def test_the_list_gives_the_course_in_order(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line[:3].strip()
              .rstrip(".").isdigit()]
     assert [line.split()[1].rstrip(":") for line in lines] == [e.name for e in COURSE]
+
+
+@pytest.mark.timeout(300)
+def test_demo_teaches_a_cause_only_a_script_shows_from_its_code_alone(capsys):
+    """world-size-mismatch is no fault of the built-in workload: its lesson is its code."""
+    assert main(["demo", "world-size-mismatch", "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "== world-size-mismatch: The job never gets past its start (from code) ==" in out
+    assert '+                        world_size=int(os.environ["WORLD_SIZE"]))' in out
+    bug, fixed = out.split("with the bug: ", 1)[1].split("fixed:", 1)
+    assert bug.startswith("FAILED: world-size-mismatch: ranks 0, 1 wait in "
+                          "init_process_group for a group of 8")
+    assert fixed.strip().startswith("OK: every rank finished")
+    assert main(["demo", "world-size-mismatch", "--strategy", "ddp"]) == 2
+    assert "taught from code alone" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,9 @@ def add_commands(commands) -> None:
                     "why, the fix, and the numbers after it. With --all, every fault, then "
                     "one summary table over every variant and strategy.")
     which = demo.add_mutually_exclusive_group(required=True)
-    which.add_argument("fault", nargs="?", metavar="FAULT", help="a fault id")
+    which.add_argument("fault", nargs="?", metavar="FAULT",
+                       help="a fault id, or an exercise taught from code alone (a cause "
+                            "only a user's script shows, e.g. world-size-mismatch)")
     which.add_argument("--all", action="store_true", help="every fault in the catalogue")
     demo.add_argument("--strategy", choices=EVERY_STRATEGY, metavar="STRATEGY",
                       help="strategy for the lesson (default: the first that shows the "
@@ -45,6 +47,8 @@ def add_commands(commands) -> None:
 def demo_command(args: argparse.Namespace) -> int:
     if args.all and args.variant:
         raise UsageError("--variant goes with one FAULT, not --all")
+    if not args.all and _taught_from_code_only(args.fault):
+        return _code_only_lesson(args)
     chosen = sweep_faults(args.strategy) if args.all else [fault_named(args.fault)]
     if args.all:  # a fault that cannot show on this many ranks is left out, and said so
         fewer = [f for f in chosen if args.world_size < f.min_world_size]
@@ -118,6 +122,32 @@ def demo_command(args: argparse.Namespace) -> int:
                   f"with the bug: {shown.before}\nfixed: {shown.after}")
     code_ok = all(map(_cured, taught))
     return 0 if all(r.report.verdict.passed for r in rows) and code_ok else 1
+
+
+def _taught_from_code_only(name: str) -> bool:
+    """An exercise that is no fault of the built-in workload (a cause only a user's script
+    shows: a group that never forms, a collective one rank skips): its lesson is its code."""
+    from distdoctor import faults
+    from distdoctor.teaching.lessons import has_code_lesson
+
+    return name not in faults.catalogue() and has_code_lesson(name)
+
+
+def _code_only_lesson(args: argparse.Namespace) -> int:
+    from distdoctor.cli.lessons import code_lesson_text
+    from distdoctor.teaching.lessons import code_lesson
+
+    if args.strategy or args.variant:
+        raise UsageError(f"{args.fault} is taught from code alone: --strategy and --variant "
+                         f"choose how a fault is injected into the built-in workload")
+    taught = code_lesson(args.fault, args.world_size, args.deadline)
+    print(code_lesson_text(taught), flush=True)
+    if args.html:
+        _write_pages(args.html, [], [taught])
+    if not _cured(taught):
+        print(f"\n== did not pass: {taught.exercise.name} from code ==\n"
+              f"with the bug: {taught.before}\nfixed: {taught.after}")
+    return 0 if _cured(taught) else 1
 
 
 def _cured(taught) -> bool:

@@ -196,6 +196,15 @@ COURSE: tuple[Exercise, ...] = (
                  "    dist.barrier()\n    if rank == 0 and step == 1:\n"),),
             "collective-mismatch"),)),
     Exercise(
+        "world-size-mismatch", "The job never gets past its start",
+        "Started with torchrun, the job waits forever: no rank prints its mean, and nothing "
+        "fails for half an hour. Find out why, and fix it so that the job runs on however "
+        "many ranks it is started with.",
+        "world_size_mismatch.py", ("world-size-mismatch",),
+        (Edit('world_size=CLUSTER["world_size"])', 'world_size=int(os.environ["WORLD_SIZE"]))'),),
+        (WrongFix("the config's world size set to today's number of ranks", (
+            Edit('"world_size": 8}', '"world_size": 2}'),), "world-size-mismatch"),)),
+    Exercise(
         "missing-tp-allreduce", "Tensor-parallel ranks disagree on the output",
         "The model is cut across the ranks with tensor parallelism. Nothing fails and the "
         "loss goes down, yet the ranks print different losses for the same batch. Find out "
