@@ -231,10 +231,19 @@ COURSE: tuple[Exercise, ...] = (
         "step waiting in the gradient all-reduce. Find out why, and fix it so that no rank "
         "holds the others up, while every step's loss is still sent to the metrics service.",
         "straggler.py", ("straggler",),
-        (Edit("import time\n", "import threading\nimport time\n"),
+        (Edit("import time\n", "import queue\nimport threading\nimport time\n"),
+         Edit("service = MetricsService()\n",
+              "service = MetricsService()\n"
+              "records: queue.Queue = queue.Queue()  # sent by a thread of its own, off the "
+              "step\n"
+              "sender = threading.Thread(target=lambda: [log_metrics(service, *record)\n"
+              "                                          for record in iter(records.get, None)])\n"
+              "sender.start()\n"),
          Edit("        log_metrics(service, step, loss)\n",
-              "        threading.Thread(target=log_metrics,\n"
-              "                         args=(service, step, loss.detach())).start()\n")),
+              "        records.put((step, loss.detach()))\n"),
+         Edit("dist.destroy_process_group()\n",
+              "records.put(None)  # every record sent before the job ends\n"
+              "sender.join()\ndist.destroy_process_group()\n")),
         (WrongFix("barrier() on every rank after rank 0's logging", (
             Edit("        log_metrics(service, step, loss)\n",
                  "        log_metrics(service, step, loss)\n    dist.barrier()\n"),),
