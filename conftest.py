@@ -123,8 +123,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tier(name): the test's tier, one of "
                             + ", ".join(TIERS) + " (conftest.py says what each means)")
     config.addinivalue_line("markers", "timing: the test judges how long ranks take (a "
-                            "straggler's verdict): run last, once the background lanes are "
-                            "done (tests/lanes.py), not beside them")
+                            "straggler's or a stage balance's verdict): run last, once the "
+                            "background lanes are done (tests/lanes.py), not beside them")
 
 
 def _own_temporary_folder(config) -> None:
