@@ -84,6 +84,12 @@ def test_the_buggy_script_is_not_yet_passed_with_its_cause(lanes, name):
 @pytest.mark.parametrize("name", [e.name for e in COURSE])
 def test_the_reference_fix_passes_at_both_world_sizes(lanes, name):
     done, grade = graded(lanes, name, "fix")
+    if name in TIMED and undecided(grade):
+        # a machine too busy to judge with a margin (the lanes load it): never a cause
+        # found, and said as undecided, not passed; a decided "not yet" still fails here
+        assert done.returncode == 1 and grade["passed"] is False, grade["message"]
+        assert all(r["finished"] and r["causes"] == [] for r in grade["runs"]), grade
+        return
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert grade["passed"] is True and grade["schema"] == "distdoctor.exercise.v1"
     assert [(r["world_size"], r["finished"], r["causes"]) for r in grade["runs"]] == [
