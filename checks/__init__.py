@@ -6,6 +6,7 @@ injected, so it works the same on a user's own run.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import pkgutil
@@ -38,15 +39,27 @@ def run_all(record: RunRecord) -> tuple[Finding, ...]:
     return tuple(sorted(found, key=lambda f: not f.fix_changes))
 
 
-def confirmed_by_a_second_run(check: str) -> bool:
+@functools.cache
+def _declaring(flag: str) -> frozenset[str]:
+    """The NAMEs of the detectors whose module sets ``flag`` (read once: the package does
+    not change while we run)."""
+    return frozenset(module.NAME for module in detectors()
+                     if getattr(module, flag, False) and hasattr(module, "NAME"))
+
+
+def judges_time(check: str) -> bool:
     """Does the detector named ``check`` (its NAME, or the kind it reports: one name per
-    failure mode, tests/test_names.py) judge time from one run's steps, so that its alarm
-    stands only once a second run raises it too (``faultloop.runspec.run_decided``, and
-    the exercises' grader)? Its module says so with ``CONFIRMED_BY_A_SECOND_RUN``."""
-    check = check.replace("-", "_")
-    return any(getattr(module, "NAME", None) == check
-               and getattr(module, "CONFIRMED_BY_A_SECOND_RUN", False)
-               for module in detectors())
+    failure mode, tests/test_names.py) judge how long ranks take, so that a busy machine
+    can leave it undecided? Its module says so with ``JUDGES_TIME``."""
+    return check.replace("-", "_") in _declaring("JUDGES_TIME")
+
+
+def confirmed_by_a_second_run(check: str) -> bool:
+    """Does the detector named ``check`` (as for ``judges_time``) judge time from one
+    run's steps, so that its alarm stands only once a second run raises it too
+    (``faultloop.runspec.run_decided``, and the exercises' grader)? Its module says so
+    with ``CONFIRMED_BY_A_SECOND_RUN``."""
+    return check.replace("-", "_") in _declaring("CONFIRMED_BY_A_SECOND_RUN")
 
 
 def finding(fault_id: str, *, check: str, headline: str, symptom: str, fix_changes: dict,

@@ -19,7 +19,7 @@ from distdoctor.analysis.startup import (
     expected_world,
     never_forms,
 )
-from distdoctor.models import CauseKind, Finding, RankRecord, RunRecord
+from distdoctor.models import CauseKind, Finding, RankRecord, RunRecord, Startup
 from distdoctor.models.calls import ranks_phrase, relative_line
 from distdoctor.models.record import STOPPED, user_frame
 
@@ -55,7 +55,7 @@ def check(record: RunRecord) -> list[Finding]:
                           tuple(s.where for s in waiting.values() if s.where))]
 
 
-def _asks_for_fewer(record: RunRecord, entered: dict) -> Finding | None:
+def _asks_for_fewer(record: RunRecord, entered: dict[int, Startup]) -> Finding | None:
     """A rank that asked init_process_group for a group smaller than the ranks started and
     never got out of it (it raised, or stopped there): its rank has no place in that group,
     so it fails alone while the others may form the smaller group without it. Judged only
@@ -63,18 +63,17 @@ def _asks_for_fewer(record: RunRecord, entered: dict) -> Finding | None:
     started = len(record.ranks)
     left = [r for r in record.ranks if r.rank in entered and not entered[r.rank].joined
             and not r.end.ok]
-    asked = {r.rank: expected_world(entered[r.rank]) for r in left}
-    fewer = {rank: w for rank, w in asked.items() if w is not None and w < started}
+    fewer = {r.rank: (r, w) for r in left
+             if (w := expected_world(entered[r.rank])) is not None and w < started}
     if not fewer:
         return None
-    rank, world = min(fewer.items())
+    rank, (blamed, world) = min(fewer.items())
     startup = entered[rank]
     how = (f"world_size={world} at {relative_line(startup.where)}"
            if startup.world_size is not None else f"WORLD_SIZE={world} in its environment")
     claimed = claimed_rank(startup)
     formed = [r.rank for r in record.ranks if r.rank in entered and entered[r.rank].joined]
-    error = f": it raised {record.ranks[rank].end.headline}" if record.ranks[rank].end.headline \
-        else ""
+    error = f": it raised {blamed.end.headline}" if blamed.end.headline else ""
     return Finding(
         check=NAME, fault="world-size-mismatch",
         symptom=f"rank {rank} asks init_process_group for a group of {world} ({how}), but "

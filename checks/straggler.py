@@ -67,6 +67,7 @@ from distdoctor.models import Evidence, Finding, RankRecord, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 
 NAME = "straggler"
+JUDGES_TIME = True  # a busy machine can leave it undecided
 FLOOR = 0.10  # the smallest share of the others' step reported
 MIN_WAIT_S = 0.005  # ... and the smallest wait a step
 NAMED_SHARE = 0.2  # a phase named as the cause holds this share of the largest excess

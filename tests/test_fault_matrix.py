@@ -210,11 +210,8 @@ def run_fixed():
 # a straggler's and a stage balance's verdicts judge times: those cases run last, on a
 # machine the background lanes no longer load (conftest.py); a straggler's fixed run is
 # measured afresh. Beside the lanes, a 2-stage pipe-1f1b was once left undecided.
-TIMED = ("straggler", "unbalanced-stages")
-
-
 @pytest.mark.parametrize("fault_id, variant, strategy, world_size", [
-    pytest.param(*case, marks=[pytest.mark.timing] if case[0] in TIMED else [])
+    pytest.param(*case, marks=[pytest.mark.timing] if checks.judges_time(case[0]) else [])
     for case in CASES])
 def test_fault_is_detected_with_its_numbers_and_the_fix_verified(pools, run_fixed, fault_id,
                                                                  variant, strategy, world_size):

@@ -183,3 +183,14 @@ def test_a_timing_alarm_stands_only_when_a_second_run_raises_it(monkeypatch, run
     if outcome == "inconclusive" and runs[-1] is EVEN:
         (said,) = assessment.undecided
         assert said.headline.endswith("(raised in 1 of 2 runs, not in the others)")
+
+
+def test_the_checks_that_judge_time_are_declared_by_their_modules():
+    """Both timing checks may be left undecided by a busy machine; only stage balance,
+    judged from one run's steps, is put to a second run (the straggler has its own rule)."""
+    from distdoctor import checks
+
+    assert [c for c in ("straggler", "unbalanced-stages", "sum-without-mean")
+            if checks.judges_time(c)] == ["straggler", "unbalanced-stages"]
+    assert [c for c in ("straggler", "unbalanced_stages", "sum_without_mean")
+            if checks.confirmed_by_a_second_run(c)] == ["unbalanced_stages"]

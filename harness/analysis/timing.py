@@ -32,7 +32,7 @@ def per_step_times(record: RunRecord) -> dict[int, dict[int, float]]:
 
 def _computed_in(rank: RankRecord) -> set[int]:
     steps = {e.step for e in rank.evidence.stage_events}
-    if steps and rank.end.status != "finished":
+    if steps and not rank.end.ok:
         steps.discard(max(steps))
     return steps
 

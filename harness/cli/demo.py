@@ -117,9 +117,7 @@ def demo_command(args: argparse.Namespace) -> int:
     if args.html:
         _write_pages(args.html, rows, taught)
     for shown in taught:
-        if not _cured(shown):
-            print(f"\n== did not pass: {shown.exercise.name} from code ==\n"
-                  f"with the bug: {shown.before}\nfixed: {shown.after}")
+        _say_if_not_cured(shown)
     code_ok = all(map(_cured, taught))
     return 0 if all(r.report.verdict.passed for r in rows) and code_ok else 1
 
@@ -144,10 +142,14 @@ def _code_only_lesson(args: argparse.Namespace) -> int:
     print(code_lesson_text(taught), flush=True)
     if args.html:
         _write_pages(args.html, [], [taught])
+    _say_if_not_cured(taught)
+    return 0 if _cured(taught) else 1
+
+
+def _say_if_not_cured(taught) -> None:
     if not _cured(taught):
         print(f"\n== did not pass: {taught.exercise.name} from code ==\n"
               f"with the bug: {taught.before}\nfixed: {taught.after}")
-    return 0 if _cured(taught) else 1
 
 
 def _cured(taught) -> bool:

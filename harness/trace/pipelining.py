@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -34,7 +35,9 @@ TIMED = {"forward_one_chunk": "F", "backward_one_chunk": "B",
 
 
 def record_pipeline_stages(tracer: Any) -> None:
-    counted: set[int] = set()  # the stages (by index) whose layers were written
+    # the stages whose layers were written: by object, not index, since a warm pool's next
+    # job builds its own stages with the same indices
+    counted: weakref.WeakSet = weakref.WeakSet()
 
     def wrap(module) -> None:
         base = module._PipelineStageBase
@@ -46,7 +49,7 @@ def record_pipeline_stages(tracer: Any) -> None:
     after_import(MODULE, wrap, WHAT)
 
 
-def _timed(tracer: Any, original: Callable, kind: str, counted: set[int]) -> Callable:
+def _timed(tracer: Any, original: Callable, kind: str, counted: weakref.WeakSet) -> Callable:
     @functools.wraps(original)
     def timed(self, *args, **kwargs):
         start, cpu = time.monotonic(), time.thread_time()
@@ -65,11 +68,11 @@ def _timed(tracer: Any, original: Callable, kind: str, counted: set[int]) -> Cal
 
 
 def _write(tracer: Any, stage, chunk, kind: str, start: float, cpu: float,
-           counted: set[int]) -> None:
+           counted: weakref.WeakSet) -> None:
     cpu = time.thread_time() - cpu
     index = int(stage.stage_index)
-    if index not in counted:
-        counted.add(index)
+    if stage not in counted:
+        counted.add(stage)
         layers = Counter(type(m).__name__ for m in stage.submod.children())
         tracer.write(ev=Ev.STAGE_HELD, stage=index,
                      params=sum(p.numel() for p in stage.submod.parameters()),
