@@ -21,7 +21,8 @@ def check(record: RunRecord) -> list[Finding]:
     if not found:
         return []
     first = found[0]
-    earlier = [d for kind in ("parameter", "mask") for d in group_disagreements(record, kind)
+    earlier = [d for kind in ("parameter", "input", "mask")
+               for d in group_disagreements(record, kind)
                if d["step"] < first["step"]]
     if earlier:
         return []

@@ -21,7 +21,8 @@ def check(record: RunRecord) -> list[Finding]:
     if not drift:
         return []
     first = drift[0]
-    upstream = [d for kind in ("activation", "mask") for d in group_disagreements(record, kind)
+    upstream = [d for kind in ("activation", "input", "mask")
+                for d in group_disagreements(record, kind)
                 if d["step"] <= first["step"]]
     if upstream:
         return []

@@ -6,6 +6,15 @@ must be the same on every rank, or the copies of one activation are dropped diff
 A mask on a sharded activation (a column-parallel layer's slices) must differ between
 slices: identical masks on every slice, step after step, are far past chance (given the
 share the masks keep, the chance is printed) and mean every rank drew from one RNG state.
+
+A user's script shows no masks, but it shows what they do. A column-parallel layer handed
+its input replicated (a DTensor Replicate on every rank: its gradient is all-reduced over
+the group) must be handed the same values on every rank. When an earlier layer of the same
+forward was handed (or put out) values the group agreed on, and nothing the group shares
+disagreed at an earlier step, the ranks drew the activation apart in between, in their own
+code: a random op on each rank's own RNG state, dropout the usual one. When the difference
+is the earlier layer's output times 0 or one scale, that is dropout's signature, and its
+rate is measured: masks that differ.
 """
 
 from __future__ import annotations
@@ -18,6 +27,11 @@ from distdoctor.models.calls import ranks_phrase
 
 NAME = "tp_dropout_rng"
 CHANCE = 1e-9  # identical independent masks this likely or more are left alone
+CLOSE = 1e-4  # relative difference below which two sampled values count as one (float32
+# sums in another order differ by about 1e-7 of the value)
+SCALE_SPREAD = 1e-2  # the ratios of a dropout's differences to its input agree this well:
+# a difference of two float32 sums of the residual carries that sum's rounding, about 1e-7
+# of it, which is a larger share of a small input
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -37,8 +51,11 @@ def check(record: RunRecord) -> list[Finding]:
             f"{'drops' if len(first['ranks']) == 1 else 'drop'} other values than rank "
             f"{first['group'][0]}",
             fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=first["ranks"],
-            measured=measured,
+            measured=measured, kind="tp-dropout-rng",
             first_step=first["step"], where=first["where"])]
+    apart = _drawn_apart(record)
+    if apart:
+        return [apart]
     same = _identical_slices(record)
     if not same:
         return []
@@ -51,6 +68,7 @@ def check(record: RunRecord) -> list[Finding]:
         f"{tuple(group)}, is the same on every slice at all {steps} steps; independent "
         f"masks would agree this often with chance 1e{log_chance:.0f}",
         fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=group[1:], measured=measured,
+        kind="tp-dropout-rng",
         cause="every rank draws the sharded activation's dropout from the same RNG state, "
               "so each slice is dropped at the same positions and the slices are not "
               "independent")]
@@ -80,3 +98,99 @@ def _identical_slices(record: RunRecord):
         if log_chance < math.log10(CHANCE):
             return name, group, len(complete), log_chance
     return None
+
+
+def _drawn_apart(record: RunRecord) -> Finding | None:
+    """The first column-parallel input the group disagrees on, drawn apart after an earlier
+    tensor of the same forward that it agreed on; None when there is none, or when
+    something the group shares parted first (its own check explains it)."""
+    found = group_disagreements(record, "input")
+    if not found:
+        return None
+    first = found[0]
+    step, group = first["step"], tuple(first["group"])
+    explained = [d for kind in ("activation", "input", "parameter", "mask")
+                 for d in group_disagreements(record, kind)
+                 if d["step"] < step or (kind == "activation" and d["step"] == step)]
+    if explained:
+        return None
+    before = _agreed_before(record, step, group, first["name"])
+    if before is None:
+        return None  # the forward's first shared input differs: not drawn apart inside it
+    scale = _dropout_scale(record, step, group, before, first["name"])
+    measured = {"layer": first["name"], "after": before.name, "first_step": step,
+                "spread": first["spread"], "group": list(group), "ranks": first["ranks"],
+                "dropout_rate": None if scale is None else round(1 - 1 / scale, 4),
+                "where": first["where"]}
+    drawn = (f"the difference is {before.name}'s output times 0 or {scale:.4g}: dropout at "
+             f"rate {1 - 1 / scale:.3g} with masks that differ from rank to rank"
+             if scale else "something between them drew other values on each rank")
+    return finding(
+        "tp-dropout-rng", check=NAME,
+        headline=f"{first['name']}'s input differs across its tensor-parallel group by "
+        f"{first['spread']:.3g}",
+        symptom=f"at step {step}, every rank of tensor-parallel group {group} is handed the "
+        f"same {before.name} {'output' if before.kind == 'activation' else 'input'}, but not "
+        f"the same input to column-parallel layer {first['name']}, which the group holds "
+        f"whole (largest difference {first['spread']:.3g}; {ranks_phrase(first['ranks'])} "
+        f"{'differs' if len(first['ranks']) == 1 else 'differ'} from rank {group[0]}): "
+        f"{drawn}",
+        cause="every rank draws dropout from its own RNG state (seeded by rank, say), the "
+              "dropout on activations the tensor-parallel group holds whole too, so each "
+              "rank drops other values of one activation and the copies part",
+        fix="draw the dropout on activations the tensor-parallel group holds whole from an "
+            "RNG state the group shares (the same seed on every rank of the group), and keep "
+            "per-rank seeds for dropout on sharded activations, as Megatron's RNG tracker does",
+        fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=first["ranks"],
+        measured=measured, kind="tp-dropout-rng", first_step=step, where=first["where"])
+
+
+def _held(record: RunRecord, step: int, group: tuple[int, ...]) -> dict[int, list[GroupTensor]]:
+    """Each rank's activations and inputs of ``group`` at ``step``, in the order recorded
+    (the forward's)."""
+    return {rank.rank: [t for t in rank.evidence.group_tensors
+                        if t.step == step and t.group == group
+                        and t.kind in ("activation", "input")]
+            for rank in record.ranks if rank.rank in group}
+
+
+def _agreed_before(record: RunRecord, step: int, group: tuple[int, ...],
+                   name: str) -> GroupTensor | None:
+    """The nearest tensor before input ``name`` in the lowest rank's forward at ``step``
+    that every rank of the group recorded alike."""
+    held = _held(record, step, group)
+    if len(held) < 2:
+        return None
+    order = held[min(held)]
+    at = next((i for i, t in enumerate(order) if t.kind == "input" and t.name == name), None)
+    for t in reversed(order[:at or 0]):
+        copies = [next((u for u in ts if u.kind == t.kind and u.name == t.name), None)
+                  for ts in held.values()]
+        if all(c is not None and c.value.digest == t.value.digest for c in copies):
+            return t
+    return None
+
+
+def _dropout_scale(record: RunRecord, step: int, group: tuple[int, ...], before: GroupTensor,
+                   name: str) -> float | None:
+    """When every rank's input ``name`` minus the lowest rank's is ``before``'s values times
+    0, +s or -s (sampled at the same positions: the same size), the scale s (1 / (1 - p)
+    for dropout at rate p); else None."""
+    held = _held(record, step, group)
+    base = [t for t in held[min(held)] if t.kind == "input" and t.name == name]
+    if not base or before.value.numel != base[0].value.numel:
+        return None
+    ratios = []
+    for rank in sorted(held)[1:]:
+        mine = next((t for t in held[rank] if t.kind == "input" and t.name == name), None)
+        if mine is None:
+            return None
+        for a, b, y in zip(mine.value.values, base[0].value.values, before.value.values):
+            if abs(a - b) <= CLOSE * max(abs(a), abs(b), 1e-30):
+                continue
+            if y == 0:
+                return None
+            ratios.append(abs(a - b) / abs(y))
+    if not ratios or max(ratios) - min(ratios) > SCALE_SPREAD * max(ratios):
+        return None
+    return sum(ratios) / len(ratios)

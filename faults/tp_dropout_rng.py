@@ -27,4 +27,5 @@ FAULT = Fault(
                 "gets the same mask", {"knobs.tp_dropout_rng": "same-for-slices"}),
     ),
     scenario=_with_dropout,
+    reported_as=("tp-dropout-rng",),
 )

@@ -339,13 +339,14 @@ class Incomplete:
 class GroupTensor:
     """A tensor one rank of a tensor-parallel group held at one step, and what the group
     must hold of it: ``alike`` (every rank the same: a row-parallel layer's output after
-    its all-reduce, a replicated parameter, a dropout mask on replicated activations) or
+    its all-reduce, a column-parallel layer's replicated input, a replicated parameter, a
+    dropout mask on replicated activations) or
     not (each rank its own slice: a dropout mask on a column-parallel output, which must
     differ from the other slices' or the slices are not independent)."""
 
     step: int  # parameters: after this optimiser step; activations and masks: during it
     name: str  # the layer or parameter, e.g. "fc2" or "head.weight"
-    kind: str  # "activation" | "parameter" | "mask"
+    kind: str  # "activation" | "input" | "parameter" | "mask"
     alike: bool
     group: tuple[int, ...]  # the tensor-parallel group's ranks
     value: Fingerprint  # this rank's local tensor (a sample of it in users' scripts)

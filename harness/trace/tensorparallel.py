@@ -1,5 +1,6 @@
 """What a user's tensor-parallel model shows through torch's DTensor placements: the
-evidence for a forgotten all-reduce and for replicated parameters that drift apart.
+evidence for a forgotten all-reduce, for replicated parameters that drift apart, and for
+activations the group must share that it draws apart (dropout on each rank's own RNG).
 
 ``parallelize_module`` is wrapped (once torch's tensor-parallel package is imported: it
 costs half a second, so a script that never imports it never pays). Each row-parallel
@@ -8,11 +9,14 @@ own output hook, which sees the layer's raw output (a Partial DTensor), and one 
 which sees what the next layer is handed. When that has the raw output's shape, the plan
 meant the output whole on every rank of the dimension (Replicate), so a sample of it is
 recorded at the first forward of an optimiser step; a sequence-parallel plan (output
-Shard) hands rows instead and is not judged. Before an optimiser step, each parameter of
-a parallelized model that is not sharded (a DTensor replicated on every dimension, or a
-plain tensor beside sharded ones) is sampled. Both on the steps the gradient recorder
-samples (the first 8, then every 32nd), so a long run pays little. Checks compare the
-samples across the tensor-parallel group: the ranks must agree.
+Shard) hands rows instead and is not judged. Each column-parallel Linear (weight Shard(0))
+gets a forward pre-hook after torch's own input hook: when that hands the layer a DTensor
+replicated on every mesh dimension, every rank of the group holds that input whole (its
+gradient is all-reduced over the group), so a sample of it is recorded too. Before an
+optimiser step, each parameter of a parallelized model that is not sharded (a DTensor
+replicated on every dimension, or a plain tensor beside sharded ones) is sampled. All on
+the steps the gradient recorder samples (the first 8, then every 32nd), so a long run pays
+little. Checks compare the samples across the tensor-parallel group: the ranks must agree.
 """
 
 from __future__ import annotations
@@ -69,9 +73,12 @@ def record_tensor_parallel(tracer: Any) -> None:
                 where = user_line()
                 models.append((weakref.ref(out), where, _tp_group(out)))
                 for name, sub in out.named_modules():
-                    dim = _row_parallel_dim(sub)
+                    dim = _sharded_dim(sub, (1, -1))  # row-parallel
                     if dim is not None:
                         _hook_output(tracer, sub, name, _dim_group(sub.weight, dim), where)
+                    dim = _sharded_dim(sub, (0, -2))  # column-parallel
+                    if dim is not None:
+                        _hook_input(tracer, sub, name, _dim_group(sub.weight, dim), where)
             except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("tensor-parallel samples", exc)
             return out
@@ -107,14 +114,32 @@ def _hook_output(tracer, module, name: str, group: tuple[int, ...], where: str) 
     module.register_forward_hook(handed)
 
 
-def _row_parallel_dim(module) -> int | None:
-    """The mesh dimension a Linear's weight is split along its inputs on (Shard(1))."""
+def _hook_input(tracer, module, name: str, group: tuple[int, ...], where: str) -> None:
+    seen = {"step": -1}
+
+    def handed(_mod, inputs):
+        step = tracer.optimizer_steps + 1
+        if step == seen["step"] or not sampled(step) or len(group) < 2 or not inputs:
+            return
+        x = inputs[0]
+        placements = getattr(x, "placements", None)
+        if not placements or not all(p.is_replicate() for p in placements):
+            return  # a plain tensor the user keeps, or one still sharded: not judged
+        seen["step"] = step
+        _write(tracer, step, name, "input", group, x.to_local(), where)
+
+    module.register_forward_pre_hook(handed)  # after torch's: sees what the layer is handed
+
+
+def _sharded_dim(module, dims: tuple[int, int]) -> int | None:
+    """The mesh dimension a Linear's weight is split on along tensor dimension ``dims``
+    ((1, -1): its inputs, row-parallel; (0, -2): its outputs, column-parallel)."""
     weight = getattr(module, "weight", None)
     if weight is None or not isinstance(module, torch.nn.Linear) \
             or not hasattr(weight, "placements"):
         return None
     for dim, placement in enumerate(weight.placements):
-        if placement.is_shard() and placement.dim in (1, -1):
+        if placement.is_shard() and placement.dim in dims:
             return dim
     return None
 
