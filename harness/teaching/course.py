@@ -213,6 +213,20 @@ COURSE: tuple[Exercise, ...] = (
         (Edit("from torch.distributed.tensor import Partial\n", ""),
          Edit('"2": RowwiseParallel(output_layouts=Partial()),', '"2": RowwiseParallel(),'))),
     Exercise(
+        "tp-dropout-rng", "Tensor-parallel ranks disagree once dropout is on",
+        "The model is cut across the ranks with tensor parallelism and every rank is handed "
+        "the same batch. Evaluated without dropout, the ranks agree; in training each prints "
+        "its own loss for the same batch. Find out why, and fix it so that the ranks compute "
+        "one output, dropout included, as the whole model on one process would.",
+        "tp_dropout_rng.py", ("tp-dropout-rng",),
+        (Edit("torch.manual_seed(1 + rank)  # as in our DDP recipe: each replica draws its "
+              "own dropout\n",
+              "torch.manual_seed(1)  # one activation on every rank: one dropout mask\n"),),
+        (WrongFix("the batch broadcast from rank 0 (it was the same on every rank already)", (
+            Edit("    batch = data[step * 16:(step + 1) * 16]\n",
+                 "    batch = data[step * 16:(step + 1) * 16].clone()\n"
+                 "    dist.broadcast(batch, src=0)\n"),), "tp-dropout-rng"),)),
+    Exercise(
         "replicated-param-drift", "Copies of a layer drift apart",
         "Every rank holds the last layer whole, and the copies start equal, but after a few "
         "steps they no longer agree. Find out why, and fix it so that the copies stay one.",
