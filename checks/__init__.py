@@ -151,6 +151,45 @@ def group_disagreements(record: RunRecord, kind: str) -> list[dict]:
     return found
 
 
+def first_input_parted(record: RunRecord) -> tuple[dict, GroupTensor | None] | None:
+    """The first column-parallel layer's replicated input that a tensor-parallel group
+    disagrees on (a ``group_disagreements`` entry), with the nearest tensor before it in
+    the same forward that the group agreed on (None when it is the forward's first);
+    None when no input parts, or something the group shares parted first: at an earlier
+    step, or a row-parallel output in the same forward (their own checks explain it)."""
+    found = group_disagreements(record, "input")
+    if not found:
+        return None
+    first = found[0]
+    step = first["step"]
+    if any(d["step"] < step or (kind == "activation" and d["step"] == step)
+           for kind in ("activation", "input", "parameter", "mask")
+           for d in group_disagreements(record, kind)):
+        return None
+    held = held_in_forward(record, step, tuple(first["group"]))
+    if len(held) < 2:
+        return None
+    order = held[min(held)]
+    at = next((i for i, t in enumerate(order) if t.kind == "input" and t.name == first["name"]),
+              0)
+    for t in reversed(order[:at]):
+        copies = [next((u for u in ts if u.kind == t.kind and u.name == t.name), None)
+                  for ts in held.values()]
+        if all(c is not None and c.value.digest == t.value.digest for c in copies):
+            return first, t
+    return first, None
+
+
+def held_in_forward(record: RunRecord, step: int,
+                    group: tuple[int, ...]) -> dict[int, list[GroupTensor]]:
+    """Each rank's row-parallel outputs and column-parallel inputs of ``group`` at
+    ``step``, in the order recorded (the forward's)."""
+    return {rank.rank: [t for t in rank.evidence.group_tensors
+                        if t.step == step and t.group == group
+                        and t.kind in ("activation", "input")]
+            for rank in record.ranks if rank.rank in group}
+
+
 def largest_per_step(found: list[dict]) -> dict[str, float]:
     """The largest spread of ``group_disagreements``' entries at each step, by step (as
     JSON keys, in step order)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from distdoctor.checks import finding, group_disagreements
+from distdoctor.checks import finding, first_input_parted, group_disagreements, held_in_forward
 from distdoctor.models import Finding, GroupTensor, RunRecord
 from distdoctor.models.calls import ranks_phrase
 
@@ -102,21 +102,16 @@ def _identical_slices(record: RunRecord):
 
 def _drawn_apart(record: RunRecord) -> Finding | None:
     """The first column-parallel input the group disagrees on, drawn apart after an earlier
-    tensor of the same forward that it agreed on; None when there is none, or when
-    something the group shares parted first (its own check explains it)."""
-    found = group_disagreements(record, "input")
-    if not found:
+    tensor of the same forward that it agreed on; None when there is none, when something
+    the group shares parted first (its own check explains it), or when the forward's first
+    shared input already differs (tp_batches_differ)."""
+    parted = first_input_parted(record)
+    if parted is None:
         return None
-    first = found[0]
-    step, group = first["step"], tuple(first["group"])
-    explained = [d for kind in ("activation", "input", "parameter", "mask")
-                 for d in group_disagreements(record, kind)
-                 if d["step"] < step or (kind == "activation" and d["step"] == step)]
-    if explained:
-        return None
-    before = _agreed_before(record, step, group, first["name"])
+    first, before = parted
     if before is None:
-        return None  # the forward's first shared input differs: not drawn apart inside it
+        return None
+    step, group = first["step"], tuple(first["group"])
     scale = _dropout_scale(record, step, group, before, first["name"])
     measured = {"layer": first["name"], "after": before.name, "first_step": step,
                 "spread": first["spread"], "group": list(group), "ranks": first["ranks"],
@@ -145,38 +140,12 @@ def _drawn_apart(record: RunRecord) -> Finding | None:
         measured=measured, kind="tp-dropout-rng", first_step=step, where=first["where"])
 
 
-def _held(record: RunRecord, step: int, group: tuple[int, ...]) -> dict[int, list[GroupTensor]]:
-    """Each rank's activations and inputs of ``group`` at ``step``, in the order recorded
-    (the forward's)."""
-    return {rank.rank: [t for t in rank.evidence.group_tensors
-                        if t.step == step and t.group == group
-                        and t.kind in ("activation", "input")]
-            for rank in record.ranks if rank.rank in group}
-
-
-def _agreed_before(record: RunRecord, step: int, group: tuple[int, ...],
-                   name: str) -> GroupTensor | None:
-    """The nearest tensor before input ``name`` in the lowest rank's forward at ``step``
-    that every rank of the group recorded alike."""
-    held = _held(record, step, group)
-    if len(held) < 2:
-        return None
-    order = held[min(held)]
-    at = next((i for i, t in enumerate(order) if t.kind == "input" and t.name == name), None)
-    for t in reversed(order[:at or 0]):
-        copies = [next((u for u in ts if u.kind == t.kind and u.name == t.name), None)
-                  for ts in held.values()]
-        if all(c is not None and c.value.digest == t.value.digest for c in copies):
-            return t
-    return None
-
-
 def _dropout_scale(record: RunRecord, step: int, group: tuple[int, ...], before: GroupTensor,
                    name: str) -> float | None:
     """When every rank's input ``name`` minus the lowest rank's is ``before``'s values times
     0, +s or -s (sampled at the same positions: the same size), the scale s (1 / (1 - p)
     for dropout at rate p); else None."""
-    held = _held(record, step, group)
+    held = held_in_forward(record, step, group)
     base = [t for t in held[min(held)] if t.kind == "input" and t.name == name]
     if not base or before.value.numel != base[0].value.numel:
         return None

@@ -253,7 +253,8 @@ def test_each_mechanical_cause_gets_a_patch_that_verifies_and_applies(lanes, num
 # every other example: healthy (no finding, so no patch), or its cause no edit is offered
 # for, and why (each said in one line by run --fix)
 HEALTHY = {"averaged_gradients.py", "sampler_ok.py", "accumulate_with_no_sync.py",
-           "clean.py", "tp_clean.py", "tp_sequence_parallel_ok.py", "test_with_distdoctor.py"}
+           "clean.py", "tp_clean.py", "tp_sequence_parallel_ok.py", "test_with_distdoctor.py",
+           "tp_dp_data_by_dp_rank.py"}
 NO_PATCH = {
     "rank_spins.py": "busy-rank: a rank's own work", "tree_broadcast_spins.py": "busy-rank",
     "straggler_extra_compute.py": "straggler", "straggler_rank0_logging.py": "straggler",
@@ -270,6 +271,7 @@ NO_PATCH = {
                               "from the rank's own share",
     "tp_partial_output.py": "tensor-parallel plans: no remedy yet",
     "tp_sequence_parallel_head.py": "tensor-parallel plans: no remedy yet",
+    "tp_dp_data_by_global_rank.py": "tensor-parallel data dealing: no remedy yet",
     **{name.name: "a start-up mismatch: the launch, not the script's lines"
        for name in EXAMPLES.glob("startup_*.py")},
 }

@@ -251,6 +251,10 @@ def test_ranks_asking_for_different_backends_are_named_whichever_way_each_ended(
      {"first_step": 1, "layer": "2", "groups": [[0, 1]]}),
     ("tp_sequence_parallel_head.py", 2, "replicated-param-drift", [1], "= parallelize_module(",
      {"first_step": 1, "parameters": ["4.bias", "4.weight"], "group": [0, 1]}),
+    # 2 x 2 mesh, 128 samples dealt 4 ways unshuffled: rank r's first batch is r, r + 4, ...
+    ("tp_dp_data_by_global_rank.py", 4, "tp-batches-differ", [1, 3], "# LOOP",
+     {"first_step": 1, "layer": "0", "groups": [[0, 1], [2, 3]],
+      "first_batches": {"0": list(range(0, 32, 4)), "1": list(range(1, 32, 4))}}),
     # buffers every rank keeps for itself: sampled as each forward begins, after DDP's
     # broadcast when it makes one; alike before step 1 (DDP broadcast them once, built)
     ("batchnorm_buffers_not_broadcast.py", 2, "divergent-buffers", [1], "# FORWARD",
@@ -375,11 +379,11 @@ def test_light_tracing_leaves_the_silent_evidence_out(distdoctor, tmp_path):
     assert done.returncode == 0 and report["findings"] == [], done.stdout
 
 
-@pytest.mark.parametrize("example", ["sampler_ok.py", "averaged_gradients.py",
-                                     "accumulate_with_no_sync.py", "tp_clean.py",
-                                     "tp_sequence_parallel_ok.py"])
-def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example):
-    done, report = run_example(distdoctor, tmp_path, example, 2)
+@pytest.mark.parametrize("example, ranks", [
+    ("sampler_ok.py", 2), ("averaged_gradients.py", 2), ("accumulate_with_no_sync.py", 2),
+    ("tp_clean.py", 2), ("tp_sequence_parallel_ok.py", 2), ("tp_dp_data_by_dp_rank.py", 4)])
+def test_the_healthy_counterparts_are_ok(distdoctor, tmp_path, example, ranks):
+    done, report = run_example(distdoctor, tmp_path, example, ranks)
     assert done.returncode == 0 and report["findings"] == [], done.stdout
 
 

@@ -1,13 +1,20 @@
-"""The tensor-parallel input rule, on hand-made records whose numbers are worked out here:
+"""The tensor-parallel input rules, on hand-made records whose numbers are worked out here:
 a column-parallel layer's replicated input must be the same on every rank of its group,
-and when it parts after an earlier layer the group agreed on, the ranks drew it apart."""
+when it parts after an earlier layer the group agreed on, the ranks drew it apart; when
+the first input of the forward parts, they were handed different batches."""
 
 from __future__ import annotations
 
 import pytest
 
-from distdoctor.checks import missing_tp_allreduce, replicated_param_drift, tp_dropout_rng
+from distdoctor.checks import (
+    missing_tp_allreduce,
+    replicated_param_drift,
+    tp_batches_differ,
+    tp_dropout_rng,
+)
 from distdoctor.models import (
+    BatchEvidence,
     Evidence,
     Fingerprint,
     GroupTensor,
@@ -67,10 +74,31 @@ def test_inputs_drawn_apart_by_something_else_are_said_without_a_rate():
 
 
 def test_quiet_when_the_group_agrees_and_when_the_first_input_already_differs():
-    assert tp_dropout_rng.check(record(forward(0, Y), forward(1, Y))) == []
+    agreed = record(forward(0, Y), forward(1, Y))
+    assert tp_dropout_rng.check(agreed) == [] and tp_batches_differ.check(agreed) == []
     # handed different batches: nothing the group agreed on came before, so no draw is shown
     other = [tensor(1, "0.up", "input", [-x for x in X])] + forward(1, Y)[1:]
     assert tp_dropout_rng.check(record(forward(0, Y), other)) == []
+
+
+def test_a_first_input_that_differs_is_the_group_handed_different_batches_with_the_samples():
+    other = [tensor(1, "0.up", "input", [-x for x in X])] + forward(1, Y)[1:]
+    parted = record(forward(0, Y), other)
+    (found,) = tp_batches_differ.check(parted)
+    assert (found.kind, found.ranks, found.first_step) == ("tp-batches-differ", (1,), 1)
+    assert found.measured["layer"] == "0.up" and found.measured["groups"] == [[0, 1]]
+    assert found.measured["spread"] == pytest.approx(4.0)  # 2.0 against -2.0
+    assert found.measured["first_batches"] == {} and "loader" not in found.symptom
+    # with the loaders' batches recorded, the samples each rank was dealt are said
+    dealt = tuple(RankRecord(r.rank, r.end, Evidence(
+        r.rank, group_tensors=r.evidence.group_tensors, batches=(BatchEvidence(
+            0, 0, tuple(range(r.rank, 16, 2)), "DistributedSampler", 0, "train.py:30",
+            trains=True),))) for r in parted.ranks)
+    (found,) = tp_batches_differ.check(RunRecord(parted.spec, dealt, 1.0))
+    assert "rank 0: 0, 2, 4, 6, ...; rank 1: 1, 3, 5, 7, ..." in found.symptom
+    assert found.where == ("train.py:30", "train.py:26")  # the loop first, then the plan
+    # a draw inside the forward is dropout's finding, not this one
+    assert tp_batches_differ.check(record(forward(0, dropout(0)), forward(1, dropout(1)))) == []
 
 
 def test_a_partial_sum_upstream_is_told_as_the_missing_all_reduce_not_as_dropout():

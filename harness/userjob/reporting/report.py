@@ -6,8 +6,9 @@ unused-params, busy-rank (a rank running its own code while its peers wait in a
 collective for it) or hang-unknown: a mismatch outranks the crash it caused, and a rank's
 own exception outranks the "Connection reset by peer" its peers raised after it. The bugs
 that never crash follow, in the order they spoil training: non-finite, missing-tp-allreduce (a
-tensor-parallel layer's ranks each go on with a partial sum), tp-dropout-rng (they drop
-different values of an activation they must share), replicated-param-drift (copies of
+tensor-parallel layer's ranks each go on with a partial sum), tp-batches-differ (they
+compute on different batches), tp-dropout-rng (they drop different values of an
+activation they must share), replicated-param-drift (copies of
 a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
 ran inside no_sync(): the replicas apply different gradients), rank-dependent-update (a
 learning rate, clipping or optimiser state that differs by rank turns the same gradient
@@ -176,8 +177,8 @@ def incomplete(record: RunRecord) -> list[str]:
 
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
-    "partial-step", "non-finite", "missing-tp-allreduce", "tp-dropout-rng",
-    "replicated-param-drift",
+    "partial-step", "non-finite", "missing-tp-allreduce", "tp-batches-differ",
+    "tp-dropout-rng", "replicated-param-drift",
     "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
     "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
     "allreduce-every-microbatch", "straggler", "unbalanced-stages")
