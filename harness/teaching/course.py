@@ -213,6 +213,20 @@ COURSE: tuple[Exercise, ...] = (
         (Edit("from torch.distributed.tensor import Partial\n", ""),
          Edit('"2": RowwiseParallel(output_layouts=Partial()),', '"2": RowwiseParallel(),'))),
     Exercise(
+        "tp-batches-differ", "Tensor-parallel ranks learn from different data",
+        "The model is cut across the ranks with tensor parallelism, and the data loader "
+        "comes from the team's DDP recipe. Nothing fails, yet each rank prints its own loss "
+        "for what should be one model's step. Find out why, and fix it so that the ranks of "
+        "one model compute on one batch, while the data stays dealt out between the "
+        "data-parallel replicas to come.",
+        "tp_batches_differ.py", ("tp-batches-differ",),
+        (Edit("sampler = DistributedSampler(data, shuffle=True)  # as in our DDP recipe\n",
+              'sampler = DistributedSampler(data, num_replicas=mesh["dp"].size(),\n'
+              '                             rank=mesh["dp"].get_local_rank(), shuffle=True)\n'),),
+        (WrongFix("the sampler given one seed on every rank", (
+            Edit("DistributedSampler(data, shuffle=True)", "DistributedSampler(data, "
+                 "shuffle=True, seed=1234)"),), "tp-batches-differ"),)),
+    Exercise(
         "tp-dropout-rng", "Tensor-parallel ranks disagree once dropout is on",
         "The model is cut across the ranks with tensor parallelism and every rank is handed "
         "the same batch. Evaluated without dropout, the ranks agree; in training each prints "
