@@ -9,7 +9,10 @@ watches its own recorder: once an operation has stayed enqueued and not complete
 HOLD_S while its main thread is inside torch's collectives, the rank is hung, and it
 writes ``torch._C._distributed_c10d._dump_fr_trace(True, True, False)`` (the pickle
 nccl's watchdog writes; ``_dump_fr_trace_json`` with FR_DUMP_JSON=1) to
-``OUT/nccl_trace_rank_<rank>`` and waits on, as a hung rank does. A rank whose script
+``OUT/nccl_trace_rank_<rank>`` and waits on, as a hung rank does. A rank that was only
+slow (a loaded machine can hold a healthy rank in a collective for longer than HOLD_S, while
+its peer waits for a core) moves on: its dump is removed, since it is not of the hang, and
+it is watched as before. A rank whose script
 raises (gloo answers a peer that left with "Connection reset") dumps on its way out, as
 nccl's does when it aborts; a rank that exits, or that gloo aborts, leaves no dump, as on
 a cluster. With
@@ -18,6 +21,7 @@ demand). The job is ended once DUMPS ranks (every rank, by default) have dumped,
 DEADLINE_S.
 """
 
+import contextlib
 import json
 import os
 import runpy
@@ -55,19 +59,24 @@ def watch(out: str, rank: int) -> None:
     while not dist.is_initialized():
         time.sleep(0.02)
     main = threading.main_thread().ident
-    seen, since = None, time.monotonic()
+    seen, since, dumped = None, time.monotonic(), False
     while True:
         status = json.loads(_dump_fr_trace_json(includeCollectives=False,
                                                 onlyActive=False)).get("pg_status", {})
         now = {k: (int(v["last_enqueued_collective"]), int(v["last_completed_collective"]))
                for k, v in status.items()}
         if now != seen:
+            if dumped:  # it moved on: slow, not hung, and its dump is not of the hang
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(out, f"nccl_trace_rank_{rank}"))
+                dumped = False
             seen, since = now, time.monotonic()
-        elif any(e > c for e, c in now.values()) and time.monotonic() - since > HOLD_S \
+        elif not dumped and any(e > c for e, c in now.values()) \
+                and time.monotonic() - since > HOLD_S \
                 and in_torch(sys._current_frames().get(main)):
-            dump(out, rank)
-            return  # the rank stays in its collective, as a hung nccl rank does, until the
-            # job is ended: a rank that left would make its peers fail instead of wait
+            dump(out, rank)  # the rank stays in its collective, as a hung nccl rank does,
+            dumped = True  # until the job is ended: a rank that left would make its peers
+            # fail instead of wait
         time.sleep(0.05)
 
 

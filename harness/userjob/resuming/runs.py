@@ -146,9 +146,13 @@ def _run(script: Path, script_args: list[str], world_size: int, deadline: float,
               tuple((c.kind, c.summary) for c in explain(record, str(script)).findings))
     if expect_ok and not result.ok:
         cause = explain(record, script.name).cause
+        # how each rank that did not finish ended, the cause's evidence said plainly (a
+        # rank that died of a signal reads as its peer having left early)
+        ended = "; ".join(f"rank {end.rank} {end.status}: {end.headline}"
+                          for end in result.ends if not end.ok)
         raise CannotCompare(f"a run of {script.name} failed, so it cannot be compared: "
                             f"{cause.kind + ': ' + cause.summary if cause else 'it did not finish'}"
-                            f" (distdoctor run {script.name} says more)")
+                            f" ({ended}; distdoctor run {script.name} says more)")
     return [tuple(trace) for trace in result.traces]
 
 
