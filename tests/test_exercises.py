@@ -142,6 +142,20 @@ def test_a_timing_judgement_left_open_is_graded_undecided_never_passed(tmp_path,
     assert grade.passed and made == list(WORLD_SIZES)
     assert grade.message.endswith("(the busy machine left a timing judgement open, "
                                   "straggler: not what this exercise is about)")
+    # the lesson's verdict line and demo's count follow the same rule
+    from types import SimpleNamespace
+
+    from distdoctor.cli.demo import _cured
+    from distdoctor.cli.lessons import run_verdict
+    from distdoctor.teaching.course import exercise
+
+    left_open = grading.Run(2, True, (), (said,))
+    for name, cured in (("straggler", False), ("tp-batches-differ", True)):
+        verdict = run_verdict(left_open, exercise(name))
+        assert verdict.startswith("OK:" if cured else "UNDECIDED"), verdict
+        bug = SimpleNamespace(causes=(("straggler", "rank 0 arrives last"),))
+        assert _cured(SimpleNamespace(exercise=exercise(name), after=left_open,
+                                      before=bug)) is cured
 
 
 UNEVEN = (("unbalanced-stages", "rank 1, holding stage 1, takes 1.31x the mean"),)

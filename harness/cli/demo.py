@@ -154,10 +154,12 @@ def _say_if_not_cured(taught) -> None:
 
 def _cured(taught) -> bool:
     """A code lesson passes when its bug showed a cause and its fix ran clean (a timing
-    judgement left undecided is not clean)."""
+    judgement left open is not clean where it decides the exercise, as the grader has it)."""
+    from distdoctor.teaching.grading import deciding
+
     after = taught.after
-    return bool(taught.before.causes) and not after.causes and not after.undecided \
-        and after.finished
+    return bool(taught.before.causes) and not after.causes \
+        and not deciding(taught.exercise.name, after) and after.finished
 
 
 def _write_pages(directory: str, rows: list, taught: list) -> None:
@@ -174,8 +176,8 @@ def _write_pages(directory: str, rows: list, taught: list) -> None:
                 page.Section("The fix", "fix", page.diff(lesson.diff)),
                 page.Section(f"Both run on {lesson.world_size} gloo ranks", "runs", page.table(
                     ["script", "verdict"],
-                    [["with the bug", run_verdict(lesson.before, lesson.exercise.resumes)],
-                     ["fixed", run_verdict(lesson.after, lesson.exercise.resumes)]]))]))
+                    [["with the bug", run_verdict(lesson.before, lesson.exercise)],
+                     ["fixed", run_verdict(lesson.after, lesson.exercise)]]))]))
         entries.append((name, f"{lesson.exercise.name} from code",
                         "fixed" if _cured(lesson) else "not-fixed"))
     for row in rows:

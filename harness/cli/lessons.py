@@ -87,23 +87,28 @@ def code_lesson_text(taught) -> str:
         f"Both run on {taught.world_size} gloo ranks" + (
             ", each by resume-check (stopped after its first checkpoint, once through, and "
             "resumed):" if exercise.resumes else ":"),
-        wrap(f"with the bug: {run_verdict(taught.before, exercise.resumes)}", indent="  "),
-        wrap(f"fixed:        {run_verdict(taught.after, exercise.resumes)}", indent="  "),
+        wrap(f"with the bug: {run_verdict(taught.before, exercise)}", indent="  "),
+        wrap(f"fixed:        {run_verdict(taught.after, exercise)}", indent="  "),
     ])
 
 
-def run_verdict(run, resumed: bool = False) -> str:
-    """A graded run in a line: its first cause with the detector's numbers, or OK."""
+def run_verdict(run, exercise) -> str:
+    """A graded run of ``exercise``'s script in a line: its first cause with the
+    detector's numbers, undecided where an open timing judgement decides it (as the grader
+    has it), or OK."""
+    from distdoctor.teaching.grading import deciding, open_note
+
     if run.causes:
         kind, summary = run.causes[0]
         return f"FAILED: {kind}: {summary}"
     if not run.finished:
         return "FAILED: a rank did not finish"
-    if run.undecided:
+    if deciding(exercise.name, run):
         return f"UNDECIDED (the machine too busy to judge with a margin): {run.undecided[0]}"
-    if resumed:
-        return "OK: resumed from its checkpoint, it trains like the run that never stopped"
-    return "OK: every rank finished and no detector found a cause"
+    note = open_note(run.undecided[0]) if run.undecided else ""
+    if exercise.resumes:
+        return f"OK: resumed from its checkpoint, it trains like the run that never stopped{note}"
+    return f"OK: every rank finished and no detector found a cause{note}"
 
 
 def masked_note(report: RunReport) -> str:

@@ -39,6 +39,22 @@ class Run:
     undecided: tuple[str, ...] = ()
 
 
+def kind_of(undecided: str) -> str:
+    """The failure mode an open timing judgement is about: its text begins with it
+    ("straggler (rank 0): ...", as the report says it)."""
+    return undecided.split(" ", 1)[0]
+
+
+def deciding(name: str, run: Run) -> tuple[str, ...]:
+    """The timing judgements left open in ``run`` that decide an attempt at exercise
+    ``name``: every one in an exercise about time (a straggler, unbalanced stages), none
+    elsewhere, where an open judgement is no cause found and a correct fix is not held back
+    because the machine was loaded. The grade, the lesson's verdict and ``demo`` ask this."""
+    from distdoctor import checks
+
+    return run.undecided if checks.judges_time(name) else ()
+
+
 @dataclass(frozen=True)
 class Grade:
     exercise: str
@@ -90,40 +106,41 @@ def settings(directory: Path) -> tuple[str, Path]:
 
 def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade:
     """The attempt in ``directory``, graded. A timing judgement a busy machine left open
-    decides the grade (undecided) only in an exercise about time (a straggler, unbalanced
-    stages): elsewhere it is no cause found, and a correct fix of a tensor-parallel bug is
-    not held back because the machine was loaded; the message says it was left open."""
-    from distdoctor import checks
-
+    decides the grade (undecided) only where ``deciding`` says so; a pass says it was left
+    open."""
     name, script = settings(directory)
     chosen = exercise(name)
     attempt = attempt_for(chosen)
-    timed = checks.judges_time(name)
     runs = []
     for world_size in WORLD_SIZES:
         progress(f"running {script.name} on {world_size} ranks ...")
         runs.append(attempt(script, world_size, deadline))
-        if runs[-1].causes or timed and runs[-1].undecided or not runs[-1].finished:
+        if runs[-1].causes or deciding(name, runs[-1]) or not runs[-1].finished:
             break  # what is still wrong, at the first world size that shows it
     last = runs[-1]
-    if not last.causes and last.finished and timed and last.undecided:
+    if not last.causes and last.finished and deciding(name, last):
         return Grade(name, str(script), False, f"undecided: on {last.world_size} ranks, "
-                     f"{last.undecided[0]}; the machine was too busy to judge this with a "
+                     f"{deciding(name, last)[0]}; the machine was too busy to judge this with a "
                      f"margin: check again when it is quieter", tuple(runs))
     if not last.causes and last.finished:
         sizes = " and ".join(str(r.world_size) for r in runs)
         clean = "every rank finished and no detector found a cause" + (
             ", and resumed from its checkpoint it trains like the run that never stopped"
             if chosen.resumes else "")
-        left_open = [text.split(" ", 1)[0] for run in runs for text in run.undecided]
+        left_open = [text for run in runs for text in run.undecided]
         if left_open:
-            clean += (f" (the busy machine left a timing judgement open, {left_open[0]}: not "
-                      f"what this exercise is about)")
+            clean += open_note(left_open[0])
         return Grade(name, str(script), True, f"passed: {script.name} runs clean on {sizes} "
                      f"ranks: {clean}", tuple(runs))
     said = last.causes[0][1] if last.causes else "a rank did not finish"
     return Grade(name, str(script), False, f"not yet: on {last.world_size} ranks, {said}",
                  tuple(runs))
+
+
+def open_note(undecided: str) -> str:
+    """What a pass adds for a timing judgement left open that does not decide it."""
+    return (f" (the busy machine left a timing judgement open, {kind_of(undecided)}: not "
+            f"what this exercise is about)")
 
 
 def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
@@ -178,8 +195,7 @@ def run_attempt(script: Path, world_size: int, deadline: float) -> Run:
     from distdoctor.analysis.votes import settled
 
     def alarm(run: Run) -> tuple[tuple[str, str], ...] | None:
-        if any(checks.confirmed_by_a_second_run(text.split(" ", 1)[0])
-               for text in run.undecided):
+        if any(checks.confirmed_by_a_second_run(kind_of(text)) for text in run.undecided):
             return None
         return tuple(c for c in run.causes if checks.confirmed_by_a_second_run(c[0]))
 
