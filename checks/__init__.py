@@ -171,7 +171,9 @@ def first_input_parted(record: RunRecord) -> tuple[dict, GroupTensor | None] | N
         return None
     order = held[min(held)]
     at = next((i for i, t in enumerate(order) if t.kind == "input" and t.name == first["name"]),
-              0)
+              None)
+    if at is None:
+        return None  # the lowest rank never recorded it: no forward order to read
     for t in reversed(order[:at]):
         copies = [next((u for u in ts if u.kind == t.kind and u.name == t.name), None)
                   for ts in held.values()]

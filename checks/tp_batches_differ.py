@@ -24,10 +24,10 @@ def check(record: RunRecord) -> list[Finding]:
         return []  # none, explained upstream, or drawn apart inside the forward (dropout)
     first = parted[0]
     group = tuple(first["group"])
-    alike = [d for d in group_disagreements(record, "input")
-             if d["step"] == first["step"] and d["name"] == first["name"]]
-    groups = sorted({tuple(d["group"]) for d in alike})  # every group the layer parts in
-    ranks = sorted({r for d in alike for r in d["ranks"]})
+    parted_too = [d for d in group_disagreements(record, "input")
+                  if d["step"] == first["step"] and d["name"] == first["name"]]
+    groups = sorted({tuple(d["group"]) for d in parted_too})  # every group the layer parts in
+    ranks = sorted({r for d in parted_too for r in d["ranks"]})
     dealt = _first_batches(record, group)
     measured = {"layer": first["name"], "first_step": first["step"], "spread": first["spread"],
                 "groups": [list(g) for g in groups], "ranks": ranks, "where": first["where"],
@@ -57,8 +57,12 @@ def check(record: RunRecord) -> list[Finding]:
             "num_replicas=mesh['dp'].size(), rank=mesh['dp'].get_local_rank()), so every "
             "rank of a tensor-parallel group reads the same batch",
         fix_changes={}, ranks=tuple(ranks), measured=measured,
-        first_step=first["step"],
-        where=lines(tuple(where for _, _, where in list(dealt.values())[:1]) + (first["where"],)))]
+        first_step=first["step"], where=lines((_loop_line(dealt), first["where"])))]
+
+
+def _loop_line(dealt: dict[int, tuple[tuple[int, ...], str, str]]) -> str:
+    """The line of the loop that read the first batch ("" when no batch was recorded)."""
+    return next(iter(dealt.values()))[2] if dealt else ""
 
 
 def _first_batches(record: RunRecord,

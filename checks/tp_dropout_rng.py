@@ -112,7 +112,7 @@ def _drawn_apart(record: RunRecord) -> Finding | None:
     if before is None:
         return None
     step, group = first["step"], tuple(first["group"])
-    scale = _dropout_scale(record, step, group, before, first["name"])
+    scale = _dropout_scale(held_in_forward(record, step, group), before, first["name"])
     measured = {"layer": first["name"], "after": before.name, "first_step": step,
                 "spread": first["spread"], "group": list(group), "ranks": first["ranks"],
                 "dropout_rate": None if scale is None else round(1 - 1 / scale, 4),
@@ -140,12 +140,11 @@ def _drawn_apart(record: RunRecord) -> Finding | None:
         measured=measured, kind="tp-dropout-rng", first_step=step, where=first["where"])
 
 
-def _dropout_scale(record: RunRecord, step: int, group: tuple[int, ...], before: GroupTensor,
+def _dropout_scale(held: dict[int, list[GroupTensor]], before: GroupTensor,
                    name: str) -> float | None:
-    """When every rank's input ``name`` minus the lowest rank's is ``before``'s values times
-    0, +s or -s (sampled at the same positions: the same size), the scale s (1 / (1 - p)
-    for dropout at rate p); else None."""
-    held = held_in_forward(record, step, group)
+    """When every rank's input ``name`` in ``held`` (``held_in_forward``) minus the lowest
+    rank's is ``before``'s values times 0, +s or -s (sampled at the same positions: the
+    same size), the scale s (1 / (1 - p) for dropout at rate p); else None."""
     base = [t for t in held[min(held)] if t.kind == "input" and t.name == name]
     if not base or before.value.numel != base[0].value.numel:
         return None
