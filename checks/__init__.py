@@ -17,6 +17,7 @@ from typing import Literal
 from distdoctor.analysis.distance import spread
 from distdoctor.analysis.replicas import Replicas, replicas_of
 from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
+from distdoctor.models.calls import REDUCING
 
 # a mean's entry this small beside its largest is rounding, not a position to compare at
 NOT_ZERO = 1e-3
@@ -201,14 +202,38 @@ def largest_per_step(found: list[dict]) -> dict[str, float]:
     return {str(step): value for step, value in sorted(per_step.items())}
 
 
-def synchronised(steps: list) -> bool:
+def reduced_together(record: RunRecord) -> frozenset[int]:
+    """The optimiser steps (numbered as gradient samples are) before which every rank of
+    ``record`` took part in a synchronisation over a group holding them all, after the
+    step before: a floating-point reduction, whatever tensor it reduced (a flattened copy
+    of the gradients too), or a forward of a DDP over them that syncs in its backward
+    (DDP reduces in C++, where no Python call is traced). Replicas are known from how
+    ranks communicate: gradients that agree with no reduction between the ranks agree
+    by coincidence (the same batch, a bias's gradient on a constant input), not by a
+    sync."""
+    ranks = {r.rank for r in record.ranks}
+    steps: set[int] | None = None
+    for r in record.ranks:
+        mine = {c.step + 1 for c in r.evidence.calls
+                if c.op in REDUCING and c.step is not None and ranks <= set(c.group)
+                and c.dtype.startswith(("float", "bfloat"))}
+        if ranks <= set(r.evidence.ddp_group):
+            mine |= {f.steps_before + 1 for f in r.evidence.ddp_forwards if f.sync}
+        steps = mine if steps is None else steps & mine
+    return frozenset(steps or ())
+
+
+def synchronised(steps: list, reduced: frozenset[int]) -> bool:
     """Did the ranks' sampled gradients at one optimiser step (GradientEvidence each, in rank
-    order) go through one synchronisation? Each rank applied a positive multiple of the
+    order) go through one synchronisation? The ranks reduced together before it
+    (``reduced``, from reduced_together), and each rank applied a positive multiple of the
     mean of the ranks' own gradients: 1 when averaged, N when summed, another factor when
     a rank clipped or scaled it after the sync. Replicas by how they are synchronised,
     whatever each did after: ranks that train apart apply their own gradients, which are
     no multiple of a common one. Needs two positions at least where the mean is not zero
     (one value is a multiple of anything)."""
+    if not steps or steps[0].step not in reduced:
+        return False
     if any(s.local is None or s.applied is None for s in steps):
         return False
     if len({len(s.local.values) for s in steps} | {len(s.applied.values) for s in steps}) != 1:

@@ -16,6 +16,7 @@ from distdoctor.checks import (
     finding,
     gradient_steps_on_every_rank,
     one_ddp,
+    reduced_together,
     replica_groups,
     synchronised,
 )
@@ -70,8 +71,9 @@ def _user_replicas(record: RunRecord) -> list[Finding]:
     sync worked: ranks whose sync failed are still replicas, and parting is exactly what
     is wrong with them. Groups that average their parameters now and then are judged
     where they meet, right after an averaging. Where no rank shows any structure (a sync
-    through a flat copy of the gradients, say), ranks whose every applied gradient is a
-    multiple of their mean are taken as one group, from that step on. Ranks whose
+    through a flat copy of the gradients, say), ranks that reduced floats together before
+    a step and each applied a multiple of their gradients' mean are taken as one group,
+    from that step on: agreeing gradients alone are no sync (the same batch). Ranks whose
     gradients never met (pipeline stages, tensor-parallel shards, independent models)
     are never compared."""
     trail, first, differ, where = [], None, [], ""
@@ -155,7 +157,8 @@ def _comparisons(record: RunRecord, every: list[list],
     ranks = tuple(sorted(position))
     if one_ddp(record):
         return [(ranks, None)], "they replicate one DDP model"
-    first = next((steps[0].step for steps in every if synchronised(steps)), None)
+    reduced = reduced_together(record)
+    first = next((steps[0].step for steps in every if synchronised(steps, reduced)), None)
     if first is None:
         return [], ""
     return [(ranks, frozenset(steps[0].step for steps in every

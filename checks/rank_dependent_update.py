@@ -22,6 +22,7 @@ from distdoctor.checks import (
     factor,
     gradient_steps_on_every_rank,
     one_ddp,
+    reduced_together,
     replica_parts,
     synchronised,
 )
@@ -44,9 +45,11 @@ def _check(record: RunRecord) -> list[Finding]:
     if len(record.ranks) < 2:
         return []
     every = gradient_steps_on_every_rank(record)
-    if not (one_ddp(record) or any(synchronised(steps) for steps in every)):
+    reduced = reduced_together(record)
+    if not (one_ddp(record) or any(synchronised(steps, reduced) for steps in every)):
         return []  # not replicas: ranks that train apart may update apart
-    found = [f for f in (_settings(record), _scaled(record, every), _state(record)) if f]
+    found = [f for f in (_settings(record), _scaled(record, every, reduced),
+                                _state(record)) if f]
     return [min(found, key=lambda f: f.first_step or 0)] if found else []
 
 
@@ -168,7 +171,7 @@ def _number(value) -> str:
 
 # -- a gradient scaled on some ranks -----------------------------------------------------
 
-def _scaled(record: RunRecord, every: list) -> Finding | None:
+def _scaled(record: RunRecord, every: list, reduced: frozenset[int]) -> Finding | None:
     ranks = [r.rank for r in record.ranks]
     for steps in every:
         if any(s.applied is None or s.params is None for s in steps):
@@ -179,8 +182,8 @@ def _scaled(record: RunRecord, every: list) -> Finding | None:
         if len({s.applied.values for s in steps}) == 1:
             continue
         mean = [sum(c) / len(steps) for c in zip(*(s.local.values for s in steps))]
-        found = [factor(s.applied.values, mean) for s in steps] if synchronised(steps) \
-            else []
+        found = [factor(s.applied.values, mean) for s in steps] \
+            if synchronised(steps, reduced) else []
         factors = [f for f in found if f is not None]
         if not factors or len(factors) < len(found):
             return None  # not one gradient scaled: the gradients themselves differ

@@ -53,6 +53,8 @@ CORPUS = [
     ("resume_clip_schedule.py", (), 2),
     ("hand_averaged_clip.py", (), 3),  # lr_from_local_batch.py's hand-written sync, right
     ("independent_models_own_lr.py", (), 4),  # no replicas: each rank its own settings
+    # no replicas either: the gradients agree at step 1 by the same data, not by a sync
+    ("lr_sweep_same_data.py", (), 3),
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),
