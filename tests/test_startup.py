@@ -361,3 +361,34 @@ def test_a_rank_that_asked_for_a_smaller_group_and_raised_is_a_world_size_mismat
     assert check.check(_record(right[:2] + [("raised", dataclasses.replace(
         joining(2, world=3), joined=True), raised)])) == []
     assert check.check(_record([("finished", entered(r, True), "") for r in range(3)])) == []
+
+
+def test_a_rank_that_left_while_its_peer_still_joined_is_told_torchs_missing_barrier():
+    """A script with no collective of its own (resume-check's test, once in a suite run
+    under load): rank 0's init_process_group returned, it trained, saved and left; rank 1
+    was still connecting, and gloo failed it (connectFullMesh: "Connection closed by
+    peer"). Told from the start-up records (rank 0 joined, rank 1 not), with the line."""
+    from dataclasses import replace
+
+    from distdoctor import checks
+    from distdoctor.models import Evidence, RankEnd, RankRecord, RunRecord, RunSpec
+    from distdoctor.userjob.reporting.report import report
+
+    raised = RankEnd(1, "raised", error="RuntimeError: Gloo connectFullMesh failed with "
+                     "[pair.cc:553] Connection closed by peer [127.0.0.1]:31872")
+    record = RunRecord(RunSpec(world_size=2), (
+        RankRecord(0, RankEnd(0, "finished"),
+                   Evidence(0, startup=replace(joining(0), joined=True))),
+        RankRecord(1, raised, Evidence(1, startup=joining(1)))), 1.0)
+    cause = report(record, checks.run_all(record), "train.py").cause
+    assert cause is not None and (cause.kind, cause.ranks) == ("rank-exited-early", [0])
+    assert cause.where == "/job/train.py:7"
+    assert cause.summary.startswith(
+        "rank 0 ended after 0 traced calls, while rank 1 was still joining the group "
+        "(init_process_group at ")
+    assert "TORCH_DIST_INIT_BARRIER=1" in cause.summary and "dist.barrier()" in cause.fix
+    # a peer that joined and then waited for the rank that left: the general case
+    joined = replace(record, ranks=(record.ranks[0], replace(
+        record.ranks[1], evidence=Evidence(1, startup=replace(joining(1), joined=True)))))
+    general = report(joined, checks.run_all(joined), "train.py").cause
+    assert general is not None and "still joining" not in general.summary

@@ -294,6 +294,10 @@ def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
     expected = [made[r.rank][1] for r in record.ranks if not r.end.ok and r.rank in made]
     last = [made[r.rank][1] for r in early if r.rank in made]
     lines = list(dict.fromkeys(expected + last))
+    joining = [r for r in record.ranks if not r.end.ok and r.evidence.startup is not None
+               and not r.evidence.startup.joined]
+    if joining and len(joining) == sum(not r.end.ok for r in record.ranks):
+        return _left_while_joining(early, joining, left)
     return Cause("rank-exited-early", [r.rank for r in early],
                  f"{left}, while the others still expected it"
                  + (f": {waiting}" if waiting else ""),
@@ -301,6 +305,30 @@ def _exited_early(record: RunRecord, early: list[RankRecord]) -> Cause:
                  "on every rank (pad or drop the last batches, or Join for DDP's uneven "
                  "inputs), and no rank returning early",
                  lines[0] if lines else None, also_at=lines[1:])
+
+
+def _left_while_joining(early: list[RankRecord], joining: list[RankRecord],
+                        left: str) -> Cause:
+    """Ranks that left while their peers were still forming the group: torch's
+    init_process_group returns on a rank once its own connections are made, not once
+    every peer's are (no barrier unless TORCH_DIST_INIT_BARRIER=1), so a rank that makes
+    no collective with its peers can leave, and close its side, while a slower peer is
+    still connecting: gloo then fails that peer in connectFullMesh. Told from each rank's
+    start-up record (joined or not), not from the peer's message."""
+    starts = list(dict.fromkeys(r.evidence.startup.where for r in joining
+                                if r.evidence.startup is not None))
+    was = "was" if len(joining) == 1 else "were"
+    return Cause(
+        "rank-exited-early", [r.rank for r in early],
+        f"{left}, while {ranks_phrase([r.rank for r in joining])} {was} still joining the "
+        f"group (init_process_group at {', '.join(relative_line(w) for w in starts)}): "
+        f"init_process_group returns on a rank before its peers have all connected (torch "
+        f"makes no barrier there unless TORCH_DIST_INIT_BARRIER=1), so a rank that makes no "
+        f"collective with them can leave first and break their connecting",
+        "make every rank meet in one collective before any of them leaves (dist.barrier() "
+        "before destroy_process_group, in a script that makes no collective of its own), "
+        "or set TORCH_DIST_INIT_BARRIER=1 in the launcher's environment",
+        starts[0] if starts else None, also_at=starts[1:])
 
 
 def _rank(rank: RankRecord, failed: bool, all_frames: bool = False) -> ReportRank:
