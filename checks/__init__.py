@@ -202,39 +202,44 @@ def largest_per_step(found: list[dict]) -> dict[str, float]:
     return {str(step): value for step, value in sorted(per_step.items())}
 
 
-def reduced_together(record: RunRecord) -> frozenset[int]:
-    """The optimiser steps (numbered as gradient samples are) before which every rank of
-    ``record`` took part in a synchronisation over a group holding them all, after the
-    step before: a floating-point reduction, whatever tensor it reduced (a flattened copy
-    of the gradients too), or a forward of a DDP over them that syncs in its backward
-    (DDP reduces in C++, where no Python call is traced). Replicas are known from how
-    ranks communicate: gradients that agree with no reduction between the ranks agree
-    by coincidence (the same batch, a bias's gradient on a constant input), not by a
-    sync."""
+def reduced_together(record: RunRecord) -> dict[int, float]:
+    """For each optimiser step (numbered as gradient samples are), the fewest
+    floating-point elements any rank of ``record`` reduced over a group holding them all
+    after the step before: whatever tensors they were (a flattened copy of the gradients
+    too); unbounded for a forward of a DDP over them that syncs in its backward (DDP
+    reduces every gradient, in C++, where no Python call is traced). Replicas are known
+    from how ranks communicate: gradients that agree with no reduction of their size
+    between the ranks agree by coincidence (the same batch, a bias's gradient on a
+    constant input), not by a sync; a loss all-reduced for logging is no such one."""
     ranks = {r.rank for r in record.ranks}
-    steps: set[int] | None = None
+    fewest: dict[int, float] | None = None
     for r in record.ranks:
-        mine = {c.step + 1 for c in r.evidence.calls
-                if c.op in REDUCING and c.step is not None and ranks <= set(c.group)
-                and c.dtype.startswith(("float", "bfloat"))}
+        mine: dict[int, float] = {}
+        for c in r.evidence.calls:
+            if c.op in REDUCING and c.step is not None and ranks <= set(c.group) \
+                    and c.dtype.startswith(("float", "bfloat")):
+                elements = max((math.prod(shape) for shape in c.shapes), default=0)
+                mine[c.step + 1] = mine.get(c.step + 1, 0) + elements
         if ranks <= set(r.evidence.ddp_group):
-            mine |= {f.steps_before + 1 for f in r.evidence.ddp_forwards if f.sync}
-        steps = mine if steps is None else steps & mine
-    return frozenset(steps or ())
+            mine |= {f.steps_before + 1: math.inf for f in r.evidence.ddp_forwards if f.sync}
+        fewest = mine if fewest is None else {
+            step: min(n, mine[step]) for step, n in fewest.items() if step in mine}
+    return fewest or {}
 
 
-def synchronised(steps: list, reduced: frozenset[int]) -> bool:
+def synchronised(steps: list, reduced: dict[int, float]) -> bool:
     """Did the ranks' sampled gradients at one optimiser step (GradientEvidence each, in rank
-    order) go through one synchronisation? The ranks reduced together before it
-    (``reduced``, from reduced_together), and each rank applied a positive multiple of the
-    mean of the ranks' own gradients: 1 when averaged, N when summed, another factor when
-    a rank clipped or scaled it after the sync. Replicas by how they are synchronised,
-    whatever each did after: ranks that train apart apply their own gradients, which are
-    no multiple of a common one. Needs two positions at least where the mean is not zero
-    (one value is a multiple of anything)."""
-    if not steps or steps[0].step not in reduced:
+    order) go through one synchronisation? Every rank reduced as many elements as its
+    gradients hold together with the others before it (``reduced``, from
+    reduced_together), and each applied a positive multiple of the mean of the ranks' own
+    gradients: 1 when averaged, N when summed, another factor when a rank clipped or
+    scaled it after the sync. Replicas by how they are synchronised, whatever each did
+    after: ranks that train apart apply their own gradients, which are no multiple of a
+    common one. Needs two positions at least where the mean is not zero (one value is a
+    multiple of anything)."""
+    if not steps or any(s.local is None or s.applied is None for s in steps):
         return False
-    if any(s.local is None or s.applied is None for s in steps):
+    if reduced.get(steps[0].step, 0) < max(s.local.numel for s in steps):
         return False
     if len({len(s.local.values) for s in steps} | {len(s.applied.values) for s in steps}) != 1:
         return False

@@ -171,7 +171,7 @@ def _number(value) -> str:
 
 # -- a gradient scaled on some ranks -----------------------------------------------------
 
-def _scaled(record: RunRecord, every: list, reduced: frozenset[int]) -> Finding | None:
+def _scaled(record: RunRecord, every: list, reduced: dict[int, float]) -> Finding | None:
     ranks = [r.rank for r in record.ranks]
     for steps in every:
         if any(s.applied is None or s.params is None for s in steps):

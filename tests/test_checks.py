@@ -232,12 +232,13 @@ def test_the_built_in_workload_is_judged_on_its_own_losses_and_gradient_norms():
                                  "losses": {"0": 0.0, "1": found[0].measured["losses"]["1"]}}
 
 
-def params_record(*per_rank, reduced=True):
+def params_record(*per_rank, reduced: int | None = 2):
     """``per_rank[rank]`` = [(local, applied, params) or (None, None, params), ...] per
     optimiser step: None where the step's gradients were not sampled, only its
-    parameters. ``reduced``: before each step every rank all-reduces a flat copy of its
-    gradients over every rank (storage 99: none of theirs, so no replica group is read
-    from it, only that the ranks reduced together)."""
+    parameters. ``reduced``: before each step every rank all-reduces that many elements
+    over every rank (storage 99: none of theirs, so no replica group is read from it,
+    only that the ranks reduced together): 2, a flat copy of the 2 gradients; 1, a loss
+    reduced for logging; None, nothing."""
     ranks = []
     group = tuple(range(len(per_rank)))
     for rank, steps in enumerate(per_rank):
@@ -245,9 +246,9 @@ def params_record(*per_rank, reduced=True):
                                            None if a is None else fp(list(a)), fp(list(p)),
                                            "train.py:7")
                           for n, (local, a, p) in enumerate(steps, 1))
-        calls = tuple(Call(n, rank, "all_reduce", n, group, None, (), ((2,),), "float32",
-                           "sum", "train.py:6", False, float(n), completed=float(n),
-                           storages=(99,), step=n - 1)
+        calls = tuple(Call(n, rank, "all_reduce", n, group, None, (), ((reduced,),),
+                           "float32", "sum", "train.py:6", False, float(n),
+                           completed=float(n), storages=(99,), step=n - 1)
                       for n in range(1, len(steps) + 1)) if reduced else ()
         ranks.append(RankRecord(rank, RankEnd(rank, "finished"),
                                 Evidence(rank, gradients=gradients, calls=calls)))
@@ -272,12 +273,14 @@ def test_replicas_parting_between_sampled_steps_are_caught_at_the_step_they_part
 def test_ranks_whose_gradients_agree_without_a_reduction_are_no_replicas():
     """A learning-rate sweep on one dataset (examples/healthy/lr_sweep_same_data.py): one
     seed, the same batch, so the first step's gradients agree on both ranks, and each
-    applies its own; its own learning rate parts the parameters. Only a reduction the
-    ranks made together says they are replicas."""
+    applies its own; its own learning rate parts the parameters. Only a reduction of the
+    gradients' size the ranks made together says they are replicas."""
     same = [((1, 3), (1, 3), (5,)), ((2, 2), (2, 2), (4,))]
     own_rate = [((1, 3), (1, 3), (5,)), ((2, 2), (2, 2), (3,))]
-    assert divergent_parameters.check(params_record(same, own_rate, reduced=False)) == []
-    assert rank_dependent_update.check(params_record(same, own_rate, reduced=False)) == []
+    for logged in (None, 1):  # nothing reduced, or only a loss for the log
+        apart = params_record(same, own_rate, reduced=logged)
+        assert divergent_parameters.check(apart) == []
+        assert rank_dependent_update.check(apart) == []
     found = divergent_parameters.check(params_record(same, own_rate))
     assert found[0].measured["first_divergent_step"] == 2
     assert found[0].measured["ranks_differing_from_rank_0"] == [1]

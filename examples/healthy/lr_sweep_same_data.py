@@ -1,6 +1,6 @@
 """A learning-rate sweep on one dataset: every rank builds the same model from one seed,
-reads the same batches, and trains with its own learning rate; nothing is synchronised
-until the final losses are gathered. At the first step the ranks' gradients agree (same
+reads the same batches, and trains with its own learning rate; only the losses are
+all-reduced, each step, for the sweep's log. At the first step the ranks' gradients agree (same
 parameters, same data), by coincidence and not by a sync: these ranks are no replicas,
 and their different learning rates and parameters are the point of the sweep."""
 
@@ -19,9 +19,10 @@ for x, y in batches:
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(net(x), y)
     loss.backward()
+    losses = torch.zeros(dist.get_world_size())  # every run's loss, for the sweep's log
+    losses[rank] = loss.item()
+    dist.all_reduce(losses)
     optimizer.step()
-losses = [0.0] * dist.get_world_size()
-dist.all_gather_object(losses, loss.item())
 if rank == 0:
-    print(f"best learning rate on rank {min(range(len(losses)), key=losses.__getitem__)}")
+    print(f"best learning rate on rank {int(losses.argmin())}")
 dist.destroy_process_group()
