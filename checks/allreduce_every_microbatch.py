@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from distdoctor.analysis.forwards import forwards_without_backward
 from distdoctor.checks import finding
-from distdoctor.models import Finding, RunRecord
+from distdoctor.models import DDPForward, Finding, RunRecord, SkippedStep
 
 NAME = "allreduce_every_microbatch"
 
@@ -39,12 +39,19 @@ def check(record: RunRecord) -> list[Finding]:
         kind="allreduce-every-microbatch")]
 
 
+def _skipped_after(forward: DDPForward, skipped: tuple[SkippedStep, ...]) -> bool:
+    """Was the step this forward's gradients were for skipped (by a GradScaler)?"""
+    return forward.t is not None and any(
+        s.steps_before == forward.steps_before and s.t > forward.t for s in skipped)
+
+
 def _user_ddp(record: RunRecord) -> list[Finding]:
     """A user's script: the DDP forwards at one line between two optimiser steps are one
     step's micro-batches, and only the last needs its backward to sync (the others belong
     in ``no_sync()``). Steps of a single forward there are not judged: nothing to
     accumulate. A forward at another line (a validation pass through the wrapper on one
-    rank, whose backward never runs) is no micro-batch of the step."""
+    rank, whose backward never runs) is no micro-batch of the step, nor is one of a step
+    a GradScaler skipped (its gradients overflowed: never applied)."""
     excess, where = [], ""
     for rank in record.ranks:
         per_step: dict[tuple[int, str], list] = {}
@@ -57,6 +64,8 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
         for forward in rank.evidence.ddp_forwards:
             if forward in skipped or forward.steps_before not in stepped:
                 continue  # a skipped step's forward (partial_step), or no step followed
+            if _skipped_after(forward, rank.evidence.skipped):
+                continue  # its gradients were never applied: the scaler skipped the step
             per_step.setdefault((forward.steps_before, forward.where), []).append(forward)
         for (step, _), forwards in per_step.items():
             syncs = sum(f.sync for f in forwards)

@@ -26,7 +26,8 @@ CORPUS = [("join_ddp.py", 2), ("join_zero.py", 2), ("comm_hooks.py", 2),
           ("all_to_all_uneven.py", 2), ("object_collectives.py", 2),
           ("monitored_barrier.py", 2), ("subgroups.py", 4), ("dtensor_mesh.py", 2),
           ("fsdp2.py", 2), ("pipelining.py", 2), ("dcp_save_load.py", 2),
-          ("ddp_static_bucket_view.py", 2), ("tensor_parallel.py", 2)]
+          ("ddp_static_bucket_view.py", 2), ("tensor_parallel.py", 2),
+          ("amp_grad_scaler.py", 2)]
 # torch's own gloo aborts at a process's teardown now and then, with no distdoctor in it:
 # plain torchrun on join_ddp.py ended so in 1 of 12 runs here. A form that ends so is run
 # again (up to TEARDOWN_TRIES times in all), and the retries are counted: a distdoctor that

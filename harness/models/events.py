@@ -25,6 +25,9 @@ class Ev:
     # DDP: its parameters' names at construction, each forward's sync and bytes
     DDP = "ddp"
     DDP_FORWARD = "ddp_forward"
+    # a GradScaler's step that did not step the optimiser (gradients with Inf/NaN): the
+    # DDP forwards before it are no micro-batches of the next step
+    STEP_SKIPPED = "step_skipped"
     # sampled parameters before a step, gradients before and after their sync
     PARAMS = "params"
     GRADS = "grads"

@@ -130,6 +130,17 @@ class OptimizerEvidence:
 
 
 @dataclass(frozen=True)
+class SkippedStep:
+    """A GradScaler's ``step()`` in a user's script that did not step the optimiser (its
+    gradients held Inf or NaN: mixed precision's loss scale overflowed), after
+    ``steps_before`` optimiser steps. The forwards before it were not applied: the next
+    step's micro-batches start after it."""
+
+    steps_before: int
+    t: float  # when it returned (monotonic clock)
+
+
+@dataclass(frozen=True)
 class DDPForward:
     """One forward of a DistributedDataParallel model in a user's script: whether its
     backward will all-reduce the gradients (off inside ``no_sync()``), and how many
@@ -436,6 +447,7 @@ class Evidence:
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
+    skipped: tuple[SkippedStep, ...] = ()  # a GradScaler's steps that did not step
     buffers: tuple[BufferEvidence, ...] = ()  # a user's DDP model's buffers, sampled
     optimizer: tuple[OptimizerEvidence, ...] = ()  # a user's optimisers' settings and state
     nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf

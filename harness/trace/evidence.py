@@ -18,6 +18,7 @@ from distdoctor.trace.folds import (
     fold_nonfinite,
     fold_optimizer,
     fold_phases,
+    fold_skipped,
     fold_stages,
 )
 from distdoctor.trace.startup import fold_startup
@@ -39,6 +40,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["batches"] = list(fold_batches(trace))
     fields["gradients"] = list(fold_gradients(trace))
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
+    fields["skipped"] = list(fold_skipped(trace))
     fields["buffers"] = list(fold_buffers(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
     fields["optimizer"] = list(fold_optimizer(trace))

@@ -23,6 +23,7 @@ from distdoctor.models import (
     NonFiniteEvidence,
     OptimizerEvidence,
     Phase,
+    SkippedStep,
     StageCost,
     StageEvent,
 )
@@ -94,6 +95,9 @@ def fold_gradients(events: Iterable[dict]) -> tuple[GradientEvidence, ...]:
             local, applied, params = _rows(e["rows"])
         else:  # written before the rows were packed
             local, applied, params = e["local"], e["applied"], e.get("params")
+        scale = e.get("scale")  # a GradScaler's: the local samples are of loss * scale
+        if isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0:
+            local = [v / scale for v in local]
         found.append(GradientEvidence(
             e["step"], print_of(local, e["numel"]), print_of(applied, e["numel"]),
             None if params is None else print_of(params, e["numel"]), e.get("where", ""),
@@ -132,6 +136,11 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
     return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""), e.get("t"))
                  for e in events if e.get("ev") == Ev.DDP_FORWARD)
+
+def fold_skipped(events: Iterable[dict]) -> tuple[SkippedStep, ...]:
+    return tuple(SkippedStep(int(e["steps"]), _time(e["t"]))
+                 for e in events if e.get("ev") == Ev.STEP_SKIPPED)
+
 
 def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
     return tuple(Phase(str(e["k"]), _time(e["t0"]), _time(e["t1"]), int(e["s"]),

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from distdoctor.models.events import Ev
+from distdoctor.trace.lossscale import record_unscaling
 from distdoctor.trace.steps import step_hooks
 from distdoctor.trace.tracer import storages, user_line
 
@@ -86,7 +87,8 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
     all-reduce) and as the optimiser is about to apply it. Enough to tell an averaged
     gradient (the mean of the ranks' local ones) from a summed one, at a few tensor ops
     per parameter and step. Sharded parameters (DTensor, as FSDP2 makes them) are left
-    out: their gradients are shards by design."""
+    out: their gradients are shards by design. A step whose gradients a GradScaler
+    unscaled carries the scale (lossscale.py): its local samples are of the scaled loss."""
     # id(param) -> (its latest accumulated sample, the grad it came from, its view)
     local: dict[int, tuple[np.ndarray, torch.Tensor, np.ndarray | None]] = {}
     where: dict[int, _Positions] = {}  # id(param) -> its sampled positions
@@ -167,10 +169,12 @@ def record_gradients(tracer: Any, per_param: int = 4) -> None:
             return  # the first step, before the hooks existed, or no gradients
         # as float64 bytes in hex: exact, and 30x cheaper to write than JSON's float reprs
         rows = np.concatenate(mine + now + values).astype("<f8")
+        scale = scale_of(steps)  # the local samples are of the loss times this
         tracer.write(ev=Ev.GRADS, step=steps, rows=rows.tobytes().hex(), numel=numel,
                      where=user_line(), t=time.monotonic(), gst=storages(grads),
-                     pst=storages(kept))
+                     pst=storages(kept), **({"scale": scale} if scale is not None else {}))
 
+    scale_of = record_unscaling(tracer)
     hooks = step_hooks(tracer)
     hooks.sampled = sampled
     hooks.accumulated.append(("gradient samples", accumulated))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 
 def install_recorders(tracer) -> None:
-    """Batches, gradients, DDP's buffers, non-finite values, optimisers' settings and
+    """Batches, gradients (and a GradScaler's unscaling), DDP's buffers, non-finite
+    values, optimisers' settings and
     state, a tensor-parallel model's shared tensors, a pipeline's stage times, where each
     step's time goes: hooks that stay for the life of the process."""
     from distdoctor.trace.batches import record_batches

@@ -1,0 +1,72 @@
+"""Mixed precision's loss scaling read from a trace: the local gradients a GradScaler's
+backward accumulated are of ``loss * scale``, and a step it skipped applied nothing.
+Healthy AMP runs were told ``sum-without-mean`` (0.00x the mean) and
+``allreduce-every-microbatch`` (the overflowed step's forward counted as a micro-batch
+of the next); real ranks are in the transparency corpus (amp_grad_scaler.py)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from distdoctor.checks import allreduce_every_microbatch, sum_without_mean
+from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.models.events import Ev
+from distdoctor.trace.evidence import evidence_from_events
+
+pytestmark = pytest.mark.tier("unit")
+
+
+def rows(*values: list[float]) -> str:
+    """Sample rows as the tracer writes them: little-endian float64, in hex."""
+    flat = [v for row in values for v in row]
+    return struct.pack(f"<{len(flat)}d", *flat).hex()
+
+
+def record(*traces: list[dict]) -> RunRecord:
+    return RunRecord(RunSpec(world_size=len(traces)), tuple(
+        RankRecord(rank, RankEnd(rank, "finished"), evidence_from_events(rank, (), tuple(trace)))
+        for rank, trace in enumerate(traces)), 1.0)
+
+
+def grads(local: list[float], applied: list[float], scale: float | None) -> dict:
+    event = {"ev": Ev.GRADS, "step": 1, "rows": rows(local, applied, [0.0, 0.0]),
+             "numel": 2, "where": "train.py:12", "t": 1.0}
+    return event | ({"scale": scale} if scale is not None else {})
+
+
+def test_local_gradients_of_a_scaled_loss_are_read_in_the_losss_units():
+    # scale 1024: local (1024, 3072) and (3072, 1024) are (1, 3) and (3, 1) of the loss;
+    # both ranks applied the mean (2, 2): averaged, ratio 1
+    averaged = record([grads([1024.0, 3072.0], [2.0, 2.0], 1024.0)],
+                      [grads([3072.0, 1024.0], [2.0, 2.0], 1024.0)])
+    assert averaged.ranks[0].evidence.gradients[0].local.values == (1.0, 3.0)
+    assert sum_without_mean.check(averaged) == []
+    # summed by hand after the scaler: (4, 4) is twice the mean, at any scale
+    summed = record([grads([1024.0, 3072.0], [4.0, 4.0], 1024.0)],
+                    [grads([3072.0, 1024.0], [4.0, 4.0], 1024.0)])
+    assert sum_without_mean.check(summed)[0].measured["ratio"] == pytest.approx(2.0)
+    # a scale that is no positive number (a trace from elsewhere) is not applied
+    odd = record([grads([1.0, 3.0], [2.0, 2.0], -1.0)], [grads([3.0, 1.0], [2.0, 2.0], "x")])
+    assert odd.ranks[1].evidence.gradients[0].local.values == (3.0, 1.0)
+
+
+def forward(steps: int, t: float) -> dict:
+    return {"ev": Ev.DDP_FORWARD, "steps": steps, "sync": True, "bytes": 64,
+            "where": "train.py:9", "t": t}
+
+
+def test_a_step_the_scaler_skipped_lends_no_micro_batch_to_the_next():
+    # step 1 overflowed and was skipped (t=1.5); its retry at t=2 stepped; then step 2
+    skipped = [forward(0, 1.0), {"ev": Ev.STEP_SKIPPED, "steps": 0, "t": 1.5},
+               forward(0, 2.0), forward(1, 3.0)]
+    assert allreduce_every_microbatch.check(record(skipped, skipped)) == []
+    # the same forwards with no skip: two synchronised micro-batches in step 1
+    both = [e for e in skipped if e["ev"] != Ev.STEP_SKIPPED]
+    found = allreduce_every_microbatch.check(record(both, both))
+    assert found[0].measured["syncs_per_step"] == 2
+    # a skip after the step's forwards (a later step's) does not hide them
+    later = both + [{"ev": Ev.STEP_SKIPPED, "steps": 1, "t": 3.5}]
+    assert allreduce_every_microbatch.check(record(later, later))[0].measured[
+        "micro_batches_per_step"] == 2
