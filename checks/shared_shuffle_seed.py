@@ -41,7 +41,10 @@ def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
     the tracer, one loader at a time and only loaders an optimiser stepped during
     (evaluation loaders read the same samples on every rank by design), grouped by the DDP
     group each rank averages over: pipeline stages or tensor-parallel shards read the same
-    batches by design, and only ranks that share a DDP are known to be replicas."""
+    batches by design, and only ranks that share a DDP are known to be replicas. Ids
+    index a dataset: ranks whose loaders draw from datasets of their own (digests that
+    differ: each rank's own shard of the files) read different samples under the same
+    ids, and are not compared."""
     # what a rank holds -> epoch -> rank -> its batches
     steps: defaultdict = defaultdict(lambda: defaultdict(dict))
     for rank in record.ranks:
@@ -51,6 +54,8 @@ def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
     found = [(steps[min(steps)], None, True)] if steps else []
     loaders: defaultdict = defaultdict(lambda: defaultdict(dict))  # (loader, group) -> epoch
     loops: dict[int, Loop] = {}
+    # (loader, group) -> epoch -> the dataset digests its ranks drew from in that pass
+    datasets: defaultdict = defaultdict(lambda: defaultdict(set))
     for rank in record.ranks:
         group = rank.evidence.ddp_group
         for batch in rank.evidence.batches:
@@ -58,8 +63,10 @@ def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
                 loaders[batch.loader, group][batch.epoch].setdefault(rank.rank, []).append(
                     batch.sample_ids)
                 loops.setdefault(batch.loader, Loop(batch.where, batch.sampler))
-    return found + [(loaders[key], loops[key[0]], len(key[1]) > 1)
-                    for key in sorted(loaders)]
+                if batch.data:  # (a trace without the digest: judged as one dataset)
+                    datasets[batch.loader, group][batch.epoch].add(batch.data)
+    return found + [(loaders[key], loops[key[0]], len(key[1]) > 1 and all(
+        len(digests) < 2 for digests in datasets[key].values())) for key in sorted(loaders)]
 
 
 @dataclass(frozen=True)

@@ -90,12 +90,15 @@ def test_missing_gradients_the_sync_coped_with_are_not_reported():
 
 
 def loader_record(per_rank: dict[int, list[tuple[int, list[int]]]], groups: dict[int, tuple],
-                  trains: bool = True, sampler: str = "RandomSampler") -> RunRecord:
+                  trains: bool = True, sampler: str = "RandomSampler",
+                  data: dict[int, str] | None = None) -> RunRecord:
     """A user's script's batches: ``per_rank[rank]`` = [(epoch, ids), ...] from loader 0;
-    ``groups[rank]``: the ranks its DDP averages over (() for none)."""
+    ``groups[rank]``: the ranks its DDP averages over (() for none); ``data[rank]``: the
+    digest of the dataset it drew from ("" unknown)."""
     ranks = []
     for rank, drawn in per_rank.items():
-        batches = tuple(BatchEvidence(0, epoch, tuple(ids), sampler, None, "train.py:9", trains)
+        batches = tuple(BatchEvidence(0, epoch, tuple(ids), sampler, None, "train.py:9", trains,
+                                      (data or {}).get(rank, ""))
                         for epoch, ids in drawn)
         evidence = Evidence(rank, batches=batches, ddp_group=groups.get(rank, ()))
         ranks.append(RankRecord(rank, RankEnd(rank, "finished"), evidence))
@@ -109,6 +112,16 @@ def test_replicas_of_one_ddp_reading_the_same_samples_overlap_fully():
     found = shared_shuffle_seed.check(loader_record({0: SAME, 1: SAME}, {0: (0, 1), 1: (0, 1)}))
     assert [f.measured["max_overlap_share"] for f in found] == [1.0]
     assert found[0].measured["where"] == "train.py:9" and "DistributedSampler" in found[0].fix
+
+
+def test_ranks_drawing_from_datasets_of_their_own_read_different_samples_under_one_id():
+    """Each rank's own shard of the files: ids 0..3 on both ranks, from datasets whose
+    digests differ; the same digest, or none recorded (an older trace), is one dataset."""
+    ddp = {0: (0, 1), 1: (0, 1)}
+    own = loader_record({0: SAME, 1: SAME}, ddp, data={0: "a1", 1: "b2"})
+    assert shared_shuffle_seed.check(own) == []
+    for data in ({0: "a1", 1: "a1"}, {0: "a1"}):
+        assert shared_shuffle_seed.check(loader_record({0: SAME, 1: SAME}, ddp, data=data))
 
 
 def test_the_padding_that_evens_out_the_shares_is_not_a_sample_read_twice():

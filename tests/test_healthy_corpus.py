@@ -55,6 +55,8 @@ CORPUS = [
     ("independent_models_own_lr.py", (), 4),  # no replicas: each rank its own settings
     # no replicas either: the gradients agree at step 1 by the same data, not by a sync
     ("lr_sweep_same_data.py", (), 3),
+    # each rank its own shard of the files, no DistributedSampler: ids alike, samples not
+    ("per_rank_shards.py", (), 2),
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),

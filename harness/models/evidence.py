@@ -58,6 +58,9 @@ class BatchEvidence:
     sampler_epoch: int | None  # DistributedSampler.epoch as the pass began (set_epoch's)
     where: str
     trains: bool = False
+    # a digest of the dataset the ids index (trace/datasets.py): ranks whose digests
+    # differ draw from datasets of their own, so equal ids name different samples
+    data: str = ""
 
 
 @dataclass(frozen=True)

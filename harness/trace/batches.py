@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from distdoctor.models.events import Ev
+from distdoctor.trace.datasets import dataset_digest
 from distdoctor.trace.tracer import incomplete, user_line
 
 
@@ -37,7 +38,8 @@ def record_batches(tracer: Any) -> None:
             # the training loop's path (json.dumps of the whole was 3x the cost)
             head = json.dumps(dict(ev=Ev.BATCH, loader=number, epoch=epoch,
                                    sampler=type(inner).__name__,
-                                   sampler_epoch=getattr(inner, "epoch", None)),
+                                   sampler_epoch=getattr(inner, "epoch", None),
+                                   data=_data_of(inner)),
                               separators=(",", ":"), default=repr)[:-1]
         # Reported as incomplete evidence, below; evidence is best effort: the user's loader goes
         # on.
@@ -62,4 +64,20 @@ def record_batches(tracer: Any) -> None:
                          steps=tracer.optimizer_steps)
 
     setattr(BatchSampler, "__iter__", batches)  # noqa: B010 (a patch)
+
+
+def _data_of(sampler: Any) -> str:
+    """The digest of the dataset ``sampler`` draws its ids from (torch's samplers name it
+    ``data_source``, DistributedSampler ``dataset``); "" when it names none, or the
+    digest fails (reported as incomplete evidence: ids are then judged as one dataset's)."""
+    dataset = getattr(sampler, "data_source", None)
+    if dataset is None:
+        dataset = getattr(sampler, "dataset", None)
+    if dataset is None:
+        return ""
+    try:
+        return dataset_digest(dataset)
+    except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence)
+        incomplete("which dataset a loader drew from", exc)
+        return ""
 
