@@ -1,7 +1,8 @@
 """Did the ranks split each epoch between them, and does each epoch reshuffle?
 
 A distributed sampler deals every epoch out in disjoint shares: no sample id may appear
-on two ranks in one epoch (share 0%), and epoch e must not replay epoch e-1's order. The
+on two ranks in one epoch (share 0%), and, when it shuffles, epoch e must not replay epoch
+e-1's order (a sampler that keeps one order on purpose, ``shuffle=False``, replays it). The
 one exception is the padding that evens the shares out (torch's DistributedSampler
 without drop_last repeats a few samples so that every rank gets as many): fewer extra
 draws than there are ranks, each rank drawing as many, is that padding, not a share read
@@ -27,7 +28,8 @@ def check(record: RunRecord) -> list[Finding]:
     for batches, loop, peers in _passes(record):
         if peers:
             found += _overlap(batches, loop)
-        found += _replayed_epochs(batches, loop)
+        if loop is None or loop.shuffles is not False:  # an order kept on purpose is kept
+            found += _replayed_epochs(batches, loop)
     return found
 
 
@@ -62,7 +64,7 @@ def _passes(record: RunRecord) -> list[tuple[dict, Loop | None, bool]]:
             if batch.trains:
                 loaders[batch.loader, group][batch.epoch].setdefault(rank.rank, []).append(
                     batch.sample_ids)
-                loops.setdefault(batch.loader, Loop(batch.where, batch.sampler))
+                loops.setdefault(batch.loader, Loop(batch.where, batch.sampler, batch.shuffles))
                 if batch.data:  # (a trace without the digest: judged as one dataset)
                     datasets[batch.loader, group][batch.epoch].add(batch.data)
     return found + [(loaders[key], loops[key[0]], len(key[1]) > 1 and all(
@@ -75,6 +77,7 @@ class Loop:
 
     where: str
     sampler: str
+    shuffles: bool | None = None  # its sampler reshuffles each pass (None: not known)
 
 
 def _overlap(batches: dict, loop: Loop | None = None) -> list[Finding]:

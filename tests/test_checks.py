@@ -91,14 +91,15 @@ def test_missing_gradients_the_sync_coped_with_are_not_reported():
 
 def loader_record(per_rank: dict[int, list[tuple[int, list[int]]]], groups: dict[int, tuple],
                   trains: bool = True, sampler: str = "RandomSampler",
-                  data: dict[int, str] | None = None) -> RunRecord:
+                  data: dict[int, str] | None = None, shuffles: bool | None = None) -> RunRecord:
     """A user's script's batches: ``per_rank[rank]`` = [(epoch, ids), ...] from loader 0;
     ``groups[rank]``: the ranks its DDP averages over (() for none); ``data[rank]``: the
-    digest of the dataset it drew from ("" unknown)."""
+    digest of the dataset it drew from ("" unknown); ``shuffles``: whether the sampler
+    reshuffles each pass (None unknown)."""
     ranks = []
     for rank, drawn in per_rank.items():
         batches = tuple(BatchEvidence(0, epoch, tuple(ids), sampler, None, "train.py:9", trains,
-                                      (data or {}).get(rank, ""))
+                                      (data or {}).get(rank, ""), shuffles)
                         for epoch, ids in drawn)
         evidence = Evidence(rank, batches=batches, ddp_group=groups.get(rank, ()))
         ranks.append(RankRecord(rank, RankEnd(rank, "finished"), evidence))
@@ -160,6 +161,12 @@ def test_a_pass_that_repeats_the_last_one_is_replayed_on_every_rank():
                                                               for e, ids in replay]}, {}))
     assert [f.measured["replayed_epochs"] for f in found] == [[1]]
     assert "before the loop over the DataLoader at train.py:9" in found[0].fix
+    # a sampler that keeps one order on purpose (DistributedSampler(shuffle=False),
+    # SequentialSampler) replays it by design; one that shuffles does not
+    for shuffles, replays in ((False, 0), (True, 1), (None, 1)):
+        kept = loader_record({0: replay, 1: [(e, [i + 4 for i in ids]) for e, ids in replay]},
+                             {}, sampler="DistributedSampler", shuffles=shuffles)
+        assert len(shared_shuffle_seed.check(kept)) == replays, shuffles
 
 
 def test_a_pass_trains_when_an_optimiser_stepped_during_it():

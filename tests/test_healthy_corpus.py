@@ -57,6 +57,7 @@ CORPUS = [
     ("lr_sweep_same_data.py", (), 3),
     # each rank its own shard of the files, no DistributedSampler: ids alike, samples not
     ("per_rank_shards.py", (), 2),
+    ("ordered_epochs.py", (), 2),  # shuffle=False on purpose: each epoch in one order
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),

@@ -61,6 +61,7 @@ class BatchEvidence:
     # a digest of the dataset the ids index (trace/datasets.py): ranks whose digests
     # differ draw from datasets of their own, so equal ids name different samples
     data: str = ""
+    shuffles: bool | None = None  # its sampler draws each pass in a new order (None: unknown)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def record_batches(tracer: Any) -> None:
             head = json.dumps(dict(ev=Ev.BATCH, loader=number, epoch=epoch,
                                    sampler=type(inner).__name__,
                                    sampler_epoch=getattr(inner, "epoch", None),
-                                   data=_data_of(inner)),
+                                   shuffles=_shuffles(inner), data=_data_of(inner)),
                               separators=(",", ":"), default=repr)[:-1]
         # Reported as incomplete evidence, below; evidence is best effort: the user's loader goes
         # on.
@@ -64,6 +64,20 @@ def record_batches(tracer: Any) -> None:
                          steps=tracer.optimizer_steps)
 
     setattr(BatchSampler, "__iter__", batches)  # noqa: B010 (a patch)
+
+
+def _shuffles(sampler: Any) -> bool | None:
+    """Does ``sampler`` draw each pass in a new order? torch's RandomSampler does, its
+    SequentialSampler does not, a DistributedSampler as its ``shuffle`` says; another
+    sampler's is not known (None)."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    shuffle = getattr(sampler, "shuffle", None)
+    return shuffle if isinstance(shuffle, bool) else None
 
 
 def _data_of(sampler: Any) -> str:

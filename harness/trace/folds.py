@@ -131,7 +131,9 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
     return tuple(BatchEvidence(
         loader=e["loader"], epoch=e["epoch"], sample_ids=tuple(e["ids"]), sampler=e["sampler"],
         sampler_epoch=e.get("sampler_epoch"), where=e.get("where", ""),
-        trains=trains[e["loader"], e["epoch"]], data=str(e.get("data", ""))) for e in drawn)
+        trains=trains[e["loader"], e["epoch"]], data=str(e.get("data", "")),
+        shuffles=e.get("shuffles") if isinstance(e.get("shuffles"), bool) else None)
+        for e in drawn)
 
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
     return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""), e.get("t"))
