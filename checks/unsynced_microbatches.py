@@ -7,15 +7,36 @@ gradients and part from that step, silently.
 
 Read from DDP's forwards (the tracer notes each one's ``require_backward_grad_sync``, and
 how many optimiser steps came before it): a step's micro-batches are its forwards at one
-line, as allreduce_every_microbatch reads them. Only steps an optimiser step ended are judged.
+line, as allreduce_every_microbatch reads them. Only steps an optimiser step ended are judged,
+and not those whose gradients the script reduced itself after the last micro-batch (every
+micro-batch inside ``no_sync()``, then an all-reduce of the gradients by hand, moving as
+many bytes as DDP's sync would): their replicas do apply one gradient.
 """
 
 from __future__ import annotations
 
-from distdoctor.models import Finding, RunRecord
-from distdoctor.models.calls import ranks_phrase, relative_line
+from math import prod
+
+from distdoctor.models import DDPForward, Evidence, Finding, RunRecord
+from distdoctor.models.calls import REDUCING, ranks_phrase, relative_line
 
 NAME = "unsynced_microbatches"
+# bytes per element of the floating-point dtypes a gradient is reduced in
+ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _reduced_by_hand(evidence: Evidence, before: int, last: DDPForward) -> bool:
+    """Did the rank reduce as many floating-point gradient bytes as one DDP sync moves,
+    over a group holding its DDP group, after the step's last forward and before the
+    step (its reductions' step count is the optimiser steps before them)?"""
+    if last.t is None:
+        return False
+    group = set(evidence.ddp_group)
+    moved = sum(max((prod(shape) for shape in c.shapes), default=0) * ITEM_BYTES[c.dtype]
+                for c in evidence.calls
+                if c.op in REDUCING and c.step == before and c.entered > last.t
+                and c.dtype in ITEM_BYTES and group <= set(c.group))
+    return moved >= last.gradient_bytes
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -28,6 +49,8 @@ def check(record: RunRecord) -> list[Finding]:
         for (before, where), forwards in sorted(per_step.items()):
             if before + 1 > taken or forwards[-1].sync:
                 continue  # no optimiser step followed, or the last micro-batch synced
+            if _reduced_by_hand(rank.evidence, before, forwards[-1]):
+                continue  # the script synchronised the sum itself
             synced = next((i + 1 for i, f in enumerate(forwards) if f.sync), 0)
             unsynced.setdefault(rank.rank, []).append((before + 1, len(forwards), synced,
                                                        where))

@@ -329,3 +329,29 @@ def test_a_dumps_open_calls_that_part_evenly_defer_to_the_histories_that_show_th
     found = collective_mismatch.check(record)
     assert [f.ranks for f in found] == [(0,)]
     assert "eval_on_rank0_through_ddp.py:21" in found[0].where[0]
+
+
+def test_micro_batches_all_inside_no_sync_and_reduced_by_hand_are_synchronised():
+    """Accumulation with every micro-batch inside no_sync(), then the gradients (16 float32
+    values: 64 bytes, as DDP's sync would move) all-reduced by hand before the step: one
+    gradient on every replica. The same without the all-reduce, with half of it, or with
+    it before the last micro-batch, leaves the sum each rank's own."""
+    from distdoctor.checks import unsynced_microbatches
+    from distdoctor.models import DDPForward
+
+    def ranks_record(reduce_at: float | None, elements: int = 16) -> RunRecord:
+        ranks = []
+        for rank in (0, 1):
+            forwards = tuple(DDPForward(0, False, 64, "train.py:9", t) for t in (1.0, 2.0))
+            calls = () if reduce_at is None else (Call(
+                1, rank, "all_reduce", 0, (0, 1), None, (), ((elements,),), "float32", "sum",
+                "train.py:12", False, reduce_at, completed=reduce_at + 0.1, step=0),)
+            evidence = Evidence(rank, ddp_forwards=forwards, ddp_group=(0, 1), calls=calls,
+                                gradients=(GradientEvidence(1, fp([1.0]), fp([1.0])),))
+            ranks.append(RankRecord(rank, RankEnd(rank, "finished"), evidence))
+        return RunRecord(RunSpec(world_size=2), tuple(ranks), 0.1)
+
+    assert unsynced_microbatches.check(ranks_record(3.0)) == []
+    for unsynced in (ranks_record(None), ranks_record(3.0, elements=8), ranks_record(1.5)):
+        assert unsynced_microbatches.check(unsynced)[0].measured["steps"] == {"0": [1],
+                                                                              "1": [1]}
