@@ -82,7 +82,10 @@ class _Walk:
 
     def _tensor(self, t: torch.Tensor) -> None:
         self.put("tensor", tuple(t.shape), str(t.dtype))
-        if t.numel() and t.layout == torch.strided and not t.is_meta:
+        # values of plain tensors only: a subclass's ops may communicate (a DTensor's take
+        # would be a collective on this rank alone) or be lazy
+        if type(t) in (torch.Tensor, torch.nn.Parameter) and t.numel() \
+                and t.layout == torch.strided and not t.is_meta:
             at = torch.linspace(0, t.numel() - 1, min(VALUES, t.numel())).long()
             self.put(torch.take(t.detach(), at.to(t.device)).tolist())
             self.left -= VALUES
