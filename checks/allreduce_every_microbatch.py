@@ -51,7 +51,10 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
     in ``no_sync()``). Steps of a single forward there are not judged: nothing to
     accumulate. A forward at another line (a validation pass through the wrapper on one
     rank, whose backward never runs) is no micro-batch of the step, nor is one of a step
-    a GradScaler skipped (its gradients overflowed: never applied)."""
+    a GradScaler skipped (its gradients overflowed: never applied). Accumulation is how a
+    loop is written, so it shows in most of its steps: a line whose steps sync more than
+    once in half of them or fewer had a step retried (a loss passed over, then the next
+    batch), not micro-batches."""
     excess, where = [], ""
     for rank in record.ranks:
         per_step: dict[tuple[int, str], list] = {}
@@ -67,11 +70,15 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
             if _skipped_after(forward, rank.evidence.skipped):
                 continue  # its gradients were never applied: the scaler skipped the step
             per_step.setdefault((forward.steps_before, forward.where), []).append(forward)
-        for (step, _), forwards in per_step.items():
-            syncs = sum(f.sync for f in forwards)
-            if len(forwards) > 1 and syncs > 1:
-                excess.append((rank.rank, step, len(forwards), syncs, forwards[0].gradient_bytes))
-                where = where or forwards[0].where
+        mine = [(rank.rank, step, len(forwards), sum(f.sync for f in forwards),
+                 forwards[0].gradient_bytes, line)
+                for (step, line), forwards in per_step.items()]
+        for line in {m[5] for m in mine}:
+            at_line = [m for m in mine if m[5] == line]
+            over = [m for m in at_line if m[2] > 1 and m[3] > 1]
+            if 2 * len(over) > len(at_line):  # the loop's habit, not one step retried
+                excess += [m[:5] for m in over]
+                where = where or line
     if not excess:
         return []
     micro = max(e[2] for e in excess)

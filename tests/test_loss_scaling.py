@@ -70,3 +70,15 @@ def test_a_step_the_scaler_skipped_lends_no_micro_batch_to_the_next():
     later = both + [{"ev": Ev.STEP_SKIPPED, "steps": 1, "t": 3.5}]
     assert allreduce_every_microbatch.check(record(later, later))[0].measured[
         "micro_batches_per_step"] == 2
+
+
+def test_one_step_retried_is_no_accumulation_but_the_loops_habit_is():
+    """A loss passed over (``zero_grad(); continue``) leaves its synced forward in the
+    next step's count: once in 4 steps is a retry; in most steps, micro-batches."""
+    once = [forward(0, 1.0), forward(1, 2.0), forward(1, 3.0), forward(2, 4.0),
+            forward(3, 5.0), forward(4, 6.0)]
+    assert allreduce_every_microbatch.check(record(once, once)) == []
+    every = [forward(s, 2.0 * s + half) for s in range(4) for half in (0.0, 1.0)] + \
+        [forward(4, 9.0)]
+    found = allreduce_every_microbatch.check(record(every, every))
+    assert found[0].measured["steps_affected"] == 4
