@@ -60,6 +60,7 @@ CORPUS = [
     ("ordered_epochs.py", (), 2),  # shuffle=False on purpose: each epoch in one order
     # accumulate_sync_on_first.py's micro-batches, all in no_sync(), then synced by hand
     ("accumulate_then_sync_by_hand.py", (), 2),
+    ("batch_passed_over.py", (), 2),  # one step retried: no micro-batches accumulated
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),
