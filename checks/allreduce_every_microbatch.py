@@ -70,14 +70,14 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
             if _skipped_after(forward, rank.evidence.skipped):
                 continue  # its gradients were never applied: the scaler skipped the step
             per_step.setdefault((forward.steps_before, forward.where), []).append(forward)
-        mine = [(rank.rank, step, len(forwards), sum(f.sync for f in forwards),
-                 forwards[0].gradient_bytes, line)
-                for (step, line), forwards in per_step.items()]
-        for line in {m[5] for m in mine}:
-            at_line = [m for m in mine if m[5] == line]
-            over = [m for m in at_line if m[2] > 1 and m[3] > 1]
-            if 2 * len(over) > len(at_line):  # the loop's habit, not one step retried
-                excess += [m[:5] for m in over]
+        by_line: dict[str, list[tuple]] = {}  # line -> (rank, step, forwards, syncs, bytes)
+        for (step, line), forwards in per_step.items():  # (in the order the steps ran)
+            by_line.setdefault(line, []).append((rank.rank, step, len(forwards), sum(
+                f.sync for f in forwards), forwards[0].gradient_bytes))
+        for line, steps in by_line.items():
+            over = [s for s in steps if s[2] > 1 and s[3] > 1]
+            if 2 * len(over) > len(steps):  # the loop's habit, not one step retried
+                excess += over
                 where = where or line
     if not excess:
         return []
