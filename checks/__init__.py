@@ -16,7 +16,7 @@ from typing import Literal
 
 from distdoctor.analysis.distance import spread
 from distdoctor.analysis.replicas import Replicas, replicas_of
-from distdoctor.models import CauseKind, Finding, GroupTensor, RunRecord
+from distdoctor.models import Call, CauseKind, Evidence, Finding, GroupTensor, RunRecord
 from distdoctor.models.calls import REDUCING
 
 # a mean's entry this small beside its largest is rounding, not a position to compare at
@@ -202,6 +202,24 @@ def largest_per_step(found: list[dict]) -> dict[str, float]:
     return {str(step): value for step, value in sorted(per_step.items())}
 
 
+# bytes per element of the floating-point dtypes gradients are reduced in
+FLOAT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def float_reductions(evidence: Evidence, ranks: set[int]) -> list[Call]:
+    """The rank's floating-point reductions over a group holding ``ranks``, with the
+    optimiser steps done before each (what a gradient sync is made of, whatever tensor
+    it reduced: a flattened copy of the gradients too)."""
+    return [c for c in evidence.calls if c.op in REDUCING and c.step is not None
+            and c.dtype in FLOAT_BYTES and ranks <= set(c.group)]
+
+
+def reduced_bytes(call: Call) -> int:
+    """The bytes a reduction combined: its largest tensor (a reduce-scatter's input)."""
+    return max((math.prod(shape) for shape in call.shapes), default=0) * FLOAT_BYTES.get(
+        call.dtype, 0)
+
+
 def reduced_together(record: RunRecord) -> dict[int, float]:
     """For each optimiser step (numbered as gradient samples are), the fewest
     floating-point elements any rank of ``record`` reduced over a group holding them all
@@ -215,11 +233,9 @@ def reduced_together(record: RunRecord) -> dict[int, float]:
     fewest: dict[int, float] | None = None
     for r in record.ranks:
         mine: dict[int, float] = {}
-        for c in r.evidence.calls:
-            if c.op in REDUCING and c.step is not None and ranks <= set(c.group) \
-                    and c.dtype.startswith(("float", "bfloat")):
-                elements = max((math.prod(shape) for shape in c.shapes), default=0)
-                mine[c.step + 1] = mine.get(c.step + 1, 0) + elements
+        for c in float_reductions(r.evidence, ranks):
+            step = (c.step or 0) + 1  # (float_reductions keeps stepped calls only)
+            mine[step] = mine.get(step, 0) + reduced_bytes(c) // FLOAT_BYTES[c.dtype]
         if ranks <= set(r.evidence.ddp_group):
             mine |= {f.steps_before + 1: math.inf for f in r.evidence.ddp_forwards if f.sync}
         fewest = mine if fewest is None else {

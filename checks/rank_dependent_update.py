@@ -48,8 +48,8 @@ def _check(record: RunRecord) -> list[Finding]:
     reduced = reduced_together(record)
     if not (one_ddp(record) or any(synchronised(steps, reduced) for steps in every)):
         return []  # not replicas: ranks that train apart may update apart
-    found = [f for f in (_settings(record), _scaled(record, every, reduced),
-                                _state(record)) if f]
+    found = [f for f in (_settings(record), _scaled(record, every, reduced), _state(record))
+             if f]
     return [min(found, key=lambda f: f.first_step or 0)] if found else []
 
 

@@ -15,14 +15,11 @@ many bytes as DDP's sync would): their replicas do apply one gradient.
 
 from __future__ import annotations
 
-from math import prod
-
+from distdoctor.checks import float_reductions, reduced_bytes
 from distdoctor.models import DDPForward, Evidence, Finding, RunRecord
-from distdoctor.models.calls import REDUCING, ranks_phrase, relative_line
+from distdoctor.models.calls import ranks_phrase, relative_line
 
 NAME = "unsynced_microbatches"
-# bytes per element of the floating-point dtypes a gradient is reduced in
-ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _reduced_by_hand(evidence: Evidence, before: int, last: DDPForward) -> bool:
@@ -31,11 +28,8 @@ def _reduced_by_hand(evidence: Evidence, before: int, last: DDPForward) -> bool:
     step (its reductions' step count is the optimiser steps before them)?"""
     if last.t is None:
         return False
-    group = set(evidence.ddp_group)
-    moved = sum(max((prod(shape) for shape in c.shapes), default=0) * ITEM_BYTES[c.dtype]
-                for c in evidence.calls
-                if c.op in REDUCING and c.step == before and c.entered > last.t
-                and c.dtype in ITEM_BYTES and group <= set(c.group))
+    moved = sum(reduced_bytes(c) for c in float_reductions(evidence, set(evidence.ddp_group))
+                if c.step == before and c.entered > last.t)
     return moved >= last.gradient_bytes
 
 
