@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from distdoctor.analysis.positions import spread_positions
 from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.tracer import incomplete, user_line
@@ -40,8 +41,7 @@ def record_buffers(tracer: Any) -> None:
                 for name, buffer in module.named_buffers():
                     if buffer.is_floating_point() and buffer.numel():
                         flat = buffer.detach().reshape(-1)
-                        at = torch.linspace(0, flat.numel() - 1,
-                                            min(PER_BUFFER, flat.numel())).round().long()
+                        at = torch.tensor(spread_positions(flat.numel(), PER_BUFFER))
                         names.append(name)
                         values.append(flat[at].double().cpu().tolist())
                 if names:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from distdoctor.analysis.positions import spread_positions
+
 DEPTH = 4  # nested objects and containers walked (a Subset's dataset's list of files)
 ENDS = 16  # items read at each end of a container (and its length)
 VALUES = 32  # values read of a tensor or array, at evenly spread positions
@@ -86,13 +88,13 @@ class _Walk:
         # would be a collective on this rank alone) or be lazy
         if type(t) in (torch.Tensor, torch.nn.Parameter) and t.numel() \
                 and t.layout == torch.strided and not t.is_meta:
-            at = torch.linspace(0, t.numel() - 1, min(VALUES, t.numel())).long()
+            at = torch.tensor(spread_positions(t.numel(), VALUES))
             self.put(torch.take(t.detach(), at.to(t.device)).tolist())
             self.left -= VALUES
 
     def _array(self, a: np.ndarray) -> None:
         self.put("array", a.shape, str(a.dtype))
         if a.size:
-            at = np.linspace(0, a.size - 1, min(VALUES, a.size)).round().astype(np.int64)
+            at = np.array(spread_positions(a.size, VALUES), dtype=np.int64)
             self.put(a.flat[at].tolist())
             self.left -= VALUES

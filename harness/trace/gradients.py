@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distdoctor.analysis.positions import spread_positions
 from distdoctor.models.events import Ev
 from distdoctor.trace.lossscale import record_unscaling
 from distdoctor.trace.steps import step_hooks
@@ -50,7 +51,7 @@ class _Positions:
     while the parameter lives, and remade when its storage moves)."""
 
     def __init__(self, p: torch.Tensor, per_param: int) -> None:
-        flat = torch.linspace(0, p.numel() - 1, min(per_param, p.numel())).round().long()
+        flat = torch.tensor(spread_positions(p.numel(), per_param))
         self.flat = flat
         self.index = np.unravel_index(flat.numpy(), tuple(p.shape)) if p.dim() else ()
         self.param = weakref.ref(p)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distdoctor.analysis.positions import spread_positions
 from distdoctor.models.events import Ev
 from distdoctor.trace.gradients import sampled, viewable
 from distdoctor.trace.tracer import incomplete, plain_params, user_line
@@ -125,7 +126,7 @@ def _state(optimizer: Any, params: list[torch.Tensor],
     for p in params:
         found = where.get(id(p))
         if found is None or found[0]() is not p:
-            flat = torch.linspace(0, p.numel() - 1, min(PER_PARAM, p.numel())).round().long()
+            flat = torch.tensor(spread_positions(p.numel(), PER_PARAM))
             found = where[id(p)] = (weakref.ref(p), flat, flat.numpy())
         at = (found[1], found[2])
         mine.append(_take(p, at))

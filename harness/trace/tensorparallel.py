@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distdoctor.analysis.positions import spread_positions
 from distdoctor.models.events import Ev
 from distdoctor.trace.afterimport import after_import
 from distdoctor.trace.gradients import sampled
@@ -175,7 +176,7 @@ def _write(tracer, step: int, name: str, kind: str, group, tensor, where: str) -
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return
-    at = torch.linspace(0, flat.numel() - 1, min(SAMPLE, flat.numel())).round().long()
+    at = torch.tensor(spread_positions(flat.numel(), SAMPLE))
     values = flat[at].to(torch.float64).tolist()
     tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind=kind, group=list(group),
                  values=values, numel=flat.numel(), where=where)

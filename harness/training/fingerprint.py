@@ -12,6 +12,7 @@ from typing import Iterable
 
 import torch
 
+from distdoctor.analysis.positions import spread_positions
 from distdoctor.models import Fingerprint
 
 
@@ -27,6 +28,4 @@ def fingerprint(tensors: Iterable[torch.Tensor], max_values: int) -> Fingerprint
 
 
 def sample_positions(numel: int, max_values: int) -> torch.Tensor:
-    if numel <= max_values:
-        return torch.arange(numel)
-    return torch.linspace(0, numel - 1, max_values).round().long()
+    return torch.tensor(spread_positions(numel, max_values), dtype=torch.long)
