@@ -58,6 +58,8 @@ CORPUS = [
     # each rank its own shard of the files, no DistributedSampler: ids alike, samples not
     ("per_rank_shards.py", (), 2),
     ("ordered_epochs.py", (), 2),  # shuffle=False on purpose: each epoch in one order
+    # loader_per_epoch.py told the epoch, zipped with a second loader over the same data
+    ("fresh_loader_each_epoch.py", (), 2),
     # accumulate_sync_on_first.py's micro-batches, all in no_sync(), then synced by hand
     ("accumulate_then_sync_by_hand.py", (), 2),
     ("batch_passed_over.py", (), 2),  # one step retried: no micro-batches accumulated

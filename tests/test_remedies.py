@@ -66,15 +66,26 @@ for epoch in range(3):
 '''
 
 
-def test_the_epoch_is_set_at_the_head_of_the_loop_around_the_loader():
+def test_the_epoch_is_set_in_the_loop_around_the_loader_just_before_the_loader():
     edited = set_the_epoch(EPOCHS, 5)
     lines = EPOCHS.splitlines(True)
     assert edited is not None and edited.splitlines(True) == [
-        *lines[:3], "    sampler.set_epoch(epoch)\n", *lines[3:]]
+        *lines[:4], "    sampler.set_epoch(epoch)\n", *lines[4:]]
     assert set_the_epoch(EPOCHS.replace("for epoch in range(3):\n    # a comment kept where "
                                         "it was\n", "if True:\n"), 4) is None  # no epoch loop
     told = EPOCHS.replace("    # a comment", "    sampler.set_epoch(0)\n    # a comment")
     assert set_the_epoch(told, 6) is None  # told a constant: the student's mistake, by hand
+
+
+def test_a_sampler_made_anew_each_epoch_is_told_the_epoch_once_it_exists():
+    """examples/loader_per_epoch.py's shape: at the head of the epoch the sampler would
+    not exist yet (a NameError in epoch 0; run --fix's verifying run caught it so)."""
+    made = ("for epoch in range(3):\n    model.train()\n"
+            "    sampler = DistributedSampler(data)\n"
+            "    loader = DataLoader(data, sampler=sampler)\n    for x in loader:\n"
+            "        step(x)\n")
+    assert set_the_epoch(made, 5) == made.replace(
+        "    for x", "    sampler.set_epoch(epoch)\n    for x")
 
 
 WRAPPED = '''from torch.nn.parallel import DistributedDataParallel as DDP

@@ -239,6 +239,10 @@ def test_ranks_asking_for_different_backends_are_named_whichever_way_each_ended(
     ("epoch_not_set.py", 2, "repeated-epoch-order", [0, 1], "# LOOP",
      {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
       "sampler": "DistributedSampler"}),
+    # a loader (and sampler) made anew each epoch: three objects, one loop over one dataset
+    ("loader_per_epoch.py", 2, "repeated-epoch-order", [0, 1], "# LOOP",
+     {"replayed_epochs": [1, 2], "steps_compared": {"1": 4, "2": 4},
+      "sampler": "DistributedSampler"}),
     ("no_distributed_sampler.py", 2, "duplicate-samples", [0, 1], "# LOOP",
      {"max_overlap_share": 1.0, "overlap_share_per_epoch": {"0": 1.0, "1": 1.0},
       "sampler": "RandomSampler"}),

@@ -20,9 +20,10 @@ from distdoctor.fixing.syntax import (
 
 def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
     """repeated-epoch-order: the loader iterated at ``line`` draws from a
-    DistributedSampler; at the head of the loop around it (the epoch loop), tell the
-    sampler the epoch: ``sampler.set_epoch(epoch)``, by the name the script gave it, or
-    as ``loader.sampler`` where it made the sampler inline."""
+    DistributedSampler; within the loop around it (the epoch loop), just before the loop
+    over the loader, tell the sampler the epoch: ``sampler.set_epoch(epoch)``, by the name
+    the script gave it, or as ``loader.sampler`` where it made the sampler inline. Not at
+    the epoch's head: a sampler made anew each epoch exists only from its own line on."""
     tree, positions, parents = parsed(source)
     found = loop_over_a_name(tree, positions, line)
     if found is None:
@@ -36,8 +37,14 @@ def set_the_epoch(source: str, line: int, also: tuple[int, ...] = ()) -> str | N
     if any(called_name(c.func) == "set_epoch" for c in nodes(outer, cst.Call)):
         return None  # told already (with a constant, maybe): not a mechanical edit
     call = cst.parse_statement(f"{sampler}.set_epoch({outer.target.value})\n")
-    edited = outer.with_changes(body=outer.body.with_changes(body=[call, *outer.body.body]))
-    return source_of(tree.deep_replace(outer, edited))
+    block = parents[loop]
+    if not isinstance(block, cst.IndentedBlock):
+        return None
+    body: list[cst.BaseStatement] = list(block.body)
+    at = body.index(loop)
+    body[at:at] = [call.with_changes(leading_lines=loop.leading_lines)]
+    body[at + 1] = loop.with_changes(leading_lines=[])
+    return source_of(tree.deep_replace(block, block.with_changes(body=body)))
 
 
 def shard_the_loader(source: str, line: int, also: tuple[int, ...] = ()) -> str | None:
