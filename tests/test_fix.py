@@ -50,6 +50,8 @@ CASES = [
     ("summed_gradients.py", 3, "sum-without-mean",
      ["+        p.grad /= dist.get_world_size()"]),
     ("epoch_not_set.py", 2, "repeated-epoch-order", ["+    sampler.set_epoch(epoch)"]),
+    # the sampler made anew each epoch: told once it exists, just before the loop
+    ("loader_per_epoch.py", 2, "repeated-epoch-order", ["+    sampler.set_epoch(epoch)"]),
     ("ddp_unused_params.py", 2, "unused-params",
      [f"-{DDP_LINE})  # BUG: find_unused_parameters=False",
       f"+{DDP_LINE}, find_unused_parameters=True)  # BUG: find_unused_parameters=False"]),
@@ -272,6 +274,7 @@ NO_PATCH = {
     "tp_partial_output.py": "tensor-parallel plans: no remedy yet",
     "tp_sequence_parallel_head.py": "tensor-parallel plans: no remedy yet",
     "tp_dp_data_by_global_rank.py": "tensor-parallel data dealing: no remedy yet",
+    "zero_grad_per_microbatch.py": "cleared-microbatches: no remedy yet",
     **{name.name: "a start-up mismatch: the launch, not the script's lines"
        for name in EXAMPLES.glob("startup_*.py")},
 }

@@ -9,11 +9,10 @@ from __future__ import annotations
 import struct
 
 import pytest
+from traces import forward, record
 
 from distdoctor.checks import allreduce_every_microbatch, sum_without_mean
-from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
 from distdoctor.models.events import Ev
-from distdoctor.trace.evidence import evidence_from_events
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -22,12 +21,6 @@ def rows(*values: list[float]) -> str:
     """Sample rows as the tracer writes them: little-endian float64, in hex."""
     flat = [v for row in values for v in row]
     return struct.pack(f"<{len(flat)}d", *flat).hex()
-
-
-def record(*traces: list[dict]) -> RunRecord:
-    return RunRecord(RunSpec(world_size=len(traces)), tuple(
-        RankRecord(rank, RankEnd(rank, "finished"), evidence_from_events(rank, (), tuple(trace)))
-        for rank, trace in enumerate(traces)), 1.0)
 
 
 def grads(local: list[float], applied: list[float], scale: float | None) -> dict:
@@ -50,11 +43,6 @@ def test_local_gradients_of_a_scaled_loss_are_read_in_the_losss_units():
     # a scale that is no positive number (a trace from elsewhere) is not applied
     odd = record([grads([1.0, 3.0], [2.0, 2.0], -1.0)], [grads([3.0, 1.0], [2.0, 2.0], "x")])
     assert odd.ranks[1].evidence.gradients[0].local.values == (3.0, 1.0)
-
-
-def forward(steps: int, t: float) -> dict:
-    return {"ev": Ev.DDP_FORWARD, "steps": steps, "sync": True, "bytes": 64,
-            "where": "train.py:9", "t": t}
 
 
 def test_a_step_the_scaler_skipped_lends_no_micro_batch_to_the_next():

@@ -291,6 +291,24 @@ def test_silent_bugs_are_named_with_their_numbers_and_the_line(distdoctor, tmp_p
     assert f"look at: {example_line(example, marker)}" in done.stdout
 
 
+def test_a_zero_grad_inside_the_micro_batch_loop_is_named_before_the_traffic(distdoctor,
+                                                                           tmp_path):
+    """zero_grad() before each of 4 micro-batches: every step applies its last alone. It
+    was told allreduce-every-microbatch alone, whose fix (no_sync) does not cure it; that
+    traffic is still listed, after the cause."""
+    example = "zero_grad_per_microbatch.py"
+    done, report = run_example(distdoctor, tmp_path, example, 2)
+    assert done.returncode == 1, done.stdout
+    assert [c["kind"] for c in report["findings"]] == ["cleared-microbatches",
+                                                       "allreduce-every-microbatch"]
+    cause = report["cause"]
+    assert (cause["ranks"], cause["where"]) == ([0, 1], example_line(example, "# BUG"))
+    assert {k: cause["measured"][k] for k in ("micro_batches", "applied_micro_batches",
+                                              "first_step")} == {
+        "micro_batches": 4, "applied_micro_batches": 1, "first_step": 1}
+    assert cause["measured"]["steps"] == {"0": [1, 2, 3, 4, 5, 6], "1": [1, 2, 3, 4, 5, 6]}
+
+
 def test_accumulation_whose_last_micro_batch_is_unsynced_parts_the_ddp_replicas(distdoctor,
                                                                               tmp_path):
     """no_sync() off by one (the sync on the first of 4 micro-batches): the cause, then the

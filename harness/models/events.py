@@ -28,6 +28,9 @@ class Ev:
     # a GradScaler's step that did not step the optimiser (gradients with Inf/NaN): the
     # DDP forwards before it are no micro-batches of the next step
     STEP_SKIPPED = "step_skipped"
+    # a zero_grad() that cleared gradients a DDP model's backward had left in the current
+    # optimiser step, before that step was taken: its micro-batches so far are lost
+    GRADS_CLEARED = "grads_cleared"
     # sampled parameters before a step, gradients before and after their sync
     PARAMS = "params"
     GRADS = "grads"

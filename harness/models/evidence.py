@@ -145,6 +145,17 @@ class SkippedStep:
 
 
 @dataclass(frozen=True)
+class ClearedGradients:
+    """A ``zero_grad()`` (an optimiser's or a module's) in a user's script that cleared
+    the gradients a DDP model had accumulated in the current step, after ``steps_before``
+    optimiser steps and before the next: the micro-batches before it are never applied."""
+
+    steps_before: int
+    t: float  # when it returned (monotonic clock)
+    where: str  # the script's line that called it
+
+
+@dataclass(frozen=True)
 class DDPForward:
     """One forward of a DistributedDataParallel model in a user's script: whether its
     backward will all-reduce the gradients (off inside ``no_sync()``), and how many
@@ -452,6 +463,7 @@ class Evidence:
     gradients: tuple[GradientEvidence, ...] = ()  # a user's script's gradients per step
     ddp_forwards: tuple[DDPForward, ...] = ()  # a user's script's DDP forwards
     skipped: tuple[SkippedStep, ...] = ()  # a GradScaler's steps that did not step
+    cleared: tuple[ClearedGradients, ...] = ()  # zero_grad() calls inside a step
     buffers: tuple[BufferEvidence, ...] = ()  # a user's DDP model's buffers, sampled
     optimizer: tuple[OptimizerEvidence, ...] = ()  # a user's optimisers' settings and state
     nonfinite: tuple[NonFiniteEvidence, ...] = ()  # a user's script's steps gone NaN/Inf

@@ -11,6 +11,7 @@ from distdoctor.trace.folds import (
     fold_arrivals,
     fold_batches,
     fold_buffers,
+    fold_cleared,
     fold_ddp_forwards,
     fold_gap_samples,
     fold_gradients,
@@ -41,6 +42,7 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["gradients"] = list(fold_gradients(trace))
     fields["ddp_forwards"] = list(fold_ddp_forwards(trace))
     fields["skipped"] = list(fold_skipped(trace))
+    fields["cleared"] = list(fold_cleared(trace))
     fields["buffers"] = list(fold_buffers(trace))
     fields["nonfinite"] = list(fold_nonfinite(trace))
     fields["optimizer"] = list(fold_optimizer(trace))

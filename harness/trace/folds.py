@@ -15,6 +15,7 @@ from distdoctor.models import (
     BatchEvidence,
     BufferEvidence,
     Call,
+    ClearedGradients,
     DDPForward,
     Fingerprint,
     GapSample,
@@ -142,6 +143,10 @@ def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
 def fold_skipped(events: Iterable[dict]) -> tuple[SkippedStep, ...]:
     return tuple(SkippedStep(int(e["steps"]), _time(e["t"]))
                  for e in events if e.get("ev") == Ev.STEP_SKIPPED)
+
+def fold_cleared(events: Iterable[dict]) -> tuple[ClearedGradients, ...]:
+    return tuple(ClearedGradients(int(e["steps"]), _time(e["t"]), str(e.get("where", "")))
+                 for e in events if e.get("ev") == Ev.GRADS_CLEARED)
 
 
 def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:

@@ -11,6 +11,7 @@ def install_recorders(tracer) -> None:
     step's time goes: hooks that stay for the life of the process."""
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.buffers import record_buffers
+    from distdoctor.trace.clearing import record_clearing
     from distdoctor.trace.gradients import record_gradients
     from distdoctor.trace.nonfinite import record_nonfinite
     from distdoctor.trace.optimizer import record_optimizer
@@ -21,6 +22,7 @@ def install_recorders(tracer) -> None:
 
     record_batches(tracer)
     record_buffers(tracer)
+    record_clearing(tracer)
     record_gradients(tracer)
     record_nonfinite(tracer)
     record_optimizer(tracer)

@@ -55,6 +55,7 @@ class Tracer:
         self.incomplete_said: set[str] = set()  # evidence already reported as cut short
         self.on_ddp: list[Callable[[Any], None]] = []  # called with each DDP once built
         self.forwarding: Any = None  # the DDP whose training forward is running, if any
+        self.trained: Any = None  # a weak reference to the last DDP trained through
         self.jobs = 0  # jobs run on this tracer before the current one (a pool's reset)
         self.optimizer_hook: Any = None  # (handle, hook) of trace/optimizer.py's pre-step hook
         self.phases: Any = None  # trace/phases.py's state, once it records them
@@ -145,6 +146,7 @@ class Tracer:
             except Exception as exc:  # noqa: BLE001
                 incomplete("DDP's forwards", exc)
             tracer.forwarding = ddp  # the module's own hooks run inside: after DDP's sync
+            tracer.trained = weakref.ref(ddp)  # the last DDP a training forward ran through
             try:
                 return forward(ddp, *args, **kwargs)
             finally:

@@ -9,8 +9,10 @@ that never crash follow, in the order they spoil training: non-finite, missing-t
 tensor-parallel layer's ranks each go on with a partial sum), tp-batches-differ (they
 compute on different batches), tp-dropout-rng (they drop different values of an
 activation they must share), replicated-param-drift (copies of
-a replicated parameter part), unsynced-microbatches (accumulation whose last micro-batch
-ran inside no_sync(): the replicas apply different gradients), rank-dependent-update (a
+a replicated parameter part), cleared-microbatches (a zero_grad() between the
+micro-batches: each step applies its last alone), unsynced-microbatches (accumulation
+whose last micro-batch ran inside no_sync(): the replicas apply different gradients),
+rank-dependent-update (a
 learning rate, clipping or optimiser state that differs by rank turns the same gradient
 into different updates), divergent-parameters (the replicas are different models),
 divergent-buffers (their running statistics differ), sum-without-mean (every step is
@@ -178,7 +180,7 @@ def incomplete(record: RunRecord) -> list[str]:
 # the bugs that let a run finish, in the order they spoil training (a finding's ``kind``)
 SILENT_ORDER: tuple[CauseKind, ...] = (
     "partial-step", "non-finite", "missing-tp-allreduce", "tp-batches-differ",
-    "tp-dropout-rng", "replicated-param-drift",
+    "tp-dropout-rng", "replicated-param-drift", "cleared-microbatches",
     "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
     "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
     "allreduce-every-microbatch", "straggler", "unbalanced-stages")
