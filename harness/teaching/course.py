@@ -183,6 +183,21 @@ COURSE: tuple[Exercise, ...] = (
                  "            loss = model(batch).pow(2).mean() / 4\n"
                  "            loss.backward()\n")), "unsynced-microbatches"),)),
     Exercise(
+        "cleared-microbatches", "Accumulation that learns like one micro-batch",
+        "Each optimiser step accumulates four micro-batches, so that a step sees four "
+        "times the batch the memory allows. Yet training is as noisy as with one "
+        "micro-batch, and the loss falls four times more slowly than the team's notes "
+        "say it should. Find out why, and fix it so that each step applies the gradient "
+        "of all four micro-batches.",
+        "cleared_microbatches.py", ("cleared-microbatches",),
+        (Edit("for step in range(4):\n    for micro in range(4):\n        optimizer.zero_grad()\n",
+              "for step in range(4):\n    optimizer.zero_grad()\n    for micro in range(4):\n"),),
+        (WrongFix("zero_grad() moved after the micro-batches, just before the step", (
+            Edit("    for micro in range(4):\n        optimizer.zero_grad()\n",
+                 "    for micro in range(4):\n"),
+            Edit("    optimizer.step()\n", "    optimizer.zero_grad()\n    optimizer.step()\n")),
+            "cleared-microbatches"),)),
+    Exercise(
         "collective-mismatch", "A metric only one rank reduces",
         "The job hangs at step 1. Find out which rank waits in which call, and fix it so "
         "that the metric is still printed by rank 0.",
