@@ -8,10 +8,11 @@ Read from the DDP forwards between two optimiser steps (a step's micro-batches, 
 allreduce_every_microbatch reads them) and the ``zero_grad()`` calls that cleared a
 gradient the DDP model held (trace/clearing.py): a clear after a forward of the step
 whose backward had run, and before the step, threw that micro-batch away (a clear just
-before ``optimizer.step()`` throws all of them away: the step applies nothing). Like accumulation itself, this is how a loop is written, so it shows in
-most of its steps: a clear in half of the steps or fewer is a batch passed over (a
-backward whose step was skipped, then the next batch), not the loop's habit. Steps a
-GradScaler skipped are not judged.
+before ``optimizer.step()`` throws all of them away: the step applies nothing). Like
+accumulation itself, this is how a loop is written, so it shows in most of its steps: a
+clear in half of the steps or fewer is a batch passed over (a backward whose step was
+skipped, then the next batch), not the loop's habit. Steps a GradScaler skipped are not
+judged.
 """
 
 from __future__ import annotations
