@@ -12,7 +12,9 @@ before ``optimizer.step()`` throws all of them away: the step applies nothing). 
 accumulation itself, this is how a loop is written, so it shows in most of its steps: a
 clear in half of the steps or fewer is a batch passed over (a backward whose step was
 skipped, then the next batch), not the loop's habit. Steps a GradScaler skipped are not
-judged.
+judged, nor steps whose weights changed between their forwards (torch's count of in-place
+changes to a parameter, recorded with each forward): sharpness-aware minimisation clears
+its first gradient, moves the weights and runs a second forward, on purpose.
 """
 
 from __future__ import annotations
@@ -71,10 +73,15 @@ def _cleared_steps(evidence: Evidence) -> tuple[list[tuple[int, int, int]], str]
         {p.step for p in evidence.phases if p.kind == "optimizer"} | \
         {f.steps_before - 1 for f in evidence.ddp_forwards}
     forwards: dict[int, list[float]] = {}
+    versions: dict[int, set] = {}
     for forward in evidence.ddp_forwards:
         if forward.t is not None:
             forwards.setdefault(forward.steps_before, []).append(forward.t)
-    judged = [step for step in forwards if step in stepped and step not in skipped]
+            versions.setdefault(forward.steps_before, set()).add(forward.version)
+    # micro-batches are forwards at one set of weights: a step whose weights changed
+    # between its forwards (sharpness-aware minimisation's perturbation) is another loop
+    judged = [step for step in forwards if step in stepped and step not in skipped
+              and len(versions[step]) == 1]
     found, where = [], ""
     for step in judged:
         times = sorted(forwards[step])

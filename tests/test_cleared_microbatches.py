@@ -76,3 +76,16 @@ def test_a_clear_just_before_the_step_applies_none_of_the_micro_batches():
     found = cleared_microbatches.check(record(late))
     assert found[0].measured["applied_micro_batches"] == 0
     assert "applied none of them" in found[0].symptom
+
+
+def test_a_step_whose_weights_moved_between_its_forwards_is_no_accumulation():
+    """Sharpness-aware minimisation: forward, backward, clear, perturb the weights, forward
+    again (healthy/sharpness_aware.py on real ranks). Each forward says the weights' count
+    of in-place changes; the same trace at one count is accumulation thrown away."""
+    def at(version_of):
+        return [e | ({"version": version_of(e)} if e["ev"] == Ev.DDP_FORWARD else {})
+                for e in trace([True] * 4, micro=2)]
+
+    assert cleared_microbatches.check(record(at(lambda e: int(e["t"] * 10)))) == []
+    assert cleared_microbatches.check(record(at(lambda e: e["steps"])))[0].measured[
+        "micro_batches"] == 2

@@ -63,6 +63,9 @@ CORPUS = [
     # accumulate_sync_on_first.py's micro-batches, all in no_sync(), then synced by hand
     ("accumulate_then_sync_by_hand.py", (), 2),
     ("batch_passed_over.py", (), 2),  # one step retried: no micro-batches accumulated
+    # a clear between a step's two forwards, the weights moved between them (SAM); and
+    # the DDP's state dict as torch made it (a tracer once added a key to it)
+    ("sharpness_aware.py", (), 2),
     ("ddp_steps.py", (), 4),  # 64 steps: long enough for the straggler check to judge
     # replicas within subgroups: data x tensor parallel by hand, DDP per replicate group
     ("dp_tp_subgroups.py", (), 4),

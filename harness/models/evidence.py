@@ -166,6 +166,9 @@ class DDPForward:
     gradient_bytes: int  # bytes of the gradients one sync moves
     where: str
     t: float | None = None  # when it began (monotonic clock)
+    # the in-place changes torch had counted on its first trainable parameter: alike for
+    # a step's micro-batches, moved by anything that changed the weights between forwards
+    version: int | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from distdoctor.models.events import Ev
-from distdoctor.trace.tracer import incomplete, user_line
+from distdoctor.trace.tracer import first_trainable, incomplete, user_line
 
 WHAT = "zero_grad() calls"
 SAMPLED = 8  # the gradient's first values read: all zero after a clear that keeps them
@@ -65,10 +65,7 @@ def _held(tracer: Any) -> Any:
     ddp = tracer.trained() if tracer.trained is not None else None
     if ddp is None:
         return None
-    parameter = getattr(ddp, "_distdoctor_first", None)
-    if parameter is None:
-        parameter = next((p for p in ddp.module.parameters() if p.requires_grad), None)
-        ddp._distdoctor_first = parameter
+    parameter = first_trainable(ddp)
     return parameter if parameter is not None and _holds(parameter) else None
 
 

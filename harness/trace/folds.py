@@ -137,7 +137,8 @@ def fold_batches(events: Iterable[dict]) -> tuple[BatchEvidence, ...]:
         for e in drawn)
 
 def fold_ddp_forwards(events: Iterable[dict]) -> tuple[DDPForward, ...]:
-    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""), e.get("t"))
+    return tuple(DDPForward(e["steps"], e["sync"], e["bytes"], e.get("where", ""), e.get("t"),
+                            e["version"] if isinstance(e.get("version"), int) else None)
                  for e in events if e.get("ev") == Ev.DDP_FORWARD)
 
 def fold_skipped(events: Iterable[dict]) -> tuple[SkippedStep, ...]:

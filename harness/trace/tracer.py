@@ -138,9 +138,11 @@ class Tracer:
                     size = ddp._distdoctor_bytes = sum(
                         p.numel() * p.element_size() for p in ddp.module.parameters()
                         if p.requires_grad)
+                first = first_trainable(ddp)
                 tracer.write(ev=Ev.DDP_FORWARD, steps=tracer.optimizer_steps,
                              sync=bool(ddp.require_backward_grad_sync), bytes=size,
-                             where=user_line(), t=time.monotonic())
+                             where=user_line(), t=time.monotonic(),
+                             version=None if first is None else first._version)
             # Reported as incomplete evidence, below; evidence is best effort: never break the
             # forward.
             except Exception as exc:  # noqa: BLE001
@@ -504,3 +506,16 @@ def user_line(skip: tuple[str, ...] = ()) -> str:
         frame = frame.f_back
     return ""
 
+
+def first_trainable(ddp: Any) -> Any:
+    """A DDP model's first parameter that takes a gradient (None: it has none), kept
+    beside it, never on it (a Parameter set as a module's attribute would become one of
+    its parameters). Its ``_version`` (torch's count of in-place changes) tells forwards
+    at one set of weights (a step's micro-batches) from forwards with an update between."""
+    if ddp not in _FIRST_TRAINABLE:
+        _FIRST_TRAINABLE[ddp] = next((p for p in ddp.module.parameters() if p.requires_grad),
+                                     None)
+    return _FIRST_TRAINABLE[ddp]
+
+
+_FIRST_TRAINABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
