@@ -87,7 +87,8 @@ def _cleared_steps(evidence: Evidence) -> tuple[list[tuple[int, int, int]], str]
         times = sorted(forwards[step])
         clears = [c for c in evidence.cleared if c.steps_before == step and any(
             t < c.t and any(t < b < c.t for b in backwards) for t in times)]
-        if clears:
+        if clears and len(times) > 1:  # (one forward: its backwards, a loss at a time,
+            # each gradient kept by hand before the next: no micro-batch to accumulate)
             kept = sum(t > clears[-1].t for t in times)
             found.append((step, len(times), kept))
             where = where or clears[0].where

@@ -89,3 +89,12 @@ def test_a_step_whose_weights_moved_between_its_forwards_is_no_accumulation():
     assert cleared_microbatches.check(record(at(lambda e: int(e["t"] * 10)))) == []
     assert cleared_microbatches.check(record(at(lambda e: e["steps"])))[0].measured[
         "micro_batches"] == 2
+
+
+def test_one_forward_whose_losses_are_backwarded_one_at_a_time_is_no_accumulation():
+    """Gradient surgery (PCGrad): one forward, then each task's loss backwarded alone
+    between clears, its gradient kept by hand and combined before the step."""
+    surgery = [e for s in range(4) for e in [
+        forward(s, 10.0 * s), backward(s, 10.0 * s + 1), cleared(s, 10.0 * s + 2),
+        backward(s, 10.0 * s + 3)]] + [forward(4, 40.0)]
+    assert cleared_microbatches.check(record(surgery)) == []
