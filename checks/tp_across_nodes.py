@@ -19,6 +19,8 @@ NAME = "tp_across_nodes"
 
 
 def check(record: RunRecord) -> list[Finding]:
+    if not any(r.evidence.traffic for r in record.ranks):
+        return _user_mesh(record)
     node = {r.rank: r.evidence.node for r in record.ranks}
     if len(set(node.values())) < 2:
         return []
@@ -57,4 +59,45 @@ def check(record: RunRecord) -> list[Finding]:
         f"layers' forward and backward and {now} bytes in all cross between nodes; with "
         f"the mesh's dimensions swapped, {swapped} bytes would, all of it the once-a-step "
         f"gradient average", fix_changes={"knobs.tp_inside_node": True},
-        ranks=sorted({r for g in spanning for r in g}), measured=measured)]
+        ranks=sorted({r for g in spanning for r in g}), measured=measured,
+        kind="tp-across-nodes")]
+
+
+def _user_mesh(record: RunRecord) -> list[Finding]:
+    """A user's script: each rank's node is the one its launcher numbered (torchrun's
+    GROUP_RANK), and its tensor-parallel groups those of the layers parallelize_module cut
+    (the tracer's group tensors). A group spread over nodes, when its size fits in one, is
+    the mesh's dimensions swapped. The bytes are not worked out: DTensor's collectives are
+    not traced."""
+    node: dict[int, str] = {}
+    for rank in record.ranks:
+        startup = rank.evidence.startup
+        said = startup.variable("GROUP_RANK") if startup is not None else None
+        if said is None:
+            return []  # a launcher that numbers no nodes: one machine, as far as is known
+        node[rank.rank] = said
+    if len(set(node.values())) < 2:
+        return []
+    per_node = max(Counter(node.values()).values())
+    first: dict[tuple[int, ...], str] = {}  # group -> the first line a layer of it showed at
+    for rank in record.ranks:
+        for tensor in rank.evidence.group_tensors:
+            if len(tensor.group) > 1 and set(tensor.group) <= set(node):
+                first.setdefault(tuple(tensor.group), tensor.where)
+    spanning = sorted(g for g in first if len({node[r] for r in g}) > 1)
+    if not spanning or any(len(g) > per_node or per_node % len(g) for g in spanning):
+        return []
+    ranks = sorted({r for g in spanning for r in g})
+    where = first[spanning[0]]
+    groups = ", ".join(str(list(g)) for g in spanning)
+    return [finding(
+        "tp-across-nodes", check=NAME, kind="tp-across-nodes", where=where,
+        headline=f"tensor-parallel groups span nodes of {per_node} ranks",
+        symptom=f"tensor-parallel group{'s' if len(spanning) > 1 else ''} {groups} "
+        f"span{'' if len(spanning) > 1 else 's'} nodes of {per_node} ranks (the launcher's "
+        f"node of each rank: {', '.join(f'{r}: {n}' for r, n in sorted(node.items()))}): "
+        f"every all-reduce of their layers' forward and backward crosses between nodes, "
+        f"while groups of {len(spanning[0])} fit in one",
+        fix_changes={"knobs.tp_inside_node": True}, ranks=ranks,
+        measured={"tensor_groups": [list(g) for g in spanning], "ranks_per_node": per_node,
+                  "nodes": {str(r): n for r, n in sorted(node.items())}})]

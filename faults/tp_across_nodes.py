@@ -27,5 +27,6 @@ FAULT = Fault(
     variants=(Variant("swapped-mesh", "the mesh is (tp, dp): each tensor-parallel group "
                       "spans the nodes", {"knobs.tp_inside_node": False}),),
     scenario=_two_nodes,
+    reported_as=("tp-across-nodes",),
     min_world_size=4,
 )

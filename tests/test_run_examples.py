@@ -543,6 +543,31 @@ def test_two_nodes_each_writing_its_own_traces_are_analysed_as_one_job(distdocto
     assert again.returncode == 2 and "not one job's" in again.stderr
 
 
+def test_a_mesh_whose_tensor_parallel_pairs_span_two_nodes_is_named_and_its_fix_is_ok(
+        distdoctor, tmp_path):
+    """Two nodes of two ranks (torchrun numbers them: GROUP_RANK), the mesh (tp, dp): the
+    tensor-parallel pairs [0, 2], [1, 3] each take a rank of both nodes. The same script
+    with the mesh (dp, tp), tp_dp_data_by_dp_rank.py, keeps each pair in a node: OK."""
+    verdicts = {}
+    for example in ("tp_mesh_across_nodes.py", "tp_dp_data_by_dp_rank.py"):
+        base = tmp_path / example
+        base.mkdir()
+        folders = [base / "node0", base / "node1"]
+        agents, tag = start_two_nodes(base, example, 2, folders)
+        assert end_two_nodes(agents, tag) == [0, 0]
+        report = base / "r.json"
+        done = distdoctor("analyze", *map(str, folders), "--report", str(report))
+        verdicts[example] = (done.returncode, json.loads(report.read_text()))
+    code, report = verdicts["tp_mesh_across_nodes.py"]
+    cause = report["cause"]
+    assert (code, cause["kind"], cause["ranks"]) == (1, "tp-across-nodes", [0, 1, 2, 3])
+    assert cause["measured"] == {"tensor_groups": [[0, 2], [1, 3]], "ranks_per_node": 2,
+                                 "nodes": {"0": "0", "1": "0", "2": "1", "3": "1"}}
+    assert cause["where"] == example_line("tp_mesh_across_nodes.py", "= parallelize_module(")
+    code, report = verdicts["tp_dp_data_by_dp_rank.py"]
+    assert (code, report["findings"]) == (0, []), report["findings"]
+
+
 def test_local_rank_passed_as_the_rank_on_two_nodes_is_proven_where_the_traces_meet(
         distdoctor, tmp_path):
     """Two nodes of two ranks writing into one folder (a shared filesystem): the node's

@@ -17,11 +17,11 @@ learning rate, clipping or optimiser state that differs by rank turns the same g
 into different updates), divergent-parameters (the replicas are different models),
 divergent-buffers (their running statistics differ), sum-without-mean (every step is
 N times too large), duplicate-samples (the ranks train on the same data), then
-repeated-epoch-order (each epoch replays the last), and last allreduce-every-microbatch (it
-costs time, not correctness). Each cause is chosen by the ``kind`` its finding carries
-(set by the check), never by the numbers inside it. Every cause found is listed in
-``findings``; ``cause`` is the first; evidence the ranks could not record is listed in
-``incomplete``. Written as JSON, the report has the schema
+repeated-epoch-order (each epoch replays the last), and last allreduce-every-microbatch
+and tp-across-nodes (they cost time, not correctness). Each cause is chosen by the
+``kind`` its finding carries (set by the check), never by the numbers inside it. Every
+cause found is listed in ``findings``; ``cause`` is the first; evidence the ranks could
+not record is listed in ``incomplete``. Written as JSON, the report has the schema
 ``distdoctor.run.v6`` (v5 named five kinds otherwise: gradient-not-averaged,
 unused-parameters, sync-every-microbatch, tp-partial-sums, tp-replica-drift; v4 had no
 ``undecided``; v3 no ``also_at``; v2 no ``incomplete``; v1 had ``cause`` alone, without
@@ -183,7 +183,7 @@ SILENT_ORDER: tuple[CauseKind, ...] = (
     "tp-dropout-rng", "replicated-param-drift", "cleared-microbatches",
     "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
     "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
-    "allreduce-every-microbatch", "straggler", "unbalanced-stages")
+    "allreduce-every-microbatch", "tp-across-nodes", "straggler", "unbalanced-stages")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
