@@ -78,14 +78,16 @@ def test_the_buggy_script_is_not_yet_passed_with_its_cause(lanes, name):
     exercise = next(e for e in COURSE if e.name == name)
     done, grade = graded(lanes, name, "bug")
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    assert grade["passed"] is False and grade["runs"][0]["world_size"] == WORLD_SIZES[0]
+    first = exercise.world_sizes[0]
+    assert grade["passed"] is False and grade["runs"][0]["world_size"] == first
     assert any(told(grade, kind) for kind in exercise.kinds), grade["message"]
-    assert f"{name}: not yet: on 2 ranks, " in done.stdout or undecided(grade)
+    assert f"{name}: not yet: on {first} ranks, " in done.stdout or undecided(grade)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [e.name for e in COURSE])
 def test_the_reference_fix_passes_at_both_world_sizes(lanes, name):
+    exercise = next(e for e in COURSE if e.name == name)
     done, grade = graded(lanes, name, "fix")
     if timed(name) and undecided(grade):
         # a machine too busy to judge with a margin (the lanes load it): never a cause
@@ -96,7 +98,7 @@ def test_the_reference_fix_passes_at_both_world_sizes(lanes, name):
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert grade["passed"] is True and grade["schema"] == "distdoctor.exercise.v1"
     assert [(r["world_size"], r["finished"], r["causes"]) for r in grade["runs"]] == [
-        (n, True, []) for n in WORLD_SIZES]
+        (n, True, []) for n in exercise.world_sizes]
 
 
 @pytest.mark.timeout(900)
@@ -267,3 +269,18 @@ def test_demo_teaches_a_fault_from_code_the_bug_the_diff_and_both_runs(tmp_path,
     page = (tmp_path / "sum-without-mean-code.html").read_text()
     assert '<span class="add">+        p.grad /= dist.get_world_size()</span>' in page
     assert "sum-without-mean-code.html" in (tmp_path / "index.html").read_text()
+
+
+@pytest.mark.tier("unit")
+def test_ranks_numbered_as_two_nodes_are_numbered_as_torchrun_numbers_them():
+    """torchrun --nnodes 2 --nproc-per-node 2: rank 3 is node 1's local rank 1 of 2."""
+    from distdoctor.userjob.launching.launcher import rank_environment, run_script
+
+    env = rank_environment(3, 4, 29500, nodes=2)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE",
+                                "WORLD_SIZE")} == {"RANK": "3", "LOCAL_RANK": "1",
+                                                   "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                                                   "WORLD_SIZE": "4"}
+    assert rank_environment(3, 4, 29500)["GROUP_RANK"] == "0"
+    with pytest.raises(ValueError, match="3 ranks do not make 2 nodes"):
+        run_script("train.py", [], 3, 10.0, nodes=2)

@@ -170,14 +170,15 @@ def _write_pages(directory: str, rows: list, taught: list) -> None:
     entries = []
     for lesson in taught:
         name = f"{lesson.exercise.name}-code.html"
+        verdicts = page.table(["script", "verdict"], [
+            ["with the bug", run_verdict(lesson.before, lesson.exercise)],
+            ["fixed", run_verdict(lesson.after, lesson.exercise)]])
         page.write(os.path.join(directory, name), page.page(
             f"distdoctor demo: {lesson.exercise.name} from code", lesson.exercise.title, [
                 page.Section("The script", "script", f"<pre>{escape(lesson.source)}</pre>"),
                 page.Section("The fix", "fix", page.diff(lesson.diff)),
-                page.Section(f"Both run on {lesson.world_size} gloo ranks", "runs", page.table(
-                    ["script", "verdict"],
-                    [["with the bug", run_verdict(lesson.before, lesson.exercise)],
-                     ["fixed", run_verdict(lesson.after, lesson.exercise)]]))]))
+                page.Section(f"Both run on {lesson.exercise.ranks(lesson.world_size)}", "runs",
+                             verdicts)]))
         entries.append((name, f"{lesson.exercise.name} from code",
                         "fixed" if _cured(lesson) else "not-fixed"))
     for row in rows:

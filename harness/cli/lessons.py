@@ -84,7 +84,7 @@ def code_lesson_text(taught) -> str:
         indented.rstrip("\n"),
         "The fix, as a diff of it:",
         taught.diff.rstrip("\n"),
-        f"Both run on {taught.world_size} gloo ranks" + (
+        f"Both run on {exercise.ranks(taught.world_size)}" + (
             ", each by resume-check (stopped after its first checkpoint, once through, and "
             "resumed):" if exercise.resumes else ":"),
         wrap(f"with the bug: {run_verdict(taught.before, exercise)}", indent="  "),

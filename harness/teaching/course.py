@@ -51,6 +51,16 @@ class Exercise:
     kinds: tuple[str, ...]  # the cause kinds the buggy script shows
     fix: tuple[Edit, ...]
     wrong_fixes: tuple[WrongFix, ...] = ()
+    # graded at these world sizes, the ranks numbered as this many nodes (all on this
+    # machine, as torchrun --nnodes numbers them): a mesh laid across nodes needs two
+    world_sizes: tuple[int, ...] = WORLD_SIZES
+    nodes: int = 1
+
+    def ranks(self, *world_sizes: int) -> str:
+        """"4 gloo ranks", and how they are numbered where they stand for several nodes."""
+        said = f"{' and '.join(map(str, world_sizes))} gloo ranks"
+        return said if self.nodes == 1 else (f"{said}, numbered as {self.nodes} nodes' (as "
+                                             f"torchrun --nnodes {self.nodes} does)")
 
     def source(self) -> str:
         return resources.files(__package__).joinpath("exercises", self.script).read_text()
@@ -241,6 +251,17 @@ COURSE: tuple[Exercise, ...] = (
         (WrongFix("the sampler given one seed on every rank", (
             Edit("DistributedSampler(data, shuffle=True)", "DistributedSampler(data, "
                  "shuffle=True, seed=1234)"),), "tp-batches-differ"),)),
+    Exercise(
+        "tp-across-nodes", "Tensor parallelism over the slow link",
+        "The model is cut across pairs of ranks with tensor parallelism, and the pairs "
+        "train as data-parallel replicas, on two nodes of two ranks each. On one node it "
+        "runs fine; on two, every step waits on the network between the nodes, though "
+        "only the gradient average should cross it, once a step. Find out why, and fix it "
+        "so that each tensor-parallel pair runs inside one node.",
+        "tp_across_nodes.py", ("tp-across-nodes",),
+        (Edit('(2, dist.get_world_size() // 2), mesh_dim_names=("tp", "dp")',
+              '(dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp")'),),
+        world_sizes=(4,), nodes=2),
     Exercise(
         "tp-dropout-rng", "Tensor-parallel ranks disagree once dropout is on",
         "The model is cut across the ranks with tensor parallelism and every rank is handed "

@@ -8,6 +8,7 @@ fix: the student finds that. The grade is also written as JSON, for a grading sc
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Callable
 
 from distdoctor.models.deadlines import IN_RANK_S
 from distdoctor.models.jsoncodec import to_json
-from distdoctor.teaching.course import WORLD_SIZES, Exercise, exercise
+from distdoctor.teaching.course import Exercise, exercise
 
 GRADE_SCHEMA = "distdoctor.exercise.v1"
 SETTINGS = "exercise.json"  # what `exercise FAULT DIR` wrote: which exercise, which script
@@ -83,7 +84,8 @@ def start(name: str, directory: Path) -> Exercise:
     (directory / TASK).write_text(
         f"# {chosen.title}\n\n{chosen.task}\n\nEdit {SCRIPT}, then run\n\n"
         f"    distdoctor exercise check {directory}\n\nIt runs your script on "
-        f"{' and '.join(map(str, WORLD_SIZES))} gloo ranks {how} says passed, or what "
+        f"{chosen.ranks(*chosen.world_sizes)}{',' if chosen.nodes > 1 else ''} "
+        f"{how} says passed, or what "
         f"is still wrong.\n")
     (directory / SETTINGS).write_text(json.dumps({"exercise": name, "script": SCRIPT}) + "\n")
     return chosen
@@ -112,7 +114,7 @@ def grade(directory: Path, deadline: float = IN_RANK_S, progress=print) -> Grade
     chosen = exercise(name)
     attempt = attempt_for(chosen)
     runs = []
-    for world_size in WORLD_SIZES:
+    for world_size in chosen.world_sizes:
         progress(f"running {script.name} on {world_size} ranks ...")
         runs.append(attempt(script, world_size, deadline))
         if runs[-1].causes or deciding(name, runs[-1]) or not runs[-1].finished:
@@ -146,7 +148,9 @@ def open_note(undecided: str) -> str:
 def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
     """How an attempt at ``chosen`` is run and judged: by resume-check where the bug is in
     the resume, else by every detector on one run."""
-    return resume_attempt if chosen.resumes else run_attempt
+    if chosen.resumes:
+        return resume_attempt
+    return functools.partial(run_attempt, nodes=chosen.nodes)
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
@@ -186,7 +190,7 @@ def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
     return Run(world_size, found.kind != "not-deterministic", ((found.kind, found.summary),))
 
 
-def run_attempt(script: Path, world_size: int, deadline: float) -> Run:
+def run_attempt(script: Path, world_size: int, deadline: float, nodes: int = 1) -> Run:
     """``script`` on ``world_size`` fresh gloo ranks, judged by every detector. A timing
     alarm (a stage that gates the pipeline) stands only when a second run raises it too,
     and goes when two runs are quiet, as ``faultloop.runspec.run_decided`` has it: one
@@ -199,22 +203,23 @@ def run_attempt(script: Path, world_size: int, deadline: float) -> Run:
             return None
         return tuple(c for c in run.causes if checks.confirmed_by_a_second_run(c[0]))
 
-    runs = [run_once(script, world_size, deadline)]
+    runs = [run_once(script, world_size, deadline, nodes)]
     said = [alarm(runs[-1])]
     while runs[-1].finished and said[-1] is not None and not settled(said) and len(runs) < 3:
-        runs.append(run_once(script, world_size, deadline))
+        runs.append(run_once(script, world_size, deadline, nodes))
         said.append(alarm(runs[-1]))
     return runs[-1]  # of three runs, two agree; an undecided one says so itself
 
 
-def run_once(script: Path, world_size: int, deadline: float) -> Run:
-    """``script`` on ``world_size`` fresh gloo ranks, judged by every detector, once."""
+def run_once(script: Path, world_size: int, deadline: float, nodes: int = 1) -> Run:
+    """``script`` on ``world_size`` fresh gloo ranks (numbered as ``nodes`` nodes'), judged
+    by every detector, once."""
     from distdoctor.launch import procs
     from distdoctor.userjob.launching.launcher import run_script
     from distdoctor.userjob.reporting.record import explain, script_record
 
     try:
-        result = run_script(str(script), [], world_size, deadline, echo=False)
+        result = run_script(str(script), [], world_size, deadline, echo=False, nodes=nodes)
     finally:
         procs.wait_reaped()
     report = explain(script_record(result.ends, result.traces, result.wall_s, result.started,
