@@ -93,12 +93,15 @@ def test_a_healthy_loop_under_a_cpu_hog_on_every_core_is_ok(distdoctor, tmp_path
     long and irregular, but no rank is called a straggler. A hog can sit beside one rank
     for the whole short run and slow it for real (once rank 0's backward took 6 ms a step
     more, and it caused 79% of the waiting, 95% interval 21%-92%): then the verdict is
-    inconclusive, said as such, which is what a time near its limit must get."""
+    inconclusive, said as such, which is what a time near its limit must get; or, when its
+    threads waited for a CPU more than they ran, the machine's, not the program's (the
+    check's own words: "its cores run other work")."""
     done, report = run(distdoctor, tmp_path, "healthy/ddp_steps.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert report["findings"] == []
-    assert all(said.startswith("straggler (") and "cannot yet say" in said
-               for said in report["undecided"]), report["undecided"]
+    assert all(said.startswith("straggler (") and (
+        "cannot yet say" in said or "its cores run other work" in said)
+        for said in report["undecided"]), report["undecided"]
 
 
 def test_under_torchrun_analyze_names_the_straggler_from_the_traces(distdoctor, tmp_path):
