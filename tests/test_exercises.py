@@ -179,7 +179,7 @@ def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
     start("unbalanced-stages", tmp_path)
     runs: list[int] = []
 
-    def run_once(script, world_size, deadline):
+    def run_once(script, world_size, deadline, nodes=1):
         runs.append(world_size)
         return grading.Run(world_size, True, said[len(runs) - 1])
 
