@@ -161,11 +161,21 @@ def main(out: str, world: int, script: str, dumps: int) -> int:
 
 
 def wait_for_dumps(ranks: list, out: str, dumps: int) -> None:
+    """Until DUMPS dumps have stayed written for HOLD_S (or every rank ended, or the
+    deadline). Not as soon as they are written: a rank whose collective gloo then fails
+    has moved on, so its watcher removes the dump it wrote while it seemed hung, and its
+    error path dumps again a moment later (seen once: the job ended between the two, the
+    rank killed while printing its traceback, one dump of two left)."""
     deadline = time.monotonic() + DEADLINE_S
+    held_since = None
     while time.monotonic() < deadline and any(p.is_alive() for p in ranks):
         written = [n for n in os.listdir(out) if n.startswith("nccl_trace_rank_")
                    and not n.endswith(".tmp")]
-        if len(written) >= dumps:
+        if len(written) < dumps:
+            held_since = None
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since >= HOLD_S:
             break
         time.sleep(0.05)
 
