@@ -7,7 +7,7 @@ gradients were synchronised more than once, typically after every accumulation m
 
 from __future__ import annotations
 
-from distdoctor.analysis.forwards import forwards_without_backward
+from distdoctor.analysis.forwards import completed_steps, forwards_without_backward
 from distdoctor.checks import finding
 from distdoctor.models import DDPForward, Finding, RunRecord, SkippedStep
 
@@ -59,11 +59,7 @@ def _user_ddp(record: RunRecord) -> list[Finding]:
     for rank in record.ranks:
         per_step: dict[tuple[int, str], list] = {}
         skipped = forwards_without_backward(rank.evidence) or []
-        # steps the rank completed: accumulation is forwards before an optimiser step (a
-        # loop that never steps one, or a step cut short by an error, accumulates nothing)
-        stepped = {f.steps_before - 1 for f in rank.evidence.ddp_forwards} | \
-            {p.step for p in rank.evidence.phases if p.kind == "optimizer"} | \
-            {g.step - 1 for g in rank.evidence.gradients}
+        stepped = completed_steps(rank.evidence)  # accumulation ends in an optimiser step
         for forward in rank.evidence.ddp_forwards:
             if forward in skipped or forward.steps_before not in stepped:
                 continue  # a skipped step's forward (partial_step), or no step followed

@@ -19,6 +19,7 @@ its first gradient, moves the weights and runs a second forward, on purpose.
 
 from __future__ import annotations
 
+from distdoctor.analysis.forwards import completed_steps
 from distdoctor.models import Evidence, Finding, RunRecord
 from distdoctor.models.calls import ranks_phrase, relative_line
 
@@ -69,9 +70,7 @@ def _cleared_steps(evidence: Evidence) -> tuple[list[tuple[int, int, int]], str]
     habit; and the line of the first such clear."""
     backwards = sorted(p.start for p in evidence.phases if p.kind == "backward")
     skipped = {s.steps_before for s in evidence.skipped}
-    stepped = {g.step - 1 for g in evidence.gradients} | \
-        {p.step for p in evidence.phases if p.kind == "optimizer"} | \
-        {f.steps_before - 1 for f in evidence.ddp_forwards}
+    stepped = completed_steps(evidence)
     forwards: dict[int, list[float]] = {}
     versions: dict[int, set] = {}
     for forward in evidence.ddp_forwards:

@@ -35,3 +35,13 @@ def forwards_without_backward(evidence: Evidence) -> list[DDPForward] | None:
     if timed[-1].t is not None and any(start > timed[-1].t for start in backwards):
         followed.add(timed[-1].where)
     return [f for f in alone if f.where in followed]
+
+
+def completed_steps(evidence: Evidence) -> set[int]:
+    """The optimiser steps the rank completed, each as the steps before it (the count its
+    forwards carry): a forward's count is a step once a later forward, an optimiser phase
+    or sampled gradients show the step was taken (a loop that never steps, or a step cut
+    short by an error, accumulates nothing)."""
+    return {f.steps_before - 1 for f in evidence.ddp_forwards} | \
+        {p.step for p in evidence.phases if p.kind == "optimizer"} | \
+        {g.step - 1 for g in evidence.gradients}
