@@ -136,15 +136,15 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
     group = "the default group" if key[0] is None else \
         f"process group {key[0]} ({ranks_phrase(members)})"
     places, fix, where = _where_time_goes(record, rank, members, [s.number for s in steps])
-    cpu = _cpu_ms(record, rank, members)
+    cpu = _cpu_ms(record, rank, members, [s.number for s in steps])
     machine = cpu is not None and cpu[1] >= MACHINE_SHARE * median and \
         cpu[0] < WORK_SHARE * median
     if cpu is not None and machine:
-        ran, waited = cpu
+        ran, waited, (thread, span) = cpu
         inconclusive = True
-        places = (f"waiting for a CPU: its threads waited {waited:.1f} ms a step longer "
-                  f"than the others' for one (the kernel's run-queue delay, over all its "
-                  f"threads) and ran {max(ran, 0.0):.1f} ms longer, against {median:.1f} "
+        places = (f"waiting for a CPU: {thread} waited {waited:.1f} ms a step longer than "
+                  f"the others' for one (the kernel's run-queue delay, {span}) and ran "
+                  f"{max(ran, 0.0):.1f} ms longer, against {median:.1f} "
                   f"ms a step late: its cores run other work, so the machine, not its "
                   f"code, holds the others up")
         fix = (f"give rank {rank} cores of its own: fewer ranks than cores on the node, and "
@@ -173,25 +173,52 @@ def _judge(record: RunRecord, key: GroupKey, steps: list[Step]) -> Finding | Non
          "beyond_next_worst": excess, "beyond_next_worst_interval": [excess_low, excess_high],
          "share_of_waiting": share, "share_of_waiting_interval": [share_low, share_high],
          "late_ms_quartiles": [q1, median, q3], "step_ms": step_ms,
-         "cpu_ms_beyond_others": list(cpu) if cpu is not None else None},
+         "cpu_ms_beyond_others": list(cpu[:2]) if cpu is not None else None},
         fix=fix, inconclusive=inconclusive, kind="straggler", where=where)
 
 
-def _cpu_ms(record: RunRecord, rank: int, members: tuple[int, ...]
-            ) -> tuple[float, float] | None:
-    """How much longer a step ``rank``'s threads ran on a CPU, and waited for one, than the
-    other members' medians (over the job, by its optimiser steps); None where any
-    member's is unknown."""
+def _cpu_ms(record: RunRecord, rank: int, members: tuple[int, ...], numbers: list[int]
+            ) -> tuple[float, float, tuple[str, str]] | None:
+    """How much longer a step ``rank``'s main thread ran on a CPU, and waited for one, than
+    the other members' medians, over the judged steps ``numbers`` (its clock read at each
+    optimiser step's end); where a member's is not read, the same over the job for all
+    its threads (the first reading's start-up weighs in: less sure); None where neither
+    is known for every member. The third: whose clock, and over what, in words."""
     by_rank = {r.rank: r.evidence for r in record.ranks}
-    known = {m: by_rank[m].cpu_s for m in members if m in by_rank}
-    steps = len(step_ends(by_rank[rank])) if rank in by_rank else 0
-    if steps == 0 or any(known.get(m) is None for m in members):
+    if any(m not in by_rank for m in members):
         return None
-    cpu = {m: c for m, c in known.items() if c is not None}
+    stepped = {m: _step_cpu(by_rank[m], numbers) for m in members}
+    whose = ("its main thread", "over the judged steps")
+    if all(c is not None for c in stepped.values()):
+        cpu = {m: c for m, c in stepped.items() if c is not None}
+    else:
+        whose = ("its threads", "over the whole job")
+        steps = len(step_ends(by_rank[rank]))
+        job = {m: by_rank[m].cpu_s for m in members}
+        if steps == 0 or any(c is None for c in job.values()):
+            return None
+        cpu = {m: (c[0] / steps, c[1] / steps) for m, c in job.items() if c is not None}
     ran, waited = ((cpu[rank][i] - statistics.median(c[i] for m, c in cpu.items()
-                                                     if m != rank)) / steps * 1e3
+                                                     if m != rank)) * 1e3
                    for i in (0, 1))
-    return ran, waited
+    return ran, waited, whose
+
+
+def _step_cpu(evidence: Evidence, numbers: list[int]) -> tuple[float, float] | None:
+    """Mean seconds a judged step (``numbers``, as stragglers.Step counts them) the main
+    thread ran on a CPU and waited for one, from the clock its optimiser steps' ends read;
+    None unless every judged step's two ends were read."""
+    clocks = [p.cpu for p in sorted(evidence.phases, key=lambda p: p.end)
+              if p.kind == "optimizer"]
+    spans = [(clocks[n - 2], clocks[n - 1]) for n in numbers if 2 <= n <= len(clocks)]
+    if not spans or len(spans) < len(numbers):
+        return None
+    ran = waited = 0.0
+    for before, after in spans:
+        if before is None or after is None:
+            return None
+        ran, waited = ran + after[0] - before[0], waited + after[1] - before[1]
+    return ran / len(spans), waited / len(spans)
 
 
 def _where_time_goes(record: RunRecord, rank: int, members: tuple[int, ...],

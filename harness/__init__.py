@@ -30,7 +30,7 @@ edge, and on any import circle):
 - ``launch``: forked rank processes, warm pools, the watch that declares hangs, stacks.
   imports: models, analysis, dumps, trace
 - ``training``: the built-in data-parallel workload and its strategies (DDP, ZeRO, FSDP2).
-  imports: models, analysis, launch
+  imports: models, analysis, trace, launch
 - ``tensor``: tensor-parallel layers and the tensor-parallel workload.
   imports: models, training
 - ``pipeline``: the pipeline workload, schedules, simulators, hand-rolled and torch runs.

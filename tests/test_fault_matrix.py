@@ -283,6 +283,13 @@ CLEAN = {
 }
 
 
+def decided(found) -> list:
+    """The findings that are verdicts: all but a timing check's undecided ones, which a
+    clean run on a machine shared by more ranks than cores may get, said as undecided (a
+    time near its limit, or a rank whose CPU was taken by other work), never a verdict."""
+    return [f for f in found if not (f.inconclusive and checks.judges_time(f.check))]
+
+
 @pytest.mark.parametrize("config", list(CLEAN))
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("strategy", ["ddp", "torch-ddp"])
@@ -291,7 +298,7 @@ def test_clean_runs_give_no_finding_from_any_detector(pools, strategy, world_siz
                  pools(world_size))
     assert record.finished
     for detector in checks.detectors():
-        assert detector.check(record) == [], detector.__name__
+        assert decided(detector.check(record)) == [], detector.__name__
     # each detector (one a file of checks/) ran on these clean runs, and was quiet
     assert len(checks.detectors()) == len(list(Path(checks.__file__).parent.glob("[a-z]*.py")))
 
@@ -312,14 +319,14 @@ def test_clean_sharded_runs_give_no_finding(pools, strategy, world_size, config)
     record = run(RunSpec(strategy=strategy, world_size=world_size, **CLEAN_SHARDED[config]),
                  pools(world_size))
     assert record.finished
-    assert checks.run_all(record) == ()
+    assert decided(checks.run_all(record)) == []
 
 
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "torch-zero"])
 def test_sharded_runs_that_handle_skipped_params_give_no_finding(pools, strategy):
     spec = RunSpec(strategy=strategy, world_size=4, **CLEAN["aux-skipped-handled"])
     record = run(spec, pools(4))
-    assert record.finished and checks.run_all(record) == ()
+    assert record.finished and decided(checks.run_all(record)) == []
 
 
 def test_over_budget_zero2_on_two_ranks_is_fixed_with_more_ranks(pools):

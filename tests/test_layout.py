@@ -166,7 +166,7 @@ LAYERS = {
     "dumps": {"models", "analysis"},
     "trace": {"models", "analysis", "dumps"},
     "launch": {"models", "analysis", "dumps", "trace"},
-    "training": {"models", "analysis", "launch"},
+    "training": {"models", "analysis", "trace", "launch"},  # its steps read trace's CPU clock
     "tensor": {"models", "training"},
     "pipeline": {"models", "analysis", "text", "launch", "training"},
     "userjob": {"models", "analysis", "dumps", "trace", "launch", "checks"},

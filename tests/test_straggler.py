@@ -166,6 +166,67 @@ def test_a_wait_under_five_milliseconds_a_step_is_the_schedulers_not_the_ranks()
     assert straggler.check(timeline(4, 40, late(1, 0.006), noise=lambda r, n: -0.008))
 
 
+
+def clocked(record: RunRecord, per_step, job=None) -> RunRecord:
+    """``record`` with each rank's main-thread CPU clock read at its optimiser steps' ends,
+    advancing ``per_step(rank)`` = (ran, waited) seconds a step; ``job(rank)``: its
+    threads' seconds over the whole job (start-up included), else none."""
+    ranks = []
+    for r in record.ranks:
+        ran, waited = per_step(r.rank)
+        steps = iter(range(1, 10_000))
+        phases = tuple(replace(p, cpu=(ran * n, 0.5 + waited * n)) if p.kind == "optimizer"
+                       else p for p in r.evidence.phases
+                       for n in ([next(steps)] if p.kind == "optimizer" else [0]))
+        evidence = replace(r.evidence, phases=phases,
+                           cpu_s=job(r.rank) if job is not None else None)
+        ranks.append(replace(r, evidence=evidence))
+    return replace(record, ranks=tuple(ranks))
+
+
+def test_a_rank_late_because_it_waited_for_a_cpu_over_the_judged_steps_is_the_machines():
+    """Rank 1 is 6 ms late at every step and its main thread waited 6 ms a step longer
+    for a CPU, running no longer: the machine's, undecided. Its threads' clock over the
+    whole job says it ran 0.4 s more (start-up: importing torch took longer there), which
+    over 39 steps would read as 10 ms a step of work; the steps' own clock decides."""
+    record = clocked(timeline(2, 40, late(1, 0.006)),
+                     lambda r: (0.010, 0.006 if r == 1 else 0.0),
+                     job=lambda r: (2.0 + 0.4 * r, 0.1))
+    [found] = straggler.check(record)
+    assert found.inconclusive and found.ranks == (1,)
+    assert found.measured["cpu_ms_beyond_others"] == pytest.approx([0.0, 6.0], abs=1e-6)
+    assert "its main thread waited 6.0 ms a step longer than the others' for one (the " \
+        "kernel's run-queue delay, over the judged steps) and ran 0.0 ms longer" in \
+        found.symptom and "the machine's, not the program's" in found.symptom
+    # without the steps' clock, the job's misleads: its start-up reads as work
+    [job_only] = straggler.check(clocked(timeline(2, 40, late(1, 0.006)), lambda r: (0, 0),
+                                         job=lambda r: (2.0 + 0.4 * r, 0.1)))
+    assert not job_only.inconclusive
+
+
+def test_a_rank_late_from_its_own_work_on_a_busy_machine_is_still_a_straggler():
+    """Rank 1 ran 6 ms a step more and waited 4 ms longer for a CPU too (the work it
+    added waits its turn on a busy machine): the work it ran decides."""
+    record = clocked(timeline(2, 40, late(1, 0.006), where="own"),
+                     lambda r: (0.010 + (0.006 if r == 1 else 0.0), 0.004 if r == 1 else 0))
+    [found] = straggler.check(record)
+    assert not found.inconclusive and found.ranks == (1,)
+    assert found.measured["cpu_ms_beyond_others"] == pytest.approx([6.0, 4.0], abs=1e-6)
+
+
+def test_a_step_clock_missing_on_one_rank_falls_back_to_the_jobs():
+    record = clocked(timeline(2, 40, late(1, 0.006)),
+                     lambda r: (0.010, 0.006 if r == 1 else 0.0),
+                     job=lambda r: (2.0, 0.1 + 0.39 * r))
+    ranks = list(record.ranks)
+    ranks[0] = replace(ranks[0], evidence=replace(ranks[0].evidence, phases=tuple(
+        replace(p, cpu=None) for p in ranks[0].evidence.phases)))
+    [found] = straggler.check(replace(record, ranks=tuple(ranks)))
+    # 0.39 s over 40 steps: 9.75 ms a step, by the job's clock over all its threads
+    assert found.measured["cpu_ms_beyond_others"] == pytest.approx([0.0, 9.75], abs=1e-6)
+    assert "its threads waited 9.8 ms a step longer" in found.symptom and \
+        "over the whole job" in found.symptom
+
 def test_too_few_steps_are_not_judged():
     assert straggler.check(timeline(4, straggler.MIN_STEPS, late(1, 0.020))) == []
     assert straggler.check(timeline(4, straggler.MIN_STEPS + 1, late(1, 0.020)))

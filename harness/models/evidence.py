@@ -311,13 +311,16 @@ class Phase:
     backward (``backward``, DDP's wait for its gradient all-reduce included), an optimiser
     step (``optimizer``). On the machine-wide monotonic clock; ``step`` counts the
     optimiser steps the rank had completed as it began (so it belongs to step ``step + 1``);
-    ``where`` is the user's line that started it."""
+    ``where`` is the user's line that started it; ``cpu``, for an optimiser step, the main
+    thread's seconds on a CPU and waiting for one (the kernel's run-queue delay) since it
+    started, read as the step ended (None: not read)."""
 
     kind: str
     start: float
     end: float
     step: int
     where: str = ""
+    cpu: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

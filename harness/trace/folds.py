@@ -152,8 +152,14 @@ def fold_cleared(events: Iterable[dict]) -> tuple[ClearedGradients, ...]:
 
 def fold_phases(events: Iterable[dict]) -> tuple[Phase, ...]:
     return tuple(Phase(str(e["k"]), _time(e["t0"]), _time(e["t1"]), int(e["s"]),
-                       str(e.get("where", "")))
+                       str(e.get("where", "")), _clock(e))
                  for e in events if e.get("ev") == Ev.PHASE)
+
+
+def _clock(event: dict) -> tuple[float, float] | None:
+    """A phase's thread CPU clock (ran, waited), when both are written and readable."""
+    ran, waited = _seconds(event.get("cr")), _seconds(event.get("cw"))
+    return (ran, waited) if ran is not None and waited is not None else None
 
 def _time(value: object) -> float:
     """A time from a trace: a finite number (ValueError, so the line reads as unreadable,

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from distdoctor.models.events import Ev
 from distdoctor.models.record import Frame, is_user_frame
+from distdoctor.trace.cpuwait import thread_cpu_seconds
 from distdoctor.trace.lines import frame_line, where
 from distdoctor.trace.tracer import incomplete, user_line
 
@@ -96,9 +97,11 @@ def _stop_sampler(state: _State, sampler: threading.Thread) -> None:
     sampler.join(timeout=1.0)
 
 
-def _write(tracer: Any, kind: str, start: float, step: int, where: str) -> None:
+def _write(tracer: Any, kind: str, start: float, step: int, where: str,
+           cpu: tuple[float, float] | None = None) -> None:
+    clock = f',"cr":{cpu[0]!r},"cw":{cpu[1]!r}' if cpu is not None else ""
     tracer.put(f'{{"ev":"{Ev.PHASE}","k":"{kind}","t0":{start!r},"t1":{time.monotonic()!r},'
-               f'"s":{step},"where":{json.dumps(where)}}}')
+               f'"s":{step},"where":{json.dumps(where)}{clock}}}')
 
 
 def _span(tracer: Any, state: _State, kind: str, original: Any) -> Any:
@@ -167,7 +170,7 @@ def _time_optimizer(tracer: Any, state: _State) -> None:
         state.depth -= 1
         try:
             step = tracer.optimizer_steps - 1
-            _write(tracer, "optimizer", began.pop(), step, user_line())
+            _write(tracer, "optimizer", began.pop(), step, user_line(), thread_cpu_seconds())
             flush_samples(tracer, step)
         except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
             incomplete("where each rank's time goes", exc)

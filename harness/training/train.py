@@ -18,6 +18,7 @@ import torch
 from distdoctor.launch.rank import RankContext
 from distdoctor.models import BackwardEvidence, MemoryEvidence, Phase, RunSpec, StepEvidence
 from distdoctor.models.events import Emit
+from distdoctor.trace.cpuwait import thread_cpu_seconds
 from distdoctor.training import strategies
 from distdoctor.training.checkpoint import LoaderPlace, Resumable, restart
 from distdoctor.training.fingerprint import fingerprint
@@ -128,7 +129,8 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
 
 def _phase(ctx: RankContext, kind: str, step: int, began: float) -> None:
     """Where this step's time went (models.evidence.Phase), as a user's rank records it."""
-    ctx.emit((Emit.PHASE, Phase(kind, began, time.monotonic(), step - 1)))
+    cpu = thread_cpu_seconds() if kind == "optimizer" else None
+    ctx.emit((Emit.PHASE, Phase(kind, began, time.monotonic(), step - 1, cpu=cpu)))
 
 
 def _once(action):
