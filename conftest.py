@@ -169,8 +169,9 @@ def pytest_collection_modifyitems(config, items):
                                  "lanes" in getattr(item, "fixturenames", ())))
 
 
-# Background lanes (tests/lanes.py): the jobs of the modules selected, started once the
-# collection is done, stopped and removed when the session ends.
+# Background lanes (tests/lanes.py): the jobs of the modules whose selected tests read them
+# (through the ``lanes`` fixture), started once the collection is done, stopped and removed
+# when the session ends. A module's unit tests alone start none (``make check``).
 LANES = pytest.StashKey["object"]()
 
 
@@ -178,7 +179,8 @@ def pytest_collection_finish(session):
     modules = []
     for item in session.items:
         module = getattr(item, "module", None)
-        if hasattr(module, "lane_jobs") and module not in modules:
+        if hasattr(module, "lane_jobs") and module not in modules and \
+                "lanes" in getattr(item, "fixturenames", ()):
             modules.append(module)
     if not modules:
         return
