@@ -34,10 +34,14 @@ a CPU hog on every core measured up to 3% here, their intervals reaching 9%), an
 not what a user needs to act on. Not judged: fewer than ``MIN_STEPS`` steps.
 
 Where its lateness is the machine's, the verdict says so and stays undecided: a rank whose
-threads waited for a CPU (the kernel's run-queue delay, trace/cpuwait.py) at least
-``MACHINE_SHARE`` of its lateness a step longer than the others', while running on one
-less than ``WORK_SHARE`` of it longer, did the others' work and was runnable, not
-running: its cores are taken by other work on the node. Its code is not what holds the
+main thread waited for a CPU (the kernel's run-queue delay, trace/cpuwait.py, read at each
+optimiser step's end and compared over the judged steps) at least ``MACHINE_SHARE`` of its
+lateness a step longer than the others', while running on one less than ``WORK_SHARE`` of
+it longer, did the others' work and was runnable, not running: its cores are taken by
+other work on the node. (Over the whole job, all threads' seconds are mostly start-up's:
+on a healthy 2-rank run with a busy loop on one core they differed by 5.6 ms a step of
+work and -31 to +45 ms of waiting between runs, where the steps' own clock said 0.1 ms and
+1.6-4.7 ms; the job's clock is used only where a rank's steps were not read.) Its code is not what holds the
 others up, and healthy code on a busy CI runner must not fail. A rank slow in its own
 compute runs that much longer (and, on a busy machine, waits for it too: so the work it
 ran decides, not the wait alone).
@@ -75,7 +79,7 @@ NAMED_S = 1e-4  # ... and is at least this long a step (0.1 ms)
 MIN_STEPS = 12  # judged steps needed (the first, start-up, is never judged)
 RESAMPLES = 1000
 MACHINE_SHARE = 0.5  # of its median lateness a step, waited for a CPU beyond the others'
-# (one sharing its core with a busy loop measured 3.7 of it, over all its threads) ...
+# (one sharing its core with a busy loop measured 1.05 of it, on its main thread) ...
 WORK_SHARE = 0.25  # ... while running on one for less than this of it beyond theirs (a
 # compute straggler runs its extra work: about all of its lateness)
 PHASE_TEXT = {"loader": "waiting for its data loader's next batch", "forward": "its forward",
