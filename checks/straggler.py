@@ -38,11 +38,12 @@ main thread waited for a CPU (the kernel's run-queue delay, trace/cpuwait.py, re
 optimiser step's end and compared over the judged steps) at least ``MACHINE_SHARE`` of its
 lateness a step longer than the others', while running on one less than ``WORK_SHARE`` of
 it longer, did the others' work and was runnable, not running: its cores are taken by
-other work on the node. (Over the whole job, all threads' seconds are mostly start-up's:
-on a healthy 2-rank run with a busy loop on one core they differed by 5.6 ms a step of
-work and -31 to +45 ms of waiting between runs, where the steps' own clock said 0.1 ms and
-1.6-4.7 ms; the job's clock is used only where a rank's steps were not read.) Its code is not what holds the
-others up, and healthy code on a busy CI runner must not fail. A rank slow in its own
+other work on the node. Its code is not what holds the others up, and healthy code on a
+busy CI runner must not fail. (Over the whole job, all threads' seconds are mostly
+start-up's: on a healthy 2-rank run with a busy loop on one core they differed by up to
+6.6 ms a step of work and -31 to +45 ms of waiting between runs, where the steps' own
+clock said 0.1 ms and 0.6-4.7 ms; the job's clock is used only where a rank's steps were
+not read.) A rank slow in its own
 compute runs that much longer (and, on a busy machine, waits for it too: so the work it
 ran decides, not the wait alone).
 """
