@@ -20,6 +20,8 @@ from distdoctor.models.strategies import family_of
 
 NAME = "over_memory_budget"
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+USER_SCRIPT = "user-script"  # a user's script's record (userjob/reporting/record.py)
+MOST_RANKS = 4096  # the largest job the user's fix proposes
 
 
 def check(record: RunRecord) -> list[Finding]:
@@ -39,21 +41,30 @@ def check(record: RunRecord) -> list[Finding]:
                 "states": {"params": worst.params, "grads": worst.grads,
                            "optimizer": worst.optimizer, "gathered": worst.gathered}}
     symptom = (f"{ranks_phrase(over)} over the memory budget of {budget} bytes "
-               f"({budget / worst.model_params:g} per parameter) at step {worst.step}: "
+               f"({budget / worst.model_params:.3g} per parameter) at step {worst.step}: "
                f"rank {worst_rank} holds {worst.total} bytes (parameters {worst.params}, "
                f"gradients {worst.grads}, optimiser {worst.optimizer}, gathered "
                f"{worst.gathered}) at {STAGES[stage]} on {n} ranks, "
                f"{worst.total / budget - 1:.0%} over")
     headline = f"{worst.total} B held, budget {budget} B"
+    if record.spec.strategy == USER_SCRIPT:
+        fix, planned = torch_fix(worst, _partitioned_state(record, worst))
+        if planned:
+            measured["planned"] = planned
+        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
+                    headline=headline, symptom=symptom,
+                        fix_changes={}, ranks=sorted(over), measured=measured, fix=fix)]
     family = family_of(record.spec.strategy)
     if family is None:
-        return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
+                    headline=headline, symptom=symptom,
                         fix_changes={}, ranks=sorted(over),
                         measured=measured, fix=f"{record.spec.strategy} has no ZeRO stages to move "
                                       f"up: hold less per rank (more ranks to share the "
                                       f"model, or activation checkpointing)")]
     if option is None:
-        return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
+                    headline=headline, symptom=symptom,
                         fix_changes={}, ranks=sorted(over),
                         measured=measured,
                         fix="no ZeRO stage on any number of ranks fits this budget")]
@@ -69,7 +80,65 @@ def check(record: RunRecord) -> list[Finding]:
            f"within the {budget}-byte budget"
            + ("" if option.world_size == n else
               f" (no stage fits on {n} ranks, so more ranks it is)"))
-    return [finding("over-memory-budget", check=NAME, headline=headline, symptom=symptom,
+    return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
+                    headline=headline, symptom=symptom,
                     fix_changes=changes, ranks=sorted(over),
                     measured=measured, fix=fix)]
 
+
+
+def _partitioned_state(record: RunRecord, held: MemoryEvidence) -> int | None:
+    """The whole optimiser state of a partitioned run (stage 1): every rank's partition at
+    ``held``'s step, added up; None where a rank's is missing or the state is not
+    partitioned."""
+    if held.stage != 1:
+        return None
+    parts = [next((m.optimizer for m in r.evidence.memory if m.step == held.step), None)
+             for r in record.ranks]
+    return None if None in parts or len(parts) != held.world_size else \
+        sum(p for p in parts if p is not None)
+
+
+def torch_fix(held: MemoryEvidence, whole_state: int | None = None) -> tuple[str, dict]:
+    """The cheapest change of a user's script that fits its budget, in torch's words, from
+    the bytes its rank measured (trace/memory.py): the optimiser's state partitioned
+    (``ZeroRedundancyOptimizer``, ZeRO-1) on the same ranks, else the parameters sharded
+    too (``fully_shard``, FSDP2) on the same ranks, else on the fewest ranks that fit. A
+    partition of whole tensors is uneven, so a rank is counted its share plus the
+    largest tensor's; a sharded model's rows split evenly (the layer it gathers for a
+    forward is working memory, as activations are, not the state measured).
+    ``whole_state``: a partitioned run's optimiser state over all its ranks (else this
+    rank's times the ranks). Returns the fix and what it plans ({} when nothing fits)."""
+    n, budget = held.world_size, held.budget
+    scale = {0: (1, 1, 1), 1: (1, 1, n)}.get(held.stage, (n, n, n))  # back to whole
+    params, grads, state = (b * k for b, k in zip((held.params, held.grads, held.optimizer),
+                                                  scale))
+    if whole_state is not None:
+        state = whole_state
+    largest = held.largest_layer / held.model_params if held.model_params else 1.0
+
+    def zero1(ranks: int) -> float:
+        return params + grads + state / ranks + state * largest
+
+    def fsdp(ranks: int) -> float:  # rows split evenly; a gathered layer is not state
+        return (params + grads + state) / ranks
+
+    options = []
+    if held.stage == 0:
+        options.append(("wrap the optimiser in torch.distributed.optim."
+                        "ZeroRedundancyOptimizer (ZeRO-1: each rank keeps its partition's "
+                        "optimiser state)", 1, n, zero1(n)))
+    if held.stage < 3:
+        options.append(("shard the model with fully_shard (FSDP2, ZeRO-3: parameters, "
+                        "gradients and optimiser state sharded)", 3, n, fsdp(n)))
+    more = next((r for r in range(n + 1, MOST_RANKS + 1) if fsdp(r) <= budget), None)
+    if more is not None:
+        options.append((f"shard the model with fully_shard (FSDP2, ZeRO-3) on {more} ranks: "
+                        f"on {n} no stage fits", 3, more, fsdp(more)))
+    for words, stage, ranks, need in options:
+        if need <= budget:
+            return (f"{words}: about {need:.0f} bytes per rank at most, within the "
+                    f"{budget}-byte budget", {"stage": stage, "world_size": ranks,
+                                              "bytes_per_rank": round(need)})
+    return (f"no ZeRO stage on up to {MOST_RANKS} ranks fits {budget} bytes per rank: hold "
+            f"less (a smaller model, or lower-precision optimiser state)", {})

@@ -29,4 +29,5 @@ FAULT = Fault(
             "the stage formulas the fix relies on describe only roughly; the fault is shown "
             "on the hand-rolled stages, whose bytes match the formulas exactly")),
     },
+    reported_as=("over-memory-budget",),
 )

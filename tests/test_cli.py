@@ -65,6 +65,9 @@ def test_no_write_leaves_no_file(tmp_path, capsys, monkeypatch):
     ["pipeline", "simulate", "--schedule", "dualpipe", "--stages", "3"],
     ["pipeline", "simulate", "--f", "-1"],
     ["pipeline", "run", "--schedule", "nope"],
+    ["run", "--memory-budget", "0", "clean.py"],
+    ["run", "--memory-budget", "lots", "clean.py"],
+    ["run", "--memory-budget", "6QB", "clean.py"],
 ])
 def test_bad_arguments_get_one_line_and_exit_code_2(argv, capsys):
     try:

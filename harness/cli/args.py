@@ -55,6 +55,23 @@ def count(minimum: int):
 seconds = number(float, "seconds", lambda v: 0 < v < float("inf"),
                  "must be a positive number of seconds")
 
+# a size in bytes: 1000-based (KB, MB, GB, TB) as the memory planner writes them, or
+# 1024-based (KiB, MiB, GiB, TiB) as a device's memory is often given
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+              "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+
+
+def _bytes_of(text: str) -> int:
+    digits = text.strip().upper().rstrip("BKMGTI")
+    unit = text.strip().upper()[len(digits):]
+    if unit not in SIZE_UNITS or not digits:
+        raise ValueError(text)
+    return round(float(digits) * SIZE_UNITS[unit])
+
+
+size_in_bytes = number(_bytes_of, "a size such as 6MB, 80GB or 512MiB",
+                       lambda v: 0 < v < 2 ** 63, "must be a positive size")
+
 
 DEADLINE = deadlines.USER_JOB_S
 

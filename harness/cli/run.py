@@ -7,7 +7,14 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from distdoctor.cli.args import DEADLINE, UsageError, count, html_file, seconds
+from distdoctor.cli.args import (
+    DEADLINE,
+    UsageError,
+    count,
+    html_file,
+    seconds,
+    size_in_bytes,
+)
 
 MAX_PORT = 65535
 
@@ -83,6 +90,13 @@ def add_commands(commands) -> None:
                           "mismatches, unused DDP parameters), not the evidence of the silent "
                           "bugs (gradients, batches, NaN/Inf), which costs a few per cent of "
                           "a step")
+    run.add_argument("--memory-budget", type=size_in_bytes, metavar="SIZE",
+                     help="the training state each rank may hold (parameters, gradients, "
+                          "optimiser state), as a device's memory would allow: 6MB, 80GB, "
+                          "512MiB. Measured after the first optimiser steps; a rank over it "
+                          "is reported as over-memory-budget, with the ZeRO stage "
+                          "(ZeroRedundancyOptimizer, fully_shard) or the ranks that fit. "
+                          "Not set: not measured")
     run.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
                      help="how each rank starts: 'spawn', a fresh Python as torchrun starts "
                           "one; 'fork', a copy of this process, which has imported torch "
@@ -152,6 +166,15 @@ def add_commands(commands) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """``distdoctor run``; its ranks (and a --fix's verifying runs) measure their training
+    state against --memory-budget when it is given (trace/memory.py reads it there)."""
+    from distdoctor.userjob.launching.budget import memory_budget
+
+    with memory_budget(args.memory_budget):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from distdoctor.launch import procs
     from distdoctor.launch.store import AddressError, addresses, is_loopback
     from distdoctor.userjob.launching.launcher import ScriptStartError, run_script

@@ -58,6 +58,7 @@ class Ev:
     JOINED = "joined"
     EXIT = "exit"
     STALLED = "stalled"
+    MEMORY_HELD = "memory_held"  # a user's rank's training state in bytes, under a budget
     INCOMPLETE = "incomplete"  # a recorder failed: its evidence stops here (see below)
     # under resume-check (trace/resume.py): what a resume must restore, digested before
     # each step; each checkpoint saved and loaded, each RNG state set; a rank stopped

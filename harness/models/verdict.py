@@ -34,7 +34,7 @@ CauseKind = Literal["world-size-mismatch", "duplicate-rank", "split-rendezvous",
                     "divergent-buffers",
                     "sum-without-mean", "allreduce-every-microbatch",
                     "duplicate-samples", "repeated-epoch-order", "non-finite", "tp-across-nodes",
-                    "straggler",
+                    "over-memory-budget", "straggler",
                     "unbalanced-stages"]
 CAUSE_KINDS: tuple[str, ...] = get_args(CauseKind)
 # what resume-check tells a script whose resume parts from the run that never stopped:

@@ -16,6 +16,7 @@ from distdoctor.trace.folds import (
     fold_gap_samples,
     fold_gradients,
     fold_group_tensors,
+    fold_memory,
     fold_nonfinite,
     fold_optimizer,
     fold_phases,
@@ -64,6 +65,8 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
         elif kind not in EMITTED:  # our own rank job wrote it: a reader is missing
             raise ValueError(f"rank {rank} recorded {kind!r}, a kind no reader knows "
                              f"(distdoctor.models.events.Emit)")
+    if not fields["memory"]:  # a user's rank under a budget (the built-in emits its own)
+        fields["memory"] = list(fold_memory(trace))
     if not fields["stage_events"]:  # a user's pipeline (the built-in one emits its own)
         held, calls = fold_stages(trace)
         fields["stages"], fields["stage_events"] = list(held), list(calls)

@@ -21,6 +21,7 @@ from distdoctor.models import (
     GapSample,
     GradientEvidence,
     GroupTensor,
+    MemoryEvidence,
     NonFiniteEvidence,
     OptimizerEvidence,
     Phase,
@@ -61,6 +62,28 @@ def _values(text: str) -> tuple[float, ...]:
     if sys.byteorder == "big":
         values.byteswap()
     return tuple(values)
+
+def fold_memory(events: Iterable[dict]) -> tuple[MemoryEvidence, ...]:
+    """A user's rank's training state as trace/memory.py measured it (read, never trusted:
+    an event missing a count or holding a negative one is left out)."""
+    found = []
+    for e in events:
+        if e.get("ev") != Ev.MEMORY_HELD:
+            continue
+        said = [e.get(k) for k in ("step", "stage", "world_size", "params", "grads",
+                                   "optimizer", "budget", "model_params", "largest",
+                                   "tensors", "stepped")]
+        counts = [c for c in said if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
+        if len(counts) != len(said):
+            continue
+        step, stage, world, params, grads, optimizer, budget, model, largest, tensors, \
+            stepped = counts
+        found.append(MemoryEvidence(
+            step=step, stage=stage, world_size=world, params=params, grads=grads,
+            optimizer=optimizer, gathered=0, budget=budget, model_params=model,
+            largest_layer=largest, layers=tensors, optimizer_tensors=stepped))
+    return tuple(found)
+
 
 def fold_nonfinite(events: Iterable[dict]) -> tuple[NonFiniteEvidence, ...]:
     return tuple(NonFiniteEvidence(

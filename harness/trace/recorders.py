@@ -6,13 +6,14 @@ from __future__ import annotations
 
 def install_recorders(tracer) -> None:
     """Batches, gradients (and a GradScaler's unscaling), DDP's buffers, non-finite
-    values, optimisers' settings and
-    state, a tensor-parallel model's shared tensors, a pipeline's stage times, where each
-    step's time goes: hooks that stay for the life of the process."""
+    values, optimisers' settings and state, the training state's bytes (under a memory
+    budget only), a tensor-parallel model's shared tensors, a pipeline's stage times,
+    where each step's time goes: hooks that stay for the life of the process."""
     from distdoctor.trace.batches import record_batches
     from distdoctor.trace.buffers import record_buffers
     from distdoctor.trace.clearing import record_clearing
     from distdoctor.trace.gradients import record_gradients
+    from distdoctor.trace.memory import record_memory
     from distdoctor.trace.nonfinite import record_nonfinite
     from distdoctor.trace.optimizer import record_optimizer
     from distdoctor.trace.phases import record_phases
@@ -26,6 +27,7 @@ def install_recorders(tracer) -> None:
     record_gradients(tracer)
     record_nonfinite(tracer)
     record_optimizer(tracer)
+    record_memory(tracer)  # (only under a memory budget)
     record_tensor_parallel(tracer)
     record_pipeline_stages(tracer)
     record_phases(tracer)

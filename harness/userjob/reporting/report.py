@@ -183,7 +183,8 @@ SILENT_ORDER: tuple[CauseKind, ...] = (
     "tp-dropout-rng", "replicated-param-drift", "cleared-microbatches",
     "unsynced-microbatches", "rank-dependent-update", "failed-sync", "divergent-parameters",
     "divergent-buffers", "sum-without-mean", "duplicate-samples", "repeated-epoch-order",
-    "allreduce-every-microbatch", "tp-across-nodes", "straggler", "unbalanced-stages")
+    "allreduce-every-microbatch", "tp-across-nodes", "over-memory-budget", "straggler",
+    "unbalanced-stages")
 
 
 def silent_causes(findings: tuple[Finding, ...]) -> list[Cause]:
