@@ -55,12 +55,22 @@ class Exercise:
     # machine, as torchrun --nnodes numbers them): a mesh laid across nodes needs two
     world_sizes: tuple[int, ...] = WORLD_SIZES
     nodes: int = 1
+    # bytes of training state each rank may hold, as a device's memory would allow (0: not
+    # measured): its ranks are graded under ``distdoctor run --memory-budget``
+    memory_budget: int = 0
 
     def ranks(self, *world_sizes: int) -> str:
-        """"4 gloo ranks", and how they are numbered where they stand for several nodes."""
+        """"4 gloo ranks", how they are numbered where they stand for several nodes, and the
+        memory each may hold where the exercise bounds it."""
         said = f"{' and '.join(map(str, world_sizes))} gloo ranks"
-        return said if self.nodes == 1 else (f"{said}, numbered as {self.nodes} nodes' (as "
-                                             f"torchrun --nnodes {self.nodes} does)")
+        if self.nodes > 1:
+            said += (f", numbered as {self.nodes} nodes' (as torchrun --nnodes {self.nodes} "
+                     f"does)")
+        if self.memory_budget:
+            said += (f", each measuring its training state against {self.memory_budget} "
+                     f"bytes, as a device's memory would bound it (distdoctor run "
+                     f"--memory-budget {self.memory_budget})")
+        return said
 
     def source(self) -> str:
         return resources.files(__package__).joinpath("exercises", self.script).read_text()
@@ -370,6 +380,23 @@ COURSE: tuple[Exercise, ...] = (
         "exactly like one that never stopped.",
         "shards_not_restored.py", ("params-not-restored",),
         (Edit('    return {"shard": shard,', '    return {f"shard.rank{rank}": shard,'),)),
+    Exercise(
+        "over-memory-budget", "Out of memory at the first step",
+        "Each rank's device has room for 240 KB of training state (parameters, gradients, "
+        "optimiser state), and this job stops with out-of-memory at its first optimiser "
+        "step on every rank, however many ranks it runs on. Find out why, and fix it so "
+        "that every rank's state fits, still training with Adam on the same batches.",
+        "over_memory_budget.py", ("over-memory-budget",),
+        (Edit("from torch.nn.parallel import DistributedDataParallel\n",
+              "from torch.distributed.optim import ZeroRedundancyOptimizer\n"
+              "from torch.nn.parallel import DistributedDataParallel\n"),
+         Edit("optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n",
+              "optimizer = ZeroRedundancyOptimizer(model.parameters(), "
+              "optimizer_class=torch.optim.Adam, lr=1e-3)\n")),
+        (WrongFix("a smaller batch (activations are not what fills it)", (
+            Edit("    batch = data[step * 16:(step + 1) * 16]\n",
+                 "    batch = data[step * 8:(step + 1) * 8]\n"),), "over-memory-budget"),),
+        memory_budget=240_000),
 )
 
 

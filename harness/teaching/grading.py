@@ -84,8 +84,8 @@ def start(name: str, directory: Path) -> Exercise:
     (directory / TASK).write_text(
         f"# {chosen.title}\n\n{chosen.task}\n\nEdit {SCRIPT}, then run\n\n"
         f"    distdoctor exercise check {directory}\n\nIt runs your script on "
-        f"{chosen.ranks(*chosen.world_sizes)}{',' if chosen.nodes > 1 else ''} "
-        f"{how} says passed, or what "
+        f"{chosen.ranks(*chosen.world_sizes)}"
+        f"{',' if chosen.nodes > 1 or chosen.memory_budget else ''} {how} says passed, or what "
         f"is still wrong.\n")
     (directory / SETTINGS).write_text(json.dumps({"exercise": name, "script": SCRIPT}) + "\n")
     return chosen
@@ -150,7 +150,20 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
     the resume, else by every detector on one run."""
     if chosen.resumes:
         return resume_attempt
-    return functools.partial(run_attempt, nodes=chosen.nodes)
+    attempt = functools.partial(run_attempt, nodes=chosen.nodes)
+    if not chosen.memory_budget:
+        return attempt
+    return functools.partial(_within_budget, attempt, chosen.memory_budget)
+
+
+def _within_budget(attempt: Callable[[Path, int, float], Run], budget: int, script: Path,
+                   world_size: int, deadline: float) -> Run:
+    """``attempt`` with its ranks measuring their training state against ``budget`` bytes,
+    as a device's memory would bound it."""
+    from distdoctor.userjob.launching.budget import memory_budget
+
+    with memory_budget(budget):
+        return attempt(script, world_size, deadline)
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
