@@ -51,9 +51,12 @@ def check(record: RunRecord) -> list[Finding]:
         fix, planned = torch_fix(worst, _partitioned_state(record, worst))
         if planned:
             measured["planned"] = planned
+        built = next((o.built for r in record.ranks if r.rank == worst_rank
+                      for o in r.evidence.optimizer if o.built), "")
         return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
-                    headline=headline, symptom=symptom,
-                        fix_changes={}, ranks=sorted(over), measured=measured, fix=fix)]
+                        headline=headline, symptom=symptom, fix_changes={},
+                        ranks=sorted(over), measured=measured, fix=fix,
+                        where=(built,) if built else ())]
     family = family_of(record.spec.strategy)
     if family is None:
         return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",

@@ -82,6 +82,34 @@ def test_a_partitioned_state_is_planned_from_every_ranks_partition():
     assert found.fix_changes == {}  # a user's script: the fix is in words, not knobs
 
 
+@pytest.mark.parametrize("source, edited", [
+    ("import torch\nopt = torch.optim.Adam(m.parameters(), lr=1e-3)\n",
+     "import torch\nfrom torch.distributed.optim import ZeroRedundancyOptimizer\n"
+     "opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, "
+     "lr=1e-3)\n"),
+    ("from torch.optim import AdamW as W\nopt = W(m.parameters(), lr=1)\n",
+     "from torch.optim import AdamW as W\nfrom torch.distributed.optim import "
+     "ZeroRedundancyOptimizer\nopt = ZeroRedundancyOptimizer(m.parameters(), "
+     "optimizer_class=W, lr=1)\n"),
+    # the scheduler made from the same module is not an optimiser
+    ("from torch import optim\nopt = optim.SGD(m.parameters(), lr=1, momentum=0.9)\n"
+     "s = optim.lr_scheduler.StepLR(opt, 1)\n",
+     "from torch import optim\nfrom torch.distributed.optim import ZeroRedundancyOptimizer\n"
+     "opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=optim.SGD, lr=1, "
+     "momentum=0.9)\ns = optim.lr_scheduler.StepLR(opt, 1)\n"),
+    # not safe to wrap: the learning rate by position, two optimisers, FSDP's parameters
+    ("import torch\nopt = torch.optim.Adam(m.parameters(), 1e-3)\n", None),
+    ("import torch\na = torch.optim.Adam(m.parameters())\nb = torch.optim.Adam(n.parameters())\n",
+     None),
+    ("import torch\nfrom torch.distributed.fsdp import fully_shard\nfully_shard(m)\n"
+     "opt = torch.optim.Adam(m.parameters(), lr=1)\n", None),
+])
+def test_the_remedy_partitions_the_one_optimisers_state(source, edited):
+    from distdoctor.fixing.remedies import REMEDIES
+
+    assert REMEDIES["over-memory-budget"](source, 2) == edited
+
+
 def test_damaged_memory_evidence_is_left_out():
     good = {"ev": "memory_held", "step": 1, "budget": 240000, "world_size": 2,
             "params": WHOLE, "grads": WHOLE, "optimizer": ADAM, "stage": 0,
@@ -106,7 +134,7 @@ def test_the_exercise_is_over_its_budget_by_the_models_own_bytes():
 def test_a_user_rank_measures_what_it_holds_against_the_budget(distdoctor, tmp_path):
     """FSDP2 on 2 ranks holds half of every state: over 100 KB, told the ranks that fit;
     within 240 KB, OK; without a budget nothing is measured. The exercise's DDP script
-    holds every state whole."""
+    holds every state whole, and run --fix partitions its optimiser's, verified."""
     report = tmp_path / "report.json"
     script = str(LAUNCHED / "fsdp_adam.py")
     over = distdoctor("run", "--memory-budget", "100KB", "--report", str(report), script)
@@ -124,8 +152,15 @@ def test_a_user_rank_measures_what_it_holds_against_the_budget(distdoctor, tmp_p
     assert plain.returncode == 0 and "memory" not in plain.stdout
     ddp = tmp_path / "ddp.py"
     ddp.write_text(exercise("over-memory-budget").source())
-    over = distdoctor("run", "--memory-budget", "240KB", "--report", str(report), str(ddp))
+    patch = tmp_path / "fix.diff"
+    over = distdoctor("run", "--memory-budget", "240KB", "--report", str(report), "--fix",
+                      "--patch", str(patch), str(ddp))
     assert over.returncode == 1
     measured = json.loads(report.read_text())["cause"]["measured"]
     assert measured["states"] == {"params": WHOLE, "grads": WHOLE, "optimizer": ADAM,
                                   "gathered": 0} and measured["stage"] == 0
+    # the patch wraps its Adam in ZeroRedundancyOptimizer, and its re-run under the same
+    # budget is OK
+    assert "verified, the patched copy reports OK (over-memory-budget gone" in over.stdout
+    assert "+optimizer = ZeroRedundancyOptimizer(model.parameters(), " \
+        "optimizer_class=torch.optim.Adam, lr=1e-3)" in patch.read_text()

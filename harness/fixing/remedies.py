@@ -7,7 +7,7 @@ the report's prose fix stands alone). Edits go through libcst, which keeps every
 is not told to change (formatting, comments), so the patch is the lines that change and
 nothing else. A remedy proposes; it never decides that it worked: patches.verify re-runs
 the patched copy on real ranks. The remedies live by family (gradients, data, replicas,
-collectives); syntax.py holds what they share.
+collectives, memory); syntax.py holds what they share.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from distdoctor.fixing.guards import (
     join_the_uneven,
     out_of_the_guard,
 )
+from distdoctor.fixing.memory import partition_the_optimizer_state
 from distdoctor.fixing.replicas import (
     broadcast_after_construction,
     broadcast_the_buffers,
@@ -53,6 +54,7 @@ REMEDIES: dict[str, Remedy] = {
     "sum-without-mean": average_the_sum,
     "repeated-epoch-order": set_the_epoch,
     "unused-params": find_unused,
+    "over-memory-budget": partition_the_optimizer_state,
     "failed-sync": wait_before_step,
     "divergent-parameters": broadcast_after_construction,
     "p2p-cycle": alternate_the_pair,
