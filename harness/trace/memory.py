@@ -7,7 +7,8 @@ bytes) says how much training state each rank may hold, as a GPU's memory would.
 then is anything recorded: after each of the first optimiser steps (torch's global
 post-step hook), the storages the rank holds of the stepped parameters, their gradients
 and the optimiser's state, each storage once, as ``MemoryEvidence`` of the built-in
-workload counts them. A parameter sharded as FSDP2's ``fully_shard`` makes it (a DTensor)
+workload counts them. The built-in workload's strategies count with the same ``storage_bytes``. A
+parameter sharded as FSDP2's ``fully_shard`` makes it (a DTensor)
 counts its local shard; a ``ZeroRedundancyOptimizer`` holds only its partition's state
 (its inner optimiser's), and its inner optimiser's own step is not counted twice. The
 stage is what the rank does: 0 every state whole, 1 the optimiser's state partitioned,
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -80,25 +81,33 @@ def held(optimizer: Any) -> dict[str, int]:
     reads: every parameter's elements, the largest tensor's, and how many tensors."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state_owner = optimizer.optim if _is_zero(optimizer) else optimizer
-    states = [v for per_param in state_owner.state.values() for v in per_param.values()
-              if isinstance(v, torch.Tensor)]
     sharded = any(_is_sharded(p) for p in params)
-    return {"params": _bytes(params), "grads": _bytes([p.grad for p in params
-                                                      if p.grad is not None]),
-            "optimizer": _bytes(states), "stage": 3 if sharded else 1 if _is_zero(optimizer)
-            else 0, "model_params": sum(p.numel() for p in params),
+    stage = 3 if sharded else 1 if _is_zero(optimizer) else 0
+    return {"params": storage_bytes(params), "grads": storage_bytes(p.grad for p in params),
+            "optimizer": storage_bytes(optimizer_state(state_owner)), "stage": stage,
+            "model_params": sum(p.numel() for p in params),
             "largest": max((p.numel() for p in params), default=0), "tensors": len(params),
             "stepped": len(state_owner.state)}
 
 
-def _bytes(tensors: list[Any]) -> int:
-    """Bytes of the storages under ``tensors`` (a DTensor's local shard), each once."""
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors``: views of one buffer count once,
+    with the buffer's padding; a freed storage counts 0."""
     seen: dict[int, int] = {}
-    for t in tensors:
-        local = getattr(t, "_local_tensor", t)
-        storage = local.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
+            tensor = tensor.to_local()
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(seen.values())
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of ``optimizer``'s state (its moments, step counters), every parameter's."""
+    return [value for state in optimizer.state.values() for value in state.values()
+            if isinstance(value, torch.Tensor)]
 
 
 def _is_zero(optimizer: Any) -> bool:

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distdoctor.trace.memory import optimizer_state, storage_bytes
+
 
 @dataclass
 class SyncLog:
@@ -91,25 +93,6 @@ class HeldBytes:
     grads: int
     optimizer: int
     gathered: int = 0
-
-
-def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages behind ``tensors``: views of one buffer count once,
-    with the buffer's padding; a freed storage counts 0."""
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
-            tensor = tensor.to_local()
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
-    return sum(seen.values())
-
-
-def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [value for state in optimizer.state.values() for value in state.values()
-            if isinstance(value, torch.Tensor)]
 
 
 class DataParallel(Protocol):

@@ -18,7 +18,8 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from distdoctor.models import RunSpec
-from distdoctor.training.strategies.base import HeldBytes, optimizer_state, storage_bytes
+from distdoctor.trace.memory import optimizer_state, storage_bytes
+from distdoctor.training.strategies.base import HeldBytes
 from distdoctor.training.strategies.torch_ddp import TorchDDP
 from distdoctor.training.workload import optimizer_class
 

@@ -19,14 +19,13 @@ import torch.distributed as dist
 from torch import nn
 
 from distdoctor.models import RunSpec
+from distdoctor.trace.memory import optimizer_state, storage_bytes
 from distdoctor.training.strategies.base import (
     GradProbe,
     HeldBytes,
     ManualSync,
     SyncLog,
     broadcast_from_rank0,
-    optimizer_state,
-    storage_bytes,
 )
 from distdoctor.training.strategies.zero.bucket import buckets_of
 from distdoctor.training.strategies.zero.layout import gather_views, layers_of

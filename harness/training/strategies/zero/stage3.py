@@ -23,6 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distdoctor.models import RunSpec
+from distdoctor.trace.memory import optimizer_state, storage_bytes
 from distdoctor.training.strategies.base import (
     GradProbe,
     HeldBytes,
@@ -30,8 +31,6 @@ from distdoctor.training.strategies.base import (
     SyncLog,
     broadcast_from_rank0,
     nbytes,
-    optimizer_state,
-    storage_bytes,
 )
 from distdoctor.training.strategies.zero.layout import Layer, gather_views, layers_of
 from distdoctor.training.workload import make_optimizer
