@@ -16,11 +16,10 @@ from distdoctor.memory.measured import fp32, model_of
 from distdoctor.memory.planner import cheapest_fit
 from distdoctor.models import Finding, MemoryEvidence, RunRecord
 from distdoctor.models.calls import ranks_phrase
-from distdoctor.models.strategies import family_of
+from distdoctor.models.strategies import USER_SCRIPT, family_of
 
 NAME = "over_memory_budget"
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
-USER_SCRIPT = "user-script"  # a user's script's record (userjob/reporting/record.py)
 MOST_RANKS = 4096  # the largest job the user's fix proposes
 
 
@@ -34,8 +33,6 @@ def check(record: RunRecord) -> list[Finding]:
         return []
     worst_rank, worst = max(over.items(), key=lambda item: item[1].total)
     budget, stage, n = worst.budget, worst.stage, worst.world_size
-    optimizer = record.spec.optimizer_name
-    option = cheapest_fit(model_of(worst, optimizer), stage, n, fp32(optimizer), budget)
     measured = {"budget_bytes": budget, "stage": stage, "world_size": n,
                 "bytes_per_rank": {str(r): m.total for r, m in sorted(over.items())},
                 "states": {"params": worst.params, "grads": worst.grads,
@@ -47,30 +44,27 @@ def check(record: RunRecord) -> list[Finding]:
                f"{worst.gathered}) at {STAGES[stage]} on {n} ranks, "
                f"{worst.total / budget - 1:.0%} over")
     headline = f"{worst.total} B held, budget {budget} B"
-    if record.spec.strategy == USER_SCRIPT:
+
+    def said(fix: str, changes: dict | None = None, where: tuple[str, ...] = ()) -> list:
+        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
+                        headline=headline, symptom=symptom, fix_changes=changes or {},
+                        ranks=sorted(over), measured=measured, fix=fix, where=where)]
+
+    if record.spec.strategy == USER_SCRIPT:  # told in torch's words, at its optimiser's line
         fix, planned = torch_fix(worst, _partitioned_state(record, worst))
         if planned:
             measured["planned"] = planned
         built = next((o.built for r in record.ranks if r.rank == worst_rank
                       for o in r.evidence.optimizer if o.built), "")
-        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
-                        headline=headline, symptom=symptom, fix_changes={},
-                        ranks=sorted(over), measured=measured, fix=fix,
-                        where=(built,) if built else ())]
+        return said(fix, where=(built,) if built else ())
     family = family_of(record.spec.strategy)
     if family is None:
-        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
-                    headline=headline, symptom=symptom,
-                        fix_changes={}, ranks=sorted(over),
-                        measured=measured, fix=f"{record.spec.strategy} has no ZeRO stages to move "
-                                      f"up: hold less per rank (more ranks to share the "
-                                      f"model, or activation checkpointing)")]
+        return said(f"{record.spec.strategy} has no ZeRO stages to move up: hold less per "
+                    f"rank (more ranks to share the model, or activation checkpointing)")
+    optimizer = record.spec.optimizer_name
+    option = cheapest_fit(model_of(worst, optimizer), stage, n, fp32(optimizer), budget)
     if option is None:
-        return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
-                    headline=headline, symptom=symptom,
-                        fix_changes={}, ranks=sorted(over),
-                        measured=measured,
-                        fix="no ZeRO stage on any number of ranks fits this budget")]
+        return said("no ZeRO stage on any number of ranks fits this budget")
     changes: dict = {}
     if family[option.stage] != record.spec.strategy:
         changes["strategy"] = family[option.stage]
@@ -79,15 +73,10 @@ def check(record: RunRecord) -> list[Finding]:
     measured["planned"] = {"stage": option.stage, "world_size": option.world_size,
                            "bytes_per_rank": round(option.bytes.total)}
     where = f"{family[option.stage]} ({STAGES[option.stage]}) on {option.world_size} ranks"
-    fix = (f"run {where}: the planner puts it at {option.bytes.total:.0f} bytes per rank, "
-           f"within the {budget}-byte budget"
-           + ("" if option.world_size == n else
-              f" (no stage fits on {n} ranks, so more ranks it is)"))
-    return [finding("over-memory-budget", check=NAME, kind="over-memory-budget",
-                    headline=headline, symptom=symptom,
-                    fix_changes=changes, ranks=sorted(over),
-                    measured=measured, fix=fix)]
-
+    return said(f"run {where}: the planner puts it at {option.bytes.total:.0f} bytes per "
+                f"rank, within the {budget}-byte budget"
+                + ("" if option.world_size == n else
+                   f" (no stage fits on {n} ranks, so more ranks it is)"), changes)
 
 
 def _partitioned_state(record: RunRecord, held: MemoryEvidence) -> int | None:

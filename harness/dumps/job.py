@@ -22,6 +22,7 @@ from distdoctor.models import Call, RankEnd, RankRecord, RunRecord, RunSpec, dea
 from distdoctor.models.calls import describe_call, grouped, ranks_phrase, relative_line
 from distdoctor.models.evidence import Evidence
 from distdoctor.models.record import Recorded
+from distdoctor.models.strategies import USER_SCRIPT
 
 NO_DUMP = ("no Flight Recorder dump: it may have exited or died before the others hung, "
            "or its node's files were not collected")
@@ -102,7 +103,7 @@ def record_of(dumps: Dumps) -> tuple[RunRecord, tuple[str, ...], tuple[str, ...]
                 "every operation its Flight Recorder holds completed: it was outside any "
                 "collective when dumped" + (f" (its last: {last})" if last else "")))
         ranks.append(RankRecord(rank, end, Evidence(rank=rank, calls=calls)))
-    spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
+    spec = RunSpec(strategy=USER_SCRIPT, world_size=world, num_samples=max(64, 8 * world),
                    deadline=deadlines.DUMPED_JOB_S)
     return RunRecord(spec=spec, ranks=tuple(ranks), wall_s=0.0), tuple(notes), \
         limits(dumps) + limits_found

@@ -22,6 +22,9 @@ HELP = {
     "fsdp2-grad-op": "torch fully_shard, reshard_after_forward=False (ZeRO-2-like)",
 }
 DATA_PARALLEL = tuple(HELP)
+# the strategy of a record of the user's own script or job (run, analyze, a dump): its
+# findings are told in torch's words, not the built-in workload's knobs
+USER_SCRIPT = "user-script"
 
 # strategies that shard training state, by ZeRO stage; the rest replicate it (stage 0)
 STAGES: dict[str, int] = {"zero1": 1, "zero2": 2, "zero3": 3, "torch-zero": 1,

@@ -5,6 +5,7 @@ the same way."""
 from __future__ import annotations
 
 from distdoctor.models import RankEnd, RankRecord, RunRecord, RunSpec
+from distdoctor.models.strategies import USER_SCRIPT
 from distdoctor.trace.evidence import evidence_from_events
 from distdoctor.userjob.reporting.report import ScriptReport, report
 
@@ -13,7 +14,7 @@ def script_record(ends: tuple[RankEnd, ...], traces, wall_s: float, started: flo
                   deadline: float) -> RunRecord:
     """A RunRecord of user code: each rank's end and the evidence its trace holds."""
     world = len(ends)
-    spec = RunSpec(strategy="user-script", world_size=world, num_samples=max(64, 8 * world),
+    spec = RunSpec(strategy=USER_SCRIPT, world_size=world, num_samples=max(64, 8 * world),
                    deadline=deadline or 60.0)
     ranks = tuple(RankRecord(end.rank, end, evidence_from_events(end.rank, (), trace))
                   for end, trace in zip(ends, traces))
