@@ -110,6 +110,32 @@ def test_the_remedy_partitions_the_one_optimisers_state(source, edited):
     assert REMEDIES["over-memory-budget"](source, 2) == edited
 
 
+def test_without_a_budget_no_hook_is_installed(monkeypatch):
+    """Nothing is measured, and nothing of torch is touched, unless the user gave a budget;
+    with one, a post-step hook (torch's global registry) is."""
+    from torch.optim import optimizer
+
+    from distdoctor.trace.memory import BUDGET_ENV, record_memory
+    from distdoctor.trace.tracer import Tracer
+
+    hooks = optimizer._global_optimizer_post_hooks
+    before = len(hooks)
+    for unset in ("", "0", "-5", "lots"):
+        monkeypatch.setenv(BUDGET_ENV, unset)
+        record_memory(Tracer(-1, 0))
+        assert len(hooks) == before, unset
+    monkeypatch.setenv(BUDGET_ENV, "240000")
+    kept = dict(hooks), dict(optimizer._global_optimizer_pre_hooks)
+    try:
+        record_memory(Tracer(-1, 0))
+        assert len(hooks) > before
+    finally:  # torch's registries as they were
+        hooks.clear()
+        hooks.update(kept[0])
+        optimizer._global_optimizer_pre_hooks.clear()
+        optimizer._global_optimizer_pre_hooks.update(kept[1])
+
+
 def test_damaged_memory_evidence_is_left_out():
     good = {"ev": "memory_held", "step": 1, "budget": 240000, "world_size": 2,
             "params": WHOLE, "grads": WHOLE, "optimizer": ADAM, "stage": 0,
@@ -133,7 +159,7 @@ def test_the_exercise_is_over_its_budget_by_the_models_own_bytes():
 @pytest.mark.timeout(300)
 def test_a_user_rank_measures_what_it_holds_against_the_budget(distdoctor, tmp_path):
     """FSDP2 on 2 ranks holds half of every state: over 100 KB, told the ranks that fit;
-    within 240 KB, OK; without a budget nothing is measured. The exercise's DDP script
+    within 240 KB, OK. The exercise's DDP script
     holds every state whole, and run --fix partitions its optimiser's, verified."""
     report = tmp_path / "report.json"
     script = str(LAUNCHED / "fsdp_adam.py")
@@ -148,8 +174,6 @@ def test_a_user_rank_measures_what_it_holds_against_the_budget(distdoctor, tmp_p
     assert "fully_shard (FSDP2, ZeRO-3) on 3 ranks" in cause["fix"]
     within = distdoctor("run", "--memory-budget", "240KB", "--report", str(report), script)
     assert within.returncode == 0, within.stdout
-    plain = distdoctor("run", "--report", str(report), script)
-    assert plain.returncode == 0 and "memory" not in plain.stdout
     ddp = tmp_path / "ddp.py"
     ddp.write_text(exercise("over-memory-budget").source())
     patch = tmp_path / "fix.diff"

@@ -174,11 +174,13 @@ def clocked(record: RunRecord, per_step, job=None) -> RunRecord:
     ranks = []
     for r in record.ranks:
         ran, waited = per_step(r.rank)
-        steps = iter(range(1, 10_000))
-        phases = tuple(replace(p, cpu=(ran * n, 0.5 + waited * n)) if p.kind == "optimizer"
-                       else p for p in r.evidence.phases
-                       for n in ([next(steps)] if p.kind == "optimizer" else [0]))
-        evidence = replace(r.evidence, phases=phases,
+        phases, steps = [], 0
+        for p in r.evidence.phases:
+            if p.kind == "optimizer":
+                steps += 1
+                p = replace(p, cpu=(ran * steps, 0.5 + waited * steps))
+            phases.append(p)
+        evidence = replace(r.evidence, phases=tuple(phases),
                            cpu_s=job(r.rank) if job is not None else None)
         ranks.append(replace(r, evidence=evidence))
     return replace(record, ranks=tuple(ranks))
