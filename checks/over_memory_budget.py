@@ -79,16 +79,27 @@ def check(record: RunRecord) -> list[Finding]:
                    f" (no stage fits on {n} ranks, so more ranks it is)"), changes)
 
 
-def _partitioned_state(record: RunRecord, held: MemoryEvidence) -> int | None:
-    """The whole optimiser state of a partitioned run (stage 1): every rank's partition at
-    ``held``'s step, added up; None where a rank's is missing or the state is not
-    partitioned."""
-    if held.stage != 1:
-        return None
-    parts = [next((m.optimizer for m in r.evidence.memory if m.step == held.step), None)
+def whole_optimizer_state(record: RunRecord, step: int | None = None) -> int | None:
+    """The whole model's optimiser state in bytes at ``step`` (by default the first step
+    the ranks measured): one rank's where every rank holds it whole (stage 0), every rank's
+    part added up where it is partitioned (stage 1) or sharded (stage 3); None where a rank
+    measured none at that step."""
+    if step is None:
+        step = min((m.step for r in record.ranks for m in r.evidence.memory), default=0)
+    parts = [next((m for m in r.evidence.memory if m.step == step), None)
              for r in record.ranks]
-    return None if None in parts or len(parts) != held.world_size else \
-        sum(p for p in parts if p is not None)
+    if not parts or any(m is None for m in parts):
+        return None
+    held = [m for m in parts if m is not None]
+    if held[0].stage == 0:
+        return held[0].optimizer
+    return sum(m.optimizer for m in held) if len(held) == held[0].world_size else None
+
+
+def _partitioned_state(record: RunRecord, held: MemoryEvidence) -> int | None:
+    """The whole optimiser state of a partitioned run (stage 1), every rank's partition
+    added up; None where a rank's is missing or the state is not partitioned."""
+    return whole_optimizer_state(record, held.step) if held.stage == 1 else None
 
 
 def torch_fix(held: MemoryEvidence, whole_state: int | None = None) -> tuple[str, dict]:

@@ -188,6 +188,34 @@ def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
     assert len(runs) == made and (ran.causes == ()) is passed
 
 
+@pytest.mark.parametrize(("held", "passed"), [
+    (8.002, True),  # Adam's two moments and its step counters, partitioned or not
+    (4.0, False),  # one moment: SGD with momentum
+    (0.0, False),  # plain SGD
+    (None, False),  # nothing measured
+])
+def test_a_budget_met_by_dropping_the_optimizer_state_is_not_a_pass(
+        tmp_path, monkeypatch, held, passed):
+    """The memory exercise keeps Adam: a run that fits by holding less state per parameter
+    is told so, in measured bytes and without the answer. Made-up runs stand in for real
+    ones (the real runs are the exercise's own tests, the SGD wrong fix among them)."""
+    from distdoctor.teaching import grading
+    from distdoctor.teaching.course import exercise
+
+    def attempt(script, world_size, deadline):
+        return grading.Run(world_size, True, (), (), held)
+
+    chosen = exercise("over-memory-budget")
+    ran = grading._within_budget(attempt, chosen, tmp_path / "train.py", 2, 60.0)
+    assert (ran.causes == ()) is passed
+    if not passed:
+        kind, said = ran.causes[0]
+        assert kind == grading.OPTIMIZER_CHANGED and "holds 8:" in said
+        assert f"{held:.3g} bytes per parameter" in said if held is not None else \
+            "no optimiser state was measured" in said
+        assert "ZeroRedundancyOptimizer" not in said
+
+
 def test_the_course_opens_with_the_classic_cases_and_names_failure_modes():
     names = [e.name for e in COURSE]
     assert names[:6] == ["divergent-init", "shared-shuffle-seed", "unused-params",

@@ -58,6 +58,9 @@ class Exercise:
     # bytes of training state each rank may hold, as a device's memory would allow (0: not
     # measured): its ranks are graded under ``distdoctor run --memory-budget``
     memory_budget: int = 0
+    # bytes of optimiser state per parameter element the task keeps over all ranks, where
+    # it bounds memory (Adam's two fp32 moments: 8): a fix may hold it elsewhere, not drop it
+    state_per_parameter: float = 0.0
 
     def ranks(self, *world_sizes: int) -> str:
         """"4 gloo ranks", how they are numbered where they stand for several nodes, and the
@@ -395,8 +398,12 @@ COURSE: tuple[Exercise, ...] = (
               "optimizer_class=torch.optim.Adam, lr=1e-3)\n")),
         (WrongFix("a smaller batch (activations are not what fills it)", (
             Edit("    batch = data[step * 16:(step + 1) * 16]\n",
-                 "    batch = data[step * 8:(step + 1) * 8]\n"),), "over-memory-budget"),),
-        memory_budget=240_000),
+                 "    batch = data[step * 8:(step + 1) * 8]\n"),), "over-memory-budget"),
+         WrongFix("plain SGD in place of Adam (it fits by keeping no state)", (
+             Edit("optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n",
+                  "optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)\n"),),
+             "optimizer-changed")),
+        memory_budget=240_000, state_per_parameter=8.0),
 )
 
 

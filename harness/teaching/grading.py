@@ -8,6 +8,7 @@ fix: the student finds that. The grade is also written as JSON, for a grading sc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ GRADE_SCHEMA = "distdoctor.exercise.v1"
 SETTINGS = "exercise.json"  # what `exercise FAULT DIR` wrote: which exercise, which script
 SCRIPT = "train.py"  # the student's copy of the exercise's script
 TASK = "TASK.md"
+# the cause a graded run is given where it fits its memory budget by keeping less optimiser
+# state than the task says to keep: not a failure mode of training, a task not done
+OPTIMIZER_CHANGED = "optimizer-changed"
 
 
 class NotAnExercise(ValueError):
@@ -38,6 +42,9 @@ class Run:
     # timing judgements left open (the machine too busy to decide with a margin): neither
     # a pass nor a cause, so the attempt is checked again rather than graded by luck
     undecided: tuple[str, ...] = ()
+    # bytes of optimiser state over all ranks per parameter element, where a budget had the
+    # ranks measure their state (None: not measured): Adam holds 8, its two fp32 moments
+    state_per_parameter: float | None = None
 
 
 def kind_of(undecided: str) -> str:
@@ -153,17 +160,32 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
     attempt = functools.partial(run_attempt, nodes=chosen.nodes)
     if not chosen.memory_budget:
         return attempt
-    return functools.partial(_within_budget, attempt, chosen.memory_budget)
+    return functools.partial(_within_budget, attempt, chosen)
 
 
-def _within_budget(attempt: Callable[[Path, int, float], Run], budget: int, script: Path,
-                   world_size: int, deadline: float) -> Run:
-    """``attempt`` with its ranks measuring their training state against ``budget`` bytes,
-    as a device's memory would bound it."""
+def _within_budget(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
+                   script: Path, world_size: int, deadline: float) -> Run:
+    """``attempt`` with its ranks measuring their training state against the exercise's
+    budget, as a device's memory would bound it. A run that fits by holding less optimiser
+    state than the task keeps (plain SGD for Adam) has not done the task: the budget is
+    met by partitioning the state, not by dropping it."""
     from distdoctor.userjob.launching.budget import memory_budget
 
-    with memory_budget(budget):
-        return attempt(script, world_size, deadline)
+    with memory_budget(chosen.memory_budget):
+        run = attempt(script, world_size, deadline)
+    need = chosen.state_per_parameter
+    if run.causes or not run.finished or not need:
+        return run
+    held = run.state_per_parameter
+    if held is not None and held >= need:
+        return run
+    measured = ("no optimiser state was measured" if held is None else
+                f"the optimiser state all ranks hold together is {held:.3g} bytes per "
+                f"parameter")
+    return dataclasses.replace(run, causes=((OPTIMIZER_CHANGED, (
+        f"{measured}, where the optimiser the task keeps holds {need:g}: the state fits "
+        f"the budget by being smaller, not by being held differently; keep the optimiser "
+        f"and find where each rank's copy of its state can go")),))
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
@@ -235,8 +257,23 @@ def run_once(script: Path, world_size: int, deadline: float, nodes: int = 1) -> 
         result = run_script(str(script), [], world_size, deadline, echo=False, nodes=nodes)
     finally:
         procs.wait_reaped()
-    report = explain(script_record(result.ends, result.traces, result.wall_s, result.started,
-                                   deadline), str(script))
+    record = script_record(result.ends, result.traces, result.wall_s, result.started,
+                           deadline)
+    report = explain(record, str(script))
     finished = all(end.status == "finished" for end in result.ends)
     return Run(world_size, finished, tuple((c.kind, c.summary) for c in report.findings),
-               tuple(report.undecided))
+               tuple(report.undecided), _state_per_parameter(record))
+
+
+def _state_per_parameter(record) -> float | None:
+    """Bytes of optimiser state over all ranks per parameter element at the first step
+    they measured, where they measured their training state (under a memory budget). A
+    ZeroRedundancyOptimizer's step counts as two optimiser steps (its own, and its inner
+    optimiser's within it), so its first measured step is numbered 2."""
+    from distdoctor.checks.over_memory_budget import whole_optimizer_state
+
+    state = whole_optimizer_state(record)
+    first = next((m for r in record.ranks for m in r.evidence.memory), None)
+    if state is None or first is None or not first.model_params:
+        return None
+    return state / first.model_params
