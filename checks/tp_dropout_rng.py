@@ -24,6 +24,7 @@ import math
 from distdoctor.checks import finding, first_input_parted, group_disagreements, held_in_forward
 from distdoctor.models import Finding, GroupTensor, RunRecord
 from distdoctor.models.calls import ranks_phrase
+from distdoctor.models.evidence import MASK_UNKNOWN
 
 NAME = "tp_dropout_rng"
 CHANCE = 1e-9  # identical independent masks this likely or more are left alone
@@ -59,44 +60,50 @@ def check(record: RunRecord) -> list[Finding]:
     same = _identical_slices(record)
     if not same:
         return []
-    name, group, steps, log_chance = same
+    name, group, steps, log_chance, where = same
     measured = {"mask": name, "group": list(group), "steps_identical": steps,
-                "log10_chance_if_independent": log_chance}
+                "log10_chance_if_independent": log_chance, "where": where}
     return [finding(
         "tp-dropout-rng", check=NAME, headline=f"{name}: every slice gets the same mask",
         symptom=f"the {name} mask, on an activation split across tensor-parallel group "
         f"{tuple(group)}, is the same on every slice at all {steps} steps; independent "
         f"masks would agree this often with chance 1e{log_chance:.0f}",
         fix_changes={"knobs.tp_dropout_rng": "tracked"}, ranks=group[1:], measured=measured,
-        kind="tp-dropout-rng",
+        kind="tp-dropout-rng", where=where,
         cause="every rank draws the sharded activation's dropout from the same RNG state, "
               "so each slice is dropped at the same positions and the slices are not "
-              "independent")]
+              "independent",
+        fix=None if not where else  # the built-in workload's: the catalogue's words
+        "draw the dropout on an activation each rank holds a slice of from an RNG state of "
+        "that rank's own (seeded by rank), and keep one state the tensor-parallel group "
+        "shares for dropout on activations it holds whole, as Megatron's RNG tracker does")]
 
 
 def _identical_slices(record: RunRecord):
-    """(mask, group, steps, log10 chance) of sharded masks identical on every rank at
-    every step, when that is rarer than CHANCE; else None."""
+    """(mask, group, steps, log10 chance, line) of sharded masks identical on every rank at
+    every step, when that is rarer than CHANCE; else None. A position a rank could not
+    read (a user's dropout handed a zero: MASK_UNKNOWN) is left out of the comparison."""
     held: dict[tuple, dict[int, dict[int, GroupTensor]]] = {}
     for rank in record.ranks:
         for t in rank.evidence.group_tensors:
             if t.kind == "mask" and not t.alike and len(t.group) > 1:
                 held.setdefault((t.name, t.group), {}).setdefault(t.step, {})[rank.rank] = t
     for (name, group), steps in sorted(held.items()):
-        complete = [by_rank for by_rank in steps.values() if len(by_rank) == len(group)]
-        if not complete or any(len({t.value.digest for t in by_rank.values()}) > 1
-                               for by_rank in complete):
+        complete = [by_rank for by_rank in steps.values() if len(by_rank) == len(group)
+                    and len({t.value.numel for t in by_rank.values()}) == 1]
+        compared = [column for by_rank in complete for column in
+                    zip(*(t.value.values for t in by_rank.values()))
+                    if MASK_UNKNOWN not in column]
+        if not compared or any(len(set(column)) > 1 for column in compared):
             continue
-        values = [v for by_rank in complete for t in by_rank.values() for v in t.value.values]
-        kept = sum(1 for v in values if v) / len(values)
+        kept = sum(1 for column in compared if column[0]) / len(compared)
         agree = kept * kept + (1 - kept) * (1 - kept)
         if agree >= 1.0:
             continue  # nothing dropped (or everything): no mask to tell apart
-        numel = sum(len(next(iter(by_rank.values())).value.values) * (len(group) - 1)
-                    for by_rank in complete)
-        log_chance = numel * math.log10(agree)
+        log_chance = len(compared) * (len(group) - 1) * math.log10(agree)
         if log_chance < math.log10(CHANCE):
-            return name, group, len(complete), log_chance
+            where = next(iter(complete[0].values())).where
+            return name, group, len(complete), log_chance, where
     return None
 
 

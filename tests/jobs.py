@@ -311,3 +311,50 @@ def all_reduce_after_slow_imports(ctx, count: int, each_s: float) -> float:
     x = torch.ones(1)
     dist.all_reduce(x)
     return float(x)
+
+
+def tp_dropout_masks(ctx, seed: int | None, steps: int) -> list[list[float]]:
+    """A user's tensor-parallel MLP: dropout on the column-parallel layer's ReLU output
+    (each rank's slice) and on the row-parallel output (whole), trained ``steps`` steps with
+    dropout drawn from ``seed`` (None: a seed per rank). Returns, per step, the sliced
+    dropout's mask at the positions the tracer samples, replayed by torch's own dropout on
+    ones from the RNG state the layer draws from: kept 1, dropped 0, and -1 where the input
+    was 0 (no mask to read from an output there)."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from distdoctor.analysis.positions import spread_positions
+    from distdoctor.trace.tensorparallel import MASK_SAMPLE
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, 8),
+                          nn.Dropout(0.25))
+    model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
+    torch.manual_seed(ctx.rank + 10 if seed is None else seed)
+    masks: list[list[float]] = []
+
+    def replay(module, inputs):
+        if len(masks) > step[0]:
+            return  # one per step: the first forward's, as the tracer samples
+        state = torch.get_rng_state()
+        x = inputs[0].detach().reshape(-1)
+        kept = nn.functional.dropout(torch.ones_like(x), module.p, True).ne(0)
+        torch.set_rng_state(state)  # the layer then draws exactly this mask
+        masks.append([(1.0 if kept[i] else 0.0) if x[i] != 0 else -1.0
+                      for i in spread_positions(x.numel(), MASK_SAMPLE)])
+
+    model[2].register_forward_pre_hook(replay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(8 * steps, 8, generator=torch.Generator().manual_seed(0))
+    step = [0]
+    for step[0] in range(steps):
+        optimizer.zero_grad()
+        model(data[step[0] * 8:(step[0] + 1) * 8]).pow(2).mean().backward()
+        optimizer.step()
+    return masks

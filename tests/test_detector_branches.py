@@ -3,6 +3,8 @@ numbers are worked out here."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from distdoctor.checks import (
@@ -235,14 +237,18 @@ def test_a_clean_ddp_run_of_user_code_is_judged_by_ddps_error_and_passes():
     assert unused_params.check(record) == [] and checks.run_all(record) == ()
 
 
-def _mask_record(values: tuple[float, ...], steps: int) -> RunRecord:
+def _mask_record(values: tuple[float, ...], steps: int,
+                 other: tuple[float, ...] | None = None) -> RunRecord:
     """Two ranks of one tensor-parallel group holding the same sharded-activation mask at
-    every step."""
+    every step (rank 1 ``other``, where given)."""
     from distdoctor.models import Fingerprint, GroupTensor
 
-    mask = Fingerprint(len(values), repr(values), 1.0, values)
+    def mask(rank: int) -> Fingerprint:
+        held = values if rank == 0 or other is None else other
+        return Fingerprint(len(held), repr(held), 1.0, held)
+
     ranks = tuple(RankRecord(r, RankEnd(r, "finished"), Evidence(r, group_tensors=tuple(
-        GroupTensor(s, "dropout after fc1", "mask", False, (0, 1), mask)
+        GroupTensor(s, "dropout after fc1", "mask", False, (0, 1), mask(r))
         for s in range(1, steps + 1)))) for r in (0, 1))
     return RunRecord(RunSpec(world_size=2), ranks, 1.0)
 
@@ -259,6 +265,27 @@ def test_identical_slice_masks_are_judged_by_how_likely_chance_makes_them():
     assert found.measured["log10_chance_if_independent"] == pytest.approx(-384 * 0.30103,
                                                                            rel=1e-4)
     assert tp_dropout_rng.check(_mask_record((2.0,) * 64, 6)) == []  # nothing dropped
+
+
+def test_a_mask_position_a_rank_could_not_read_is_left_out_of_the_comparison():
+    """A user's dropout handed a zero (after a ReLU) shows no mask there (MASK_UNKNOWN):
+    slices whose zeros fall elsewhere are still identical where both ranks read the mask,
+    and the chance counts only those positions; one known position that differs is
+    independent masks."""
+    from distdoctor.checks import tp_dropout_rng
+    from distdoctor.models.evidence import MASK_DROPPED, MASK_KEPT, MASK_UNKNOWN
+
+    half = (MASK_DROPPED, MASK_KEPT) * 32
+    zeros_here = tuple(MASK_UNKNOWN if i % 8 == 0 else v for i, v in enumerate(half))
+    zeros_there = tuple(MASK_UNKNOWN if i % 8 == 4 else v for i, v in enumerate(half))
+    (found,) = tp_dropout_rng.check(_mask_record(zeros_here, 6, zeros_there))
+    # 48 of 64 positions read on both ranks at each of 6 steps, 2/3 of them kept: two
+    # independent masks agree on each with chance (2/3)^2 + (1/3)^2 = 5/9
+    assert found.measured["log10_chance_if_independent"] == pytest.approx(
+        48 * 6 * math.log10(5 / 9), rel=1e-6)
+    parted = tuple(MASK_DROPPED if i == 1 else v for i, v in enumerate(zeros_there))
+    assert zeros_here[1] == MASK_KEPT  # read on both ranks, and rank 1 drops it
+    assert tp_dropout_rng.check(_mask_record(zeros_here, 6, parted)) == []
 
 
 def test_a_tensor_parallel_group_wider_than_a_node_is_not_a_swapped_mesh():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+import jobs
 import pytest
 import torch
 
@@ -197,3 +198,33 @@ def test_attention_split_by_heads_matches_one_process(pools, kind, world_size):
             assert rank["traffic"] == {"calls": {"forward": 1, "backward": 1},
                                        "bytes": {"forward": 2 * 6 * 16 * 4,
                                                  "backward": 2 * 6 * 16 * 4}}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [None, 1])
+def test_a_users_dropout_on_a_slice_is_read_exactly_and_one_seed_is_told(seed):
+    """Each rank's mask of the dropout on its columns, as the tracer read it from the
+    layer's input and output, against the mask torch's dropout draws from the same RNG
+    state (replayed in the job); the dropout on the row-parallel output, which every rank
+    holds whole, is not read as a slice. Seeded per rank the check is quiet; seeded alike
+    every slice gets one mask, and tp_dropout_rng says so."""
+    from distdoctor.checks import tp_dropout_rng
+    from distdoctor.launch.pool import shared_pool
+    from distdoctor.userjob.reporting.record import script_record
+
+    steps = 2
+    result = shared_pool(2, evidence=True).run(jobs.tp_dropout_masks, seed, steps, deadline=60)
+    record = script_record(result.raise_for_status().ends, result.traces, result.wall_s,
+                           result.started, 60)
+    for rank, replayed in zip(record.ranks, result.values):
+        masks = [t for t in rank.evidence.group_tensors if t.kind == "mask"]
+        assert [(t.step, t.name, t.alike, t.group) for t in masks] == [
+            (s, "2", False, (0, 1)) for s in range(1, steps + 1)]
+        assert [list(t.value.values) for t in masks] == replayed
+        assert {v for t in masks for v in t.value.values} == {-1.0, 0.0, 1.0}
+    found = tp_dropout_rng.check(record)
+    if seed is None:
+        assert found == [] and result.values[0] != result.values[1]
+    else:
+        assert [f.measured["mask"] for f in found] == ["2"]
+        assert found[0].measured["steps_identical"] == steps

@@ -385,6 +385,11 @@ class GroupTensor:
     where: str = ""  # the user's file:line, when known
 
 
+# a dropout mask's sampled values in a user's run: kept, dropped, or unknown (the input
+# there was zero, so whether it was dropped cannot be read from the output)
+MASK_KEPT, MASK_DROPPED, MASK_UNKNOWN = 1.0, 0.0, -1.0
+
+
 @dataclass(frozen=True)
 class GroupTraffic:
     """Bytes one rank handed to one process group's collectives in one optimiser step, by

@@ -109,6 +109,27 @@ _SAVED_ON_EVERY_RANK = (
     '                "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),\n'
     '                "epoch": epoch}, path)\n')
 
+# tp_dropout_rng.py's dropout on the hidden layer, each rank's slice of it, drawn from an
+# RNG state of that rank's own (Megatron's model-parallel state); the rest from one seed
+_OWN_DROPOUT = '''class OwnDropout(nn.Dropout):
+    """Dropout drawn from an RNG state of this rank's own: for an activation each rank
+    holds a slice of."""
+
+    def __init__(self, p: float, seed: int) -> None:
+        super().__init__(p)
+        self.state = torch.Generator().manual_seed(seed).get_state()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.state)
+            out = super().forward(x)
+            self.state = torch.get_rng_state()
+        return out
+'''
+_ONE_SEED = Edit("torch.manual_seed(1 + rank)  # as in our DDP recipe: each replica draws its "
+                 "own dropout\n",
+                 "torch.manual_seed(1)  # one activation on every rank: one dropout mask\n")
+
 COURSE: tuple[Exercise, ...] = (
     Exercise(
         "divergent-init", "Ranks diverge from step one",
@@ -280,15 +301,20 @@ COURSE: tuple[Exercise, ...] = (
         "The model is cut across the ranks with tensor parallelism and every rank is handed "
         "the same batch. Evaluated without dropout, the ranks agree; in training each prints "
         "its own loss for the same batch. Find out why, and fix it so that the ranks compute "
-        "one output, dropout included, as the whole model on one process would.",
+        "one output, dropout included, as the whole model on one process would (there, "
+        "each value of a layer is dropped independently of every other).",
         "tp_dropout_rng.py", ("tp-dropout-rng",),
-        (Edit("torch.manual_seed(1 + rank)  # as in our DDP recipe: each replica draws its "
-              "own dropout\n",
-              "torch.manual_seed(1)  # one activation on every rank: one dropout mask\n"),),
+        (Edit("class Block(nn.Module):\n", _OWN_DROPOUT + "\n\nclass Block(nn.Module):\n"),
+         Edit("self.drop_hidden, self.drop = nn.Dropout(0.1), nn.Dropout(0.1)",
+              "self.drop_hidden = OwnDropout(0.1, seed=100 + dist.get_rank())\n"
+              "        self.drop = nn.Dropout(0.1)"),
+         _ONE_SEED),
         (WrongFix("the batch broadcast from rank 0 (it was the same on every rank already)", (
             Edit("    batch = data[step * 16:(step + 1) * 16]\n",
                  "    batch = data[step * 16:(step + 1) * 16].clone()\n"
-                 "    dist.broadcast(batch, src=0)\n"),), "tp-dropout-rng"),)),
+                 "    dist.broadcast(batch, src=0)\n"),), "tp-dropout-rng"),
+         WrongFix("one seed on every rank (each slice of the hidden layer then gets the same "
+                  "mask)", (_ONE_SEED,), "tp-dropout-rng"))),
     Exercise(
         "replicated-param-drift", "Copies of a layer drift apart",
         "Every rank holds the last layer whole, and the copies start equal, but after a few "

@@ -39,7 +39,8 @@ def fold_group_tensors(events: Iterable[dict]) -> tuple[GroupTensor, ...]:
             continue
         values = tuple(e["values"])
         found.append(GroupTensor(
-            e["step"], e["name"], e["kind"], True, tuple(e["group"]),
+            e["step"], e["name"], e["kind"], e.get("alike", True) is not False,
+            tuple(e["group"]),
             Fingerprint(e["numel"], repr(values), math.sqrt(sum(v * v for v in values)),
                         values), e.get("where", "")))
     return tuple(found)

@@ -17,6 +17,15 @@ optimiser step, each parameter of a parallelized model that is not sharded (a DT
 replicated on every dimension, or a plain tensor beside sharded ones) is sampled. All on
 the steps the gradient recorder samples (the first 8, then every 32nd), so a long run pays
 little. Checks compare the samples across the tensor-parallel group: the ranks must agree.
+
+Dropout on a sharded activation is the other way round: each slice must be dropped at its
+own positions. Each ``nn.Dropout`` (or subclass) of a parallelized model is watched at the
+first forward of a sampled step; what it drops is read exactly (an input value that is
+not zero and comes out zero), at positions sampled before the call (an in-place dropout
+overwrites its input). Whether its input is a slice is what the layers say: a DTensor's
+placements, else the last parallel Linear that ran before it in this forward (a
+column-parallel output handed on as this rank's columns, or a row-parallel output handed
+on as rows: sequence parallel). Those masks are recorded to be told apart, never alike.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import torch.distributed as dist
 
 from distdoctor.analysis.positions import spread_positions
 from distdoctor.models.events import Ev
+from distdoctor.models.evidence import MASK_DROPPED, MASK_KEPT, MASK_UNKNOWN
 from distdoctor.trace.afterimport import after_import
 from distdoctor.trace.gradients import sampled
 from distdoctor.trace.steps import step_hooks
@@ -37,6 +47,9 @@ from distdoctor.trace.tracer import incomplete, user_line
 
 PACKAGE = "torch.distributed.tensor.parallel"
 SAMPLE = 64  # values per tensor
+# mask positions per dropout: 256 of a mask that keeps 90% agree by chance with odds
+# 0.82**256 = 1e-22 on one step, so identical slices are told on the first sampled step
+MASK_SAMPLE = 256
 
 
 def record_tensor_parallel(tracer: Any) -> None:
@@ -80,6 +93,7 @@ def record_tensor_parallel(tracer: Any) -> None:
                     dim = _sharded_dim(sub, (0, -2))  # column-parallel
                     if dim is not None:
                         _hook_input(tracer, sub, name, _dim_group(sub.weight, dim), where)
+                _hook_dropouts(tracer, out, where)
             except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("tensor-parallel samples", exc)
             return out
@@ -130,6 +144,95 @@ def _hook_input(tracer, module, name: str, group: tuple[int, ...], where: str) -
         _write(tracer, step, name, "input", group, x.to_local(), where)
 
     module.register_forward_pre_hook(handed)  # after torch's: sees what the layer is handed
+
+
+def _hook_dropouts(tracer, model, where: str) -> None:
+    """Record what each dropout of ``model`` drops where its input is a slice (see the
+    module's docstring), on the first forward of each sampled step."""
+    dropouts = [(name, sub) for name, sub in model.named_modules()
+                if isinstance(sub, torch.nn.modules.dropout._DropoutNd)]
+    if not dropouts:
+        return
+    # the layout the last parallel Linear of this forward handed on: (sliced?, its group)
+    last: dict[str, Any] = {"sliced": None, "group": ()}
+
+    def forward_begins(_mod, _inputs):
+        last["sliced"] = None
+
+    model.register_forward_pre_hook(forward_begins)
+    for name, sub in model.named_modules():
+        for dims, column in (((0, -2), True), ((1, -1), False)):
+            dim = _sharded_dim(sub, dims)
+            if dim is not None:
+                _track_layout(tracer, sub, column, _dim_group(sub.weight, dim), last)
+    for name, sub in dropouts:
+        _hook_dropout(tracer, sub, name, where, last)
+
+
+def _track_layout(tracer, module, column: bool, group: tuple[int, ...], last: dict) -> None:
+    """Keep in ``last`` whether the parallel Linear ``module`` hands on a slice: a
+    column-parallel output of its own columns, a row-parallel output not of the shape it
+    computed (rows: sequence parallel), a DTensor sharded anywhere."""
+    raw: dict[str, Any] = {"shape": None}
+
+    def computed(_mod, _inputs, output):
+        raw["shape"] = tuple(_local(output).shape) if isinstance(output, torch.Tensor) \
+            else None
+
+    def handed(_mod, _inputs, output):
+        if not sampled(tracer.optimizer_steps + 1) or not isinstance(output, torch.Tensor):
+            return
+        placements = getattr(output, "placements", None)
+        if placements is not None:
+            sliced = any(p.is_shard() for p in placements)
+        elif column:
+            sliced = output.shape[-1] == _local(module.weight).shape[0] \
+                and module.weight.shape[0] != _local(module.weight).shape[0]
+        else:
+            sliced = tuple(output.shape) != raw["shape"]
+        last["sliced"], last["group"] = sliced, group
+
+    module.register_forward_hook(computed, prepend=True)
+    module.register_forward_hook(handed)
+
+
+def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
+    seen: dict[str, Any] = {"step": -1, "at": None, "before": None, "group": ()}
+
+    def before(_mod, inputs):
+        step = tracer.optimizer_steps + 1
+        seen["at"] = None
+        if step == seen["step"] or not sampled(step) or not module.training \
+                or not module.p or not inputs or not isinstance(inputs[0], torch.Tensor):
+            return
+        x = inputs[0]
+        placements = getattr(x, "placements", None)
+        sliced = any(p.is_shard() for p in placements) if placements is not None \
+            else last["sliced"]
+        if not sliced or len(last["group"]) < 2:
+            return  # a whole activation (the check reads what comes of it), or unknown
+        flat = _local(x).detach().reshape(-1)
+        if flat.numel() == 0:
+            return
+        seen["at"] = torch.tensor(spread_positions(flat.numel(), MASK_SAMPLE))
+        seen["before"], seen["group"] = flat[seen["at"]].clone(), last["group"]
+
+    def after(_mod, _inputs, output):
+        at = seen["at"]
+        if at is None or not isinstance(output, torch.Tensor):
+            return
+        seen["at"] = None
+        step = tracer.optimizer_steps + 1
+        seen["step"] = step
+        out = _local(output).detach().reshape(-1)[at]
+        values = [MASK_KEPT if o != 0 else MASK_DROPPED if i != 0 else MASK_UNKNOWN
+                  for i, o in zip(seen["before"].tolist(), out.tolist())]
+        tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind="mask", alike=False,
+                     group=list(seen["group"]), values=values,
+                     numel=_local(output).numel(), where=where)
+
+    module.register_forward_pre_hook(before)
+    module.register_forward_hook(after)
 
 
 def _sharded_dim(module, dims: tuple[int, int]) -> int | None:

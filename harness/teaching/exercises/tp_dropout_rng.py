@@ -1,5 +1,6 @@
 """Tensor parallelism with torch's parallelize_module: two Megatron MLP blocks on a
-residual stream, dropout on each block's output, and a head every rank holds whole."""
+residual stream, dropout on each block's hidden layer and on its output, and a head every
+rank holds whole."""
 
 import torch
 import torch.distributed as dist
@@ -12,10 +13,11 @@ class Block(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
         self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-        self.drop = nn.Dropout(0.1)
+        self.drop_hidden, self.drop = nn.Dropout(0.1), nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(self.down(nn.functional.gelu(self.up(x))))
+        hidden = self.drop_hidden(nn.functional.gelu(self.up(x)))
+        return x + self.drop(self.down(hidden))
 
 
 dist.init_process_group("gloo")
