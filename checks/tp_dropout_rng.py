@@ -83,12 +83,11 @@ def _identical_slices(record: RunRecord):
     """(mask, group, steps, log10 chance, line) of sharded masks identical on every rank at
     every step, when that is rarer than CHANCE; else None. A position a rank could not
     read (a user's dropout handed a zero: MASK_UNKNOWN) is left out of the comparison."""
-    held: dict[tuple, dict[int, dict[int, GroupTensor]]] = {}
-    for rank in record.ranks:
-        for t in rank.evidence.group_tensors:
-            if t.kind == "mask" and not t.alike and len(t.group) > 1:
-                held.setdefault((t.name, t.group), {}).setdefault(t.step, {})[rank.rank] = t
+    held = _sliced(record, "mask")
+    handed = _sliced(record, "dropout-input")
     for (name, group), steps in sorted(held.items()):
+        if _copies(handed.get((name, group), {}), len(group)):
+            continue  # every rank was handed the same values: one whole tensor, not slices
         complete = [by_rank for by_rank in steps.values() if len(by_rank) == len(group)
                     and len({t.value.numel for t in by_rank.values()}) == 1]
         compared = [column for by_rank in complete for column in
@@ -105,6 +104,24 @@ def _identical_slices(record: RunRecord):
             where = next(iter(complete[0].values())).where
             return name, group, len(complete), log_chance, where
     return None
+
+
+def _sliced(record: RunRecord, kind: str) -> dict[tuple, dict[int, dict[int, GroupTensor]]]:
+    """Per (name, group), per step, per rank: the tensors of ``kind`` held as slices."""
+    held: dict[tuple, dict[int, dict[int, GroupTensor]]] = {}
+    for rank in record.ranks:
+        for t in rank.evidence.group_tensors:
+            if t.kind == kind and not t.alike and len(t.group) > 1:
+                held.setdefault((t.name, t.group), {}).setdefault(t.step, {})[rank.rank] = t
+    return held
+
+
+def _copies(steps: dict[int, dict[int, GroupTensor]], ranks: int) -> bool:
+    """Was every rank handed the same values at every step it was sampled (the dropout's
+    sampled inputs, where a user's run recorded them)?"""
+    complete = [by_rank for by_rank in steps.values() if len(by_rank) == ranks]
+    return bool(complete) and all(len({t.value.digest for t in by_rank.values()}) == 1
+                                  for by_rank in complete)
 
 
 def _drawn_apart(record: RunRecord) -> Finding | None:

@@ -358,3 +358,38 @@ def tp_dropout_masks(ctx, seed: int | None, steps: int) -> list[list[float]]:
         model(data[step[0] * 8:(step[0] + 1) * 8]).pow(2).mean().backward()
         optimizer.step()
     return masks
+
+
+def tp_dropout_beside_a_slice(ctx, steps: int) -> None:
+    """A healthy tensor-parallel block whose dropout, on the block's whole input, runs after
+    a column-parallel layer whose slice has the input's shape (8 of 16 columns on 2 ranks),
+    every rank seeded alike, as a whole tensor's dropout must be."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(8, 8 * ctx.world_size), nn.Linear(8 * ctx.world_size, 8)
+            self.drop = nn.Dropout(0.25)
+
+        def forward(self, x):
+            hidden = torch.relu(self.up(x))
+            return self.drop(x) + self.down(hidden)
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    torch.manual_seed(0)
+    model = parallelize_module(Block(), mesh, {"up": ColwiseParallel(),
+                                               "down": RowwiseParallel()})
+    torch.manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(8 * steps, 8, generator=torch.Generator().manual_seed(0))
+    for step in range(steps):
+        optimizer.zero_grad()
+        model(data[step * 8:(step + 1) * 8]).pow(2).mean().backward()
+        optimizer.step()

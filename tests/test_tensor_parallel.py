@@ -228,3 +228,24 @@ def test_a_users_dropout_on_a_slice_is_read_exactly_and_one_seed_is_told(seed):
     else:
         assert [f.measured["mask"] for f in found] == ["2"]
         assert found[0].measured["steps_identical"] == steps
+
+
+@pytest.mark.timeout(120)
+def test_a_dropout_on_a_whole_tensor_shaped_like_a_slice_is_not_told_as_one():
+    """The block's input, dropped after a column-parallel layer whose slice has its shape:
+    the layers alone would call it a slice, and one seed on every rank would then look like
+    identical slices. What each rank was handed is recorded beside the mask, and the ranks
+    were handed the same values: copies of one tensor, whose masks must agree."""
+    from distdoctor.checks import run_all, tp_dropout_rng
+    from distdoctor.launch.pool import shared_pool
+    from distdoctor.userjob.reporting.record import script_record
+
+    result = shared_pool(2, evidence=True).run(jobs.tp_dropout_beside_a_slice, 2, deadline=60)
+    record = script_record(result.raise_for_status().ends, result.traces, result.wall_s,
+                           result.started, 60)
+    for rank in record.ranks:  # judged a slice by the layers, and its masks alike
+        assert [(t.step, t.kind) for t in rank.evidence.group_tensors if t.name == "drop"] \
+            == [(1, "mask"), (1, "dropout-input"), (2, "mask"), (2, "dropout-input")]
+    assert len({t.value.digest for r in record.ranks for t in r.evidence.group_tensors
+                if t.name == "drop" and t.kind == "mask" and t.step == 1}) == 1
+    assert tp_dropout_rng.check(record) == [] and run_all(record) == ()

@@ -378,7 +378,8 @@ class GroupTensor:
 
     step: int  # parameters: after this optimiser step; activations and masks: during it
     name: str  # the layer or parameter, e.g. "fc2" or "head.weight"
-    kind: str  # "activation" | "input" | "parameter" | "mask"
+    kind: str  # "activation" | "input" | "parameter" | "mask" | "dropout-input" (what a
+    # user's dropout on a slice was handed, at the mask's positions)
     alike: bool
     group: tuple[int, ...]  # the tensor-parallel group's ranks
     value: Fingerprint  # this rank's local tensor (a sample of it in users' scripts)

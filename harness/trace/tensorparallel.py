@@ -25,7 +25,9 @@ not zero and comes out zero), at positions sampled before the call (an in-place 
 overwrites its input). Whether its input is a slice is what the layers say: a DTensor's
 placements, else the last parallel Linear that ran before it in this forward (a
 column-parallel output handed on as this rank's columns, or a row-parallel output handed
-on as rows: sequence parallel). Those masks are recorded to be told apart, never alike.
+on as rows: sequence parallel, the dropout handed a tensor of that shape). Those masks are
+recorded to be told apart, never alike, with the inputs sampled beside them: copies of a
+whole tensor are not slices, whatever the layers suggested.
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ def _hook_dropouts(tracer, model, where: str) -> None:
                 if isinstance(sub, torch.nn.modules.dropout._DropoutNd)]
     if not dropouts:
         return
-    # the layout the last parallel Linear of this forward handed on: (sliced?, its group)
-    last: dict[str, Any] = {"sliced": None, "group": ()}
+    # what the last parallel Linear of this forward handed on: a slice or not, of which
+    # group, in which shape
+    last: dict[str, Any] = {"sliced": None, "group": (), "shape": None}
 
     def forward_begins(_mod, _inputs):
         last["sliced"] = None
@@ -190,7 +193,7 @@ def _track_layout(tracer, module, column: bool, group: tuple[int, ...], last: di
                 and module.weight.shape[0] != _local(module.weight).shape[0]
         else:
             sliced = tuple(output.shape) != raw["shape"]
-        last["sliced"], last["group"] = sliced, group
+        last["sliced"], last["group"], last["shape"] = sliced, group, tuple(output.shape)
 
     module.register_forward_hook(computed, prepend=True)
     module.register_forward_hook(handed)
@@ -207,8 +210,10 @@ def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
             return
         x = inputs[0]
         placements = getattr(x, "placements", None)
+        # by the layers, only what has the shape the last one handed on (an elementwise
+        # op's output): a whole tensor beside it, the block's input, is not its slice
         sliced = any(p.is_shard() for p in placements) if placements is not None \
-            else last["sliced"]
+            else last["sliced"] and tuple(x.shape) == last["shape"]
         if not sliced or len(last["group"]) < 2:
             return  # a whole activation (the check reads what comes of it), or unknown
         flat = _local(x).detach().reshape(-1)
@@ -227,9 +232,13 @@ def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
         out = _local(output).detach().reshape(-1)[at]
         values = [MASK_KEPT if o != 0 else MASK_DROPPED if i != 0 else MASK_UNKNOWN
                   for i, o in zip(seen["before"].tolist(), out.tolist())]
+        numel, group = _local(output).numel(), list(seen["group"])
         tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind="mask", alike=False,
-                     group=list(seen["group"]), values=values,
-                     numel=_local(output).numel(), where=where)
+                     group=group, values=values, numel=numel, where=where)
+        # what it was handed there: slices differ, copies of one whole tensor do not
+        tracer.write(ev=Ev.TP_TENSOR, step=step, name=name, kind="dropout-input",
+                     alike=False, group=group, values=seen["before"].to(torch.float64).tolist(),
+                     numel=numel, where=where)
 
     module.register_forward_pre_hook(before)
     module.register_forward_hook(after)
