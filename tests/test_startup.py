@@ -267,6 +267,8 @@ def test_agents_that_agree_or_meet_elsewhere_prove_nothing():
              [agent(1, nodes=(1, 2)), agent(2, nodes=(1, 2), returned=True)],
              [agent(1, "job-a"), agent(2, "job-b", endpoint="127.0.0.1:29401")],
              [agent(1, "job-a", endpoint=None), agent(2, "job-b", endpoint=None)],
+             # two one-node jobs sharing an endpoint: each rendezvous holds what it asks for
+             [agent(1, "job-a", (1, 1)), agent(2, "job-b", (1, 1))],
              [agent(1)]]
     for notes in alike:
         assert judge(notes, now=10.0, limit=120) is None, notes

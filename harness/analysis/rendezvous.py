@@ -3,8 +3,9 @@
 Before any rank exists, torchrun's agents meet as nodes (``--nnodes``, ``--rdzv-id``,
 ``--rdzv-endpoint``). What each agent waits for is known from its own note (under
 ``run -- COMMAND``: inrank/rendezvous_note.py) or its command line (``attach``:
-attaching/agents.py). Agents at one endpoint asking for different ``--rdzv-id`` or
-``--nnodes`` never complete one round: proven as soon as both are known. An agent alone
+attaching/agents.py). Agents at one endpoint asking for different ``--rdzv-id`` (where
+one asks for more nodes than its id has there) or ``--nnodes`` never complete one
+round: proven as soon as both are known. An agent alone
 is judged at the start-up deadline, or when its own join timeout ends it: what it
 waited for and who came.
 """
@@ -88,7 +89,7 @@ def _disagree(notes: list[AgentNote]) -> Unformed | None:
         if note.endpoint is not None:
             by_endpoint.setdefault(_port(note.endpoint), []).append(note)
     for same in by_endpoint.values():
-        if len({n.run_id for n in same}) > 1:
+        if len({n.run_id for n in same}) > 1 and _short(same):
             said = "; ".join(f"{n.name}: --rdzv-id {n.run_id}" for n in same)
             return Unformed(
                 "rendezvous-mismatch",
@@ -102,6 +103,17 @@ def _disagree(notes: list[AgentNote]) -> Unformed | None:
                 f"different numbers of nodes, so they never all meet: {said}",
                 SAME_EVERYWHERE, proven=True)
     return None
+
+
+def _short(same: list[AgentNote]) -> bool:
+    """Does some agent wait for more nodes than its own rendezvous (its --rdzv-id) has at
+    this endpoint? Rendezvous that each hold the nodes they ask for (two one-node jobs
+    sharing an endpoint) complete apart: other ids there prove nothing."""
+    ids: dict[str | None, int] = {}
+    for note in same:
+        ids[note.run_id] = ids.get(note.run_id, 0) + 1
+    return any(not n.returned and (n.min_nodes is None or ids[n.run_id] < n.min_nodes)
+               for n in same)
 
 
 def _named(note: AgentNote) -> str:
