@@ -19,7 +19,8 @@ from pathlib import Path
 import proctable
 import pytest
 from sources import line_number, line_of
-from torchrun_example import free_port
+
+from distdoctor.launch.ports import free_port
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -37,7 +37,7 @@ def lane_jobs(root: Path) -> list[Job]:
         base = root / str(number)
         base.mkdir(parents=True)
         exercise = start(name, base)  # as `distdoctor exercise NAME DIR` writes it
-        (base / "train.py").write_text(attempt(exercise, label))
+        (base / exercise.edited).write_text(attempt(exercise, label))
         argv = (sys.executable, "-m", "distdoctor", "exercise", "check", str(base))
         jobs.append(Job(f"exercise {name} {label}", (Step("check", argv, str(base),
                                                           timeout=300.0),)))
@@ -242,6 +242,26 @@ def test_starting_an_exercise_writes_its_script_and_task_and_keeps_an_attempt(tm
     assert (folder / "train.py").read_text() == "# my attempt\n"
     err = capsys.readouterr().err
     assert "an attempt is kept, never written over" in err and "Traceback" not in err
+
+
+def test_an_exercise_of_a_launch_script_gives_the_launcher_to_edit_beside_its_program(
+        tmp_path, capsys):
+    """Where the bug is in how the nodes are started, the student edits launch.sh; the
+    training script it starts is written beside it, and either kept attempt stops a
+    second start."""
+    folder = tmp_path / "ex"
+    assert main(["exercise", "rendezvous-mismatch", str(folder)]) == 0
+    exercise = next(e for e in COURSE if e.name == "rendezvous-mismatch")
+    assert exercise.edited == "launch.sh"
+    assert (folder / "launch.sh").read_text() == exercise.source()
+    assert (folder / "train.py").read_text() == exercise.program_source()
+    task = (folder / "TASK.md").read_text()
+    assert "Edit launch.sh, then run" in task and "distdoctor run -- sh launch.sh" in task
+    assert json.loads((folder / SETTINGS).read_text()) == {
+        "exercise": "rendezvous-mismatch", "script": "launch.sh"}
+    assert main(["exercise", "rendezvous-mismatch", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "train.py exists: an attempt is kept" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, said", [

@@ -20,7 +20,9 @@ from pathlib import Path
 import proctable
 import pytest
 from sources import line_number, line_of
-from torchrun_example import free_port, torchrun_example
+from torchrun_example import torchrun_example
+
+from distdoctor.launch.ports import free_port
 
 pytestmark = pytest.mark.tier("e2e")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,6 @@ from pathlib import Path
 import proctable
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
-
-
-def free_port() -> int:
-    """A loopback port free now, for a rendezvous the test's launchers share."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _still_stalled(trace_dir: Path, rank: int, example: str) -> bool:

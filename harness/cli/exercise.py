@@ -25,7 +25,8 @@ def add_commands(commands) -> None:
               "       distdoctor exercise check [--json PATH] DIR",
         description="Learn each failure mode by fixing it. `exercise list` gives the course "
                     "in order. `exercise NAME DIR` writes the exercise's script (train.py) "
-                    "and its task (TASK.md) into DIR. Edit train.py, then `exercise check "
+                    "and its task (TASK.md) into DIR. Edit train.py (or launch.sh, where the "
+                    "bug is in how the nodes are started), then `exercise check "
                     "DIR` runs it on 2 and then 3 gloo ranks and grades it with the "
                     "detectors: passed (every rank finished, no cause found at either world "
                     "size), or not yet, with what is still wrong; undecided where a timing "
@@ -66,20 +67,20 @@ def exercise_command(args: argparse.Namespace) -> int:
 
 def _start(name: str, directory: Path) -> int:
     from distdoctor.teaching.course import COURSE
-    from distdoctor.teaching.grading import SCRIPT, TASK, start
+    from distdoctor.teaching.grading import TASK, start
 
     try:
         chosen = start(name, directory)
     except KeyError:
         raise UsageError(f"no exercise {name!r}; choose from "
                          f"{', '.join(e.name for e in COURSE)} (or list, check)") from None
-    except FileExistsError:
-        raise UsageError(f"{directory / SCRIPT} exists: an attempt is kept, never written "
+    except FileExistsError as exc:
+        raise UsageError(f"{exc.args[0]} exists: an attempt is kept, never written "
                          f"over; choose another folder") from None
     except OSError as exc:
         raise UsageError(f"cannot write the exercise into {directory}: {exc.strerror}") \
             from None
-    print(f"wrote {directory / SCRIPT} and {directory / TASK}\n\n{chosen.task}\n\n"
+    print(f"wrote {directory / chosen.edited} and {directory / TASK}\n\n{chosen.task}\n\n"
           f"check your fix with: distdoctor exercise check {directory}")
     return 0
 

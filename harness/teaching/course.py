@@ -16,6 +16,8 @@ from distdoctor.models.verdict import RESUME_CAUSES
 # the world sizes a script is graded at: a second one catches a fix that holds only at the
 # first (a gradient divided by a constant that happens to equal today's world size)
 WORLD_SIZES = (2, 3)
+SCRIPT = "train.py"  # the student's copy of an exercise's training script
+LAUNCHER = "launch.sh"  # the student's copy of a launch script, where the bug is in it
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,24 @@ class Exercise:
     # bytes of optimiser state per parameter element the task keeps over all ranks, where
     # it bounds memory (Adam's two fp32 moments: 8): a fix may hold it elsewhere, not drop it
     state_per_parameter: float = 0.0
+    # a training script of exercises/ written beside ``script`` as train.py, where the bug
+    # is in how the nodes are started: ``script`` is then a launch script (LAUNCHER) the
+    # student edits, run as ``distdoctor run -- sh launch.sh`` runs it
+    program: str = ""
+
+    @property
+    def edited(self) -> str:
+        """The file the student is given to fix."""
+        return LAUNCHER if self.program else SCRIPT
 
     def ranks(self, *world_sizes: int) -> str:
         """"4 gloo ranks", how they are numbered where they stand for several nodes, and the
         memory each may hold where the exercise bounds it."""
         said = f"{' and '.join(map(str, world_sizes))} gloo ranks"
+        if self.program:
+            return (f"{said}, started by {LAUNCHER} as it starts them, its nodes all on this "
+                    f"machine (as distdoctor run -- sh {LAUNCHER} runs it; PORT is a free "
+                    f"port, torchrun the one beside distdoctor)")
         if self.nodes > 1:
             said += (f", numbered as {self.nodes} nodes' (as torchrun --nnodes {self.nodes} "
                      f"does)")
@@ -77,6 +92,9 @@ class Exercise:
 
     def source(self) -> str:
         return resources.files(__package__).joinpath("exercises", self.script).read_text()
+
+    def program_source(self) -> str:
+        return resources.files(__package__).joinpath("exercises", self.program).read_text()
 
     @property
     def resumes(self) -> bool:
@@ -263,6 +281,24 @@ COURSE: tuple[Exercise, ...] = (
         (Edit('world_size=CLUSTER["world_size"])', 'world_size=int(os.environ["WORLD_SIZE"]))'),),
         (WrongFix("the config's world size set to today's number of ranks", (
             Edit('"world_size": 8}', '"world_size": 2}'),), "world-size-mismatch"),)),
+    Exercise(
+        "rendezvous-mismatch", "torchrun never starts the ranks",
+        "The job runs on two nodes, each started by launch.sh's start_node as its machine "
+        "would start it (here both nodes are this machine). Neither node ever starts a "
+        "rank: torchrun waits ten minutes and gives up. Find out why, and fix launch.sh so "
+        "that the two nodes start one job of two ranks.",
+        "rendezvous_mismatch.sh", ("rendezvous-mismatch",),
+        (Edit('PORT=${PORT:-29400}\n',
+              'PORT=${PORT:-29400}\nRUN_ID="run-$(date +%s%N)"  # one id for this run, '
+              'on every node\n'),
+         Edit('--rdzv-id "run-$(date +%s%N)"', '--rdzv-id "$RUN_ID"')),
+        (WrongFix("a longer join timeout (the nodes never meet, however long they wait)", (
+            Edit("--rdzv-backend c10d \\\n",
+                 "--rdzv-backend c10d --rdzv-conf join_timeout=1200 \\\n"),),
+            "rendezvous-mismatch"),
+         WrongFix("--nnodes 1 on each node (each node then trains alone)", (
+             Edit("--nnodes 2", "--nnodes 1"),), "not-one-job")),
+        world_sizes=(2,), program="rendezvous_mismatch.py"),
     Exercise(
         "missing-tp-allreduce", "Tensor-parallel ranks disagree on the output",
         "The model is cut across the ranks with tensor parallelism. Nothing fails and the "

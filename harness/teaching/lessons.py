@@ -33,7 +33,7 @@ def has_code_lesson(name: str) -> bool:
 def code_lesson(name: str, world_size: int, deadline: float) -> CodeLesson:
     """The lesson of exercise ``name``, both scripts run on ``world_size`` ranks."""
     exercise = next(e for e in COURSE if e.name == name)
-    if exercise.nodes > 1:  # a lesson across nodes runs as its exercise is graded
+    if exercise.nodes > 1 or exercise.program:  # runs as its exercise is graded
         world_size = exercise.world_sizes[0]
     source = exercise.source()
     fixed = source

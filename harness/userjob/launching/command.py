@@ -149,10 +149,11 @@ def _poke(pid: int) -> None:
 
 
 def run_command(argv: list[str], deadline: float, light: bool = False,
-                quiet: bool = False) -> CommandResult:
-    """Run ``argv`` until it ends, or until one of its process groups is hung (then stop
-    its whole tree). Ctrl-C or SIGTERM stops the tree and is raised again. ``quiet``: its
-    output is not shown (a re-run whose verdict is all that is wanted)."""
+                quiet: bool = False, cwd: Path | None = None) -> CommandResult:
+    """Run ``argv`` (in ``cwd``, else here) until it ends, or until one of its process
+    groups is hung (then stop its whole tree). Ctrl-C or SIGTERM stops the tree and is
+    raised again. ``quiet``: its output is not shown (a re-run whose verdict is all that
+    is wanted)."""
     root = Path(tempfile.mkdtemp(prefix="distdoctor-run-"))
     traces = root / "traces"
     traces.mkdir()
@@ -166,7 +167,7 @@ def run_command(argv: list[str], deadline: float, light: bool = False,
     tree.subreaper(True)
     started = time.monotonic()
     try:
-        process = subprocess.Popen(argv, env=env, process_group=0,
+        process = subprocess.Popen(argv, env=env, process_group=0, cwd=cwd,
                                    stdout=subprocess.DEVNULL if quiet else None,
                                    stderr=subprocess.DEVNULL if quiet else None)
     except OSError as exc:
