@@ -16,7 +16,8 @@ from distdoctor import checks, faults
 from distdoctor.fixing.remedies import REMEDIES
 from distdoctor.models.verdict import CAUSE_KINDS, RESUME_CAUSES
 from distdoctor.teaching.course import COURSE
-from distdoctor.teaching.grading import NOT_ONE_JOB, OPTIMIZER_CHANGED
+from distdoctor.teaching.grading import OPTIMIZER_CHANGED
+from distdoctor.teaching.launched import NOT_ONE_JOB
 from distdoctor.userjob.reporting.report import BEFORE_ANY_RANK
 
 pytestmark = pytest.mark.tier("unit")

@@ -18,6 +18,7 @@ from typing import Callable
 from distdoctor.models.deadlines import IN_RANK_S
 from distdoctor.models.jsoncodec import to_json
 from distdoctor.teaching.course import SCRIPT, Exercise, exercise
+from distdoctor.teaching.runs import Run
 
 GRADE_SCHEMA = "distdoctor.exercise.v1"
 SETTINGS = "exercise.json"  # what `exercise FAULT DIR` wrote: which exercise, which script
@@ -25,28 +26,10 @@ TASK = "TASK.md"
 # the cause a graded run is given where it fits its memory budget by keeping less optimiser
 # state than the task says to keep: not a failure mode of training, a task not done
 OPTIMIZER_CHANGED = "optimizer-changed"
-# the cause a launch script is given where its nodes each start a job of their own: the
-# task is one job of all the nodes' ranks
-NOT_ONE_JOB = "not-one-job"
 
 
 class NotAnExercise(ValueError):
     """The folder holds no exercise, or not the script it names."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run of the attempt: at ``world_size`` ranks, the causes found (kind, summary)."""
-
-    world_size: int
-    finished: bool
-    causes: tuple[tuple[str, str], ...]
-    # timing judgements left open (the machine too busy to decide with a margin): neither
-    # a pass nor a cause, so the attempt is checked again rather than graded by luck
-    undecided: tuple[str, ...] = ()
-    # bytes of optimiser state over all ranks per parameter element, where a budget had the
-    # ranks measure their state (None: not measured): Adam holds 8, its two fp32 moments
-    state_per_parameter: float | None = None
 
 
 def kind_of(undecided: str) -> str:
@@ -83,10 +66,9 @@ def start(name: str, directory: Path) -> Exercise:
     it is (what ``settings`` reads back). Raises KeyError for an unknown name, FileExistsError
     where an attempt is already there (never written over), OSError where it cannot write."""
     chosen = exercise(name)
-    written = [SCRIPT] + ([chosen.edited] if chosen.program else [])
-    for name_ in written:
-        if (directory / name_).exists():
-            raise FileExistsError(directory / name_)
+    for kept in {SCRIPT, chosen.edited}:
+        if (directory / kept).exists():
+            raise FileExistsError(directory / kept)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / chosen.edited).write_text(chosen.source())
     if chosen.program:
@@ -165,6 +147,8 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
     if chosen.resumes:
         return resume_attempt
     if chosen.program:
+        from distdoctor.teaching.launched import launch_attempt
+
         return functools.partial(launch_attempt, chosen)
     attempt = functools.partial(run_attempt, nodes=chosen.nodes)
     if not chosen.memory_budget:
@@ -195,67 +179,6 @@ def _within_budget(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
         f"{measured}, where the optimiser the task keeps holds {need:g}: the state fits "
         f"the budget by being smaller, not by being held differently; keep the optimiser "
         f"and find where each rank's copy of its state can go")),))
-
-
-def launch_attempt(chosen: Exercise, launcher: Path, world_size: int, deadline: float) -> Run:
-    """``launcher`` run as ``distdoctor run -- sh LAUNCHER`` runs it, in its folder (the
-    exercise's training script written there where it is missing), given a free ``PORT``
-    and the torchrun beside this Python: torchrun's nodes that never meet are the cause,
-    else each process group's own; passed is one job of ``world_size`` ranks, all
-    finished, the launcher's exit 0."""
-    import os
-    import shutil
-    import sys
-
-    from distdoctor.launch.ports import free_port
-    from distdoctor.userjob.launching.command import run_command
-    from distdoctor.userjob.reporting.record import explain, script_record
-    from distdoctor.userjob.reporting.traces import TraceError, load
-
-    folder = launcher.resolve().parent
-    if not (folder / SCRIPT).exists():
-        (folder / SCRIPT).write_text(chosen.program_source())
-    env = {"PORT": str(free_port()), "PATH": os.pathsep.join(
-        [str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        result = run_command(["sh", launcher.name], deadline, quiet=True, cwd=folder)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    try:
-        if result.unformed is not None:
-            return Run(world_size, False, ((result.unformed.kind, result.unformed.summary),))
-        if not result.groups:
-            return Run(world_size, False, ((NOT_ONE_JOB, (
-                f"no rank initialised a process group: {launcher.name} "
-                f"{'was stopped' if result.code is None else f'exited with code {result.code}'}"
-                )),))
-        sizes, finished = list[int](), result.code == 0
-        causes: list[tuple[str, str]] = []
-        for directory in result.groups:
-            try:
-                job = load([str(directory)])
-            except (TraceError, OSError) as exc:
-                return Run(world_size, False, ((NOT_ONE_JOB, f"its traces cannot be read "
-                                                             f"({exc})"),))
-            sizes.append(len(job.ends))
-            finished = finished and all(end.status == "finished" for end in job.ends)
-            report = explain(script_record(job.ends, job.events, 0.0, 0.0, deadline),
-                             str(folder / SCRIPT))
-            causes += [(c.kind, c.summary) for c in report.findings]
-        if not causes and sizes != [world_size]:
-            causes.append((NOT_ONE_JOB, (
-                f"the nodes started {len(sizes)} separate jobs, process groups of "
-                f"{' and '.join(map(str, sizes))} rank{'s' * (sizes != [1] * len(sizes))}, "
-                f"where the task is one job of {world_size} ranks: each trained on its own")))
-        return Run(world_size, finished, tuple(causes))
-    finally:
-        shutil.rmtree(result.root, ignore_errors=True)
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distdoctor.teaching.course import COURSE, Exercise
-from distdoctor.teaching.grading import Run, attempt_for
+from distdoctor.teaching.grading import attempt_for
+from distdoctor.teaching.runs import Run
 
 
 @dataclass(frozen=True)

@@ -149,15 +149,16 @@ def _poke(pid: int) -> None:
 
 
 def run_command(argv: list[str], deadline: float, light: bool = False,
-                quiet: bool = False, cwd: Path | None = None) -> CommandResult:
-    """Run ``argv`` (in ``cwd``, else here) until it ends, or until one of its process
-    groups is hung (then stop its whole tree). Ctrl-C or SIGTERM stops the tree and is
-    raised again. ``quiet``: its output is not shown (a re-run whose verdict is all that
-    is wanted)."""
+                quiet: bool = False, cwd: Path | None = None,
+                environment: dict[str, str] | None = None) -> CommandResult:
+    """Run ``argv`` (in ``cwd``, else here; with ``environment`` over this process's)
+    until it ends, or until one of its process groups is hung (then stop its whole tree).
+    Ctrl-C or SIGTERM stops the tree and is raised again. ``quiet``: its output is not
+    shown (a re-run whose verdict is all that is wanted)."""
     root = Path(tempfile.mkdtemp(prefix="distdoctor-run-"))
     traces = root / "traces"
     traces.mkdir()
-    env = dict(os.environ)
+    env = {**os.environ, **(environment or {})}
     hook = autohook.write_hook(root / "hook")
     env["PYTHONPATH"] = os.pathsep.join([str(hook)] + [p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p])
