@@ -216,6 +216,32 @@ def test_a_budget_met_by_dropping_the_optimizer_state_is_not_a_pass(
         assert "ZeroRedundancyOptimizer" not in said
 
 
+@pytest.mark.parametrize(("dropping", "passed"), [
+    (("0.drop", "0.drop_hidden", "1.drop", "1.drop_hidden"), True),
+    (("0.drop_hidden", "1.drop_hidden"), False),  # the blocks' output dropout removed
+    ((), False),  # model.eval(), or every dropout at p=0
+])
+def test_ranks_that_agree_because_dropout_was_removed_are_not_a_pass(
+        tmp_path, dropping, passed):
+    """The tensor-parallel dropout exercise keeps the model's dropout: a run whose ranks
+    agree because fewer dropout layers drop is told how many do, without the answer.
+    Made-up runs stand in for real ones (the exercise's own tests run the real ones)."""
+    from distdoctor.teaching import grading
+    from distdoctor.teaching.course import exercise
+
+    def attempt(script, world_size, deadline):
+        return grading.Run(world_size, True, (), dropouts=dropping)
+
+    chosen = exercise("tp-dropout-rng")
+    ran = grading._keeps_dropout(attempt, chosen, tmp_path / "train.py", 2, 60.0)
+    assert (ran.causes == ()) is passed
+    if not passed:
+        kind, said = ran.causes[0]
+        assert kind == grading.DROPOUT_REMOVED
+        assert said.startswith(f"{len(dropping)} of the model's 4 dropout layers drop")
+        assert "OwnDropout" not in said and "seed" not in said
+
+
 def test_the_course_opens_with_the_classic_cases_and_names_failure_modes():
     names = [e.name for e in COURSE]
     assert names[:6] == ["divergent-init", "shared-shuffle-seed", "unused-params",

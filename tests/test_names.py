@@ -16,7 +16,7 @@ from distdoctor import checks, faults
 from distdoctor.fixing.remedies import REMEDIES
 from distdoctor.models.verdict import CAUSE_KINDS, RESUME_CAUSES
 from distdoctor.teaching.course import COURSE
-from distdoctor.teaching.grading import OPTIMIZER_CHANGED
+from distdoctor.teaching.grading import DROPOUT_REMOVED, OPTIMIZER_CHANGED
 from distdoctor.teaching.launched import NOT_ONE_JOB
 from distdoctor.userjob.reporting.report import BEFORE_ANY_RANK
 
@@ -99,9 +99,9 @@ def test_exercises_and_remedies_use_the_names_of_the_catalogue_and_the_report():
             assert set(exercise.kinds) <= set(CATALOGUE[exercise.name].reported_as)
         for wrong in exercise.wrong_fixes:
             # or the grader's own word for a task not done (the optimiser it keeps dropped,
-            # the nodes' ranks not one job)
-            assert wrong.still in TOLD | {OPTIMIZER_CHANGED, NOT_ONE_JOB}, (exercise.name,
-                                                                          wrong.name)
+            # the nodes' ranks not one job, its dropout removed)
+            assert wrong.still in TOLD | {OPTIMIZER_CHANGED, NOT_ONE_JOB, DROPOUT_REMOVED}, (
+                exercise.name, wrong.name)
     assert set(REMEDIES) <= set(CAUSE_KINDS)
     assert not set(CAUSE_KINDS) & set(RESUME_CAUSES)  # a name says which tool told it
 

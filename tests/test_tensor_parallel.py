@@ -222,6 +222,7 @@ def test_a_users_dropout_on_a_slice_is_read_exactly_and_one_seed_is_told(seed):
             (s, "2", False, (0, 1)) for s in range(1, steps + 1)]
         assert [list(t.value.values) for t in masks] == replayed
         assert {v for t in masks for v in t.value.values} == {-1.0, 0.0, 1.0}
+        assert rank.evidence.dropouts == ("2", "4")  # both seen dropping, once each
     found = tp_dropout_rng.check(record)
     if seed is None:
         assert found == [] and result.values[0] != result.values[1]

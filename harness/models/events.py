@@ -41,6 +41,7 @@ class Ev:
     BUFFERS = "buffers"  # a DDP model's buffers as a training forward begins, sampled
     OPTIMIZER = "optimizer"  # an optimiser's settings when they change, its state sampled
     TP_TENSOR = "tp_tensor"  # a tensor a tensor-parallel group must hold alike or apart
+    DROPOUT = "dropout"  # an nn.Dropout of a parallelized model seen dropping (training, p>0)
     # a pipeline stage (torch.distributed.pipelining): its parameters and layers, and each
     # forward or backward of one micro-batch with its CPU time
     STAGE_HELD = "stage_held"

@@ -469,6 +469,8 @@ class Evidence:
     calls: tuple[Call, ...] = ()  # every p2p and collective call, from the tracer
     ddp_params: tuple[str, ...] = ()  # the last DDP's parameters, in its reducer's order
     ddp_group: tuple[int, ...] = ()  # the ranks that DDP averages gradients over
+    # the nn.Dropout layers of a user's parallelized model seen dropping (training, p > 0)
+    dropouts: tuple[str, ...] = ()
     memory: tuple[MemoryEvidence, ...] = ()  # training state held, per step
     restarts: tuple[RestartEvidence, ...] = ()  # the built-in workload's checkpoint restarts
     batches: tuple[BatchEvidence, ...] = ()  # a user's script's loader batches, from the tracer

@@ -67,6 +67,9 @@ class Exercise:
     # is in how the nodes are started: ``script`` is then a launch script (LAUNCHER) the
     # student edits, run as ``distdoctor run -- sh launch.sh`` runs it
     program: str = ""
+    # nn.Dropout layers of its parallelized model the task keeps dropping (p > 0, in
+    # training): a fix may change how they draw, not remove them
+    dropouts: int = 0
 
     @property
     def edited(self) -> str:
@@ -338,7 +341,8 @@ COURSE: tuple[Exercise, ...] = (
         "the same batch. Evaluated without dropout, the ranks agree; in training each prints "
         "its own loss for the same batch. Find out why, and fix it so that the ranks compute "
         "one output, dropout included, as the whole model on one process would (there, "
-        "each value of a layer is dropped independently of every other).",
+        "each value of a layer is dropped independently of every other), keeping every "
+        "dropout layer.",
         "tp_dropout_rng.py", ("tp-dropout-rng",),
         (Edit("class Block(nn.Module):\n", _OWN_DROPOUT + "\n\nclass Block(nn.Module):\n"),
          Edit("self.drop_hidden, self.drop = nn.Dropout(0.1), nn.Dropout(0.1)",
@@ -350,7 +354,12 @@ COURSE: tuple[Exercise, ...] = (
                  "    batch = data[step * 16:(step + 1) * 16].clone()\n"
                  "    dist.broadcast(batch, src=0)\n"),), "tp-dropout-rng"),
          WrongFix("one seed on every rank (each slice of the hidden layer then gets the same "
-                  "mask)", (_ONE_SEED,), "tp-dropout-rng"))),
+                  "mask)", (_ONE_SEED,), "tp-dropout-rng"),
+         WrongFix("dropout removed from the blocks' outputs (the ranks agree without it)", (
+             Edit("self.drop_hidden, self.drop = nn.Dropout(0.1), nn.Dropout(0.1)",
+                  "self.drop_hidden, self.drop = nn.Dropout(0.1), nn.Identity()"),),
+             "dropout-removed")),
+        dropouts=4),
     Exercise(
         "replicated-param-drift", "Copies of a layer drift apart",
         "Every rank holds the last layer whole, and the copies start equal, but after a few "

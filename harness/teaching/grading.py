@@ -26,6 +26,8 @@ TASK = "TASK.md"
 # the cause a graded run is given where it fits its memory budget by keeping less optimiser
 # state than the task says to keep: not a failure mode of training, a task not done
 OPTIMIZER_CHANGED = "optimizer-changed"
+# the cause a graded run is given where fewer of its dropout layers drop than the task keeps
+DROPOUT_REMOVED = "dropout-removed"
 
 
 class NotAnExercise(ValueError):
@@ -151,9 +153,25 @@ def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
 
         return functools.partial(launch_attempt, chosen)
     attempt = functools.partial(run_attempt, nodes=chosen.nodes)
-    if not chosen.memory_budget:
-        return attempt
-    return functools.partial(_within_budget, attempt, chosen)
+    if chosen.memory_budget:
+        attempt = functools.partial(_within_budget, attempt, chosen)
+    if chosen.dropouts:
+        attempt = functools.partial(_keeps_dropout, attempt, chosen)
+    return attempt
+
+
+def _keeps_dropout(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
+                   script: Path, world_size: int, deadline: float) -> Run:
+    """``attempt``, not passed where fewer of the model's dropout layers drop on every rank
+    than the task keeps: ranks agree without dropout, which is no fix of how it draws."""
+    run = attempt(script, world_size, deadline)
+    if run.causes or not run.finished or len(run.dropouts) >= chosen.dropouts:
+        return run
+    seen = ", ".join(run.dropouts) or "none"
+    return dataclasses.replace(run, causes=((DROPOUT_REMOVED, (
+        f"{len(run.dropouts)} of the model's {chosen.dropouts} dropout layers drop values in "
+        f"training on every rank (seen dropping: {seen}): the task keeps the model's "
+        f"dropout and changes how its masks are drawn")),))
 
 
 def _within_budget(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
@@ -254,8 +272,10 @@ def run_once(script: Path, world_size: int, deadline: float, nodes: int = 1) -> 
                            deadline)
     report = explain(record, str(script))
     finished = all(end.status == "finished" for end in result.ends)
+    dropping = [set(r.evidence.dropouts) for r in record.ranks]
     return Run(world_size, finished, tuple((c.kind, c.summary) for c in report.findings),
-               tuple(report.undecided), _state_per_parameter(record))
+               tuple(report.undecided), _state_per_parameter(record),
+               tuple(sorted(set.intersection(*dropping))) if dropping else ())
 
 
 def _state_per_parameter(record) -> float | None:

@@ -19,3 +19,5 @@ class Run:
     # bytes of optimiser state over all ranks per parameter element, where a budget had the
     # ranks measure their state (None: not measured): Adam holds 8, its two fp32 moments
     state_per_parameter: float | None = None
+    # the nn.Dropout layers of a parallelized model every rank saw dropping (training, p > 0)
+    dropouts: tuple[str, ...] = ()

@@ -53,6 +53,8 @@ def evidence_from_events(rank: int, events: tuple, trace: tuple = ()) -> Evidenc
     fields["gap_samples"] = list(fold_gap_samples(trace))
     fields["arrivals"], fields["wall_offset"], fields["cpu_s"] = fold_arrivals(trace)
     fields["startup"] = fold_startup(trace)
+    fields["dropouts"] = tuple(dict.fromkeys(
+        e["name"] for e in trace if e.get("ev") == Ev.DROPOUT and isinstance(e.get("name"), str)))
     ddp = [event for event in trace if event.get("ev") == Ev.DDP]
     if ddp:
         fields["ddp_params"] = tuple(ddp[-1]["params"])

@@ -200,7 +200,8 @@ def _track_layout(tracer, module, column: bool, group: tuple[int, ...], last: di
 
 
 def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
-    seen: dict[str, Any] = {"step": -1, "at": None, "before": None, "group": ()}
+    seen: dict[str, Any] = {"step": -1, "at": None, "before": None, "group": (),
+                            "told": False}
 
     def before(_mod, inputs):
         step = tracer.optimizer_steps + 1
@@ -208,6 +209,9 @@ def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
         if step == seen["step"] or not sampled(step) or not module.training \
                 or not module.p or not inputs or not isinstance(inputs[0], torch.Tensor):
             return
+        if not seen["told"]:  # that it drops at all, once: the task may keep it
+            seen["told"] = True
+            tracer.write(ev=Ev.DROPOUT, step=step, name=name, p=float(module.p))
         x = inputs[0]
         placements = getattr(x, "placements", None)
         # by the layers, only what has the shape the last one handed on (an elementwise
