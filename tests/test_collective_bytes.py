@@ -114,12 +114,16 @@ def test_what_a_rank_sent_before_it_raised_reaches_its_peer(count):
 def test_what_a_rank_sent_survives_its_exit(numel):
     with RankPool(2, mesh=True) as pool:
         pool.start()
-        result = pool.run(send_then_exit, True, numel, pool.pids, deadline=30)
+        # rank 0's exit ends the job for the pool: rank 1 is given the time its read takes
+        # (1 s by default was too little under a busy loop on every core)
+        result = pool.run(send_then_exit, True, numel, pool.pids, deadline=30,
+                          error_grace=30)
         assert result.values[1] == list(range(numel))
 
 
 def test_a_tensor_shared_by_file_descriptor_is_lost_when_its_sender_exits():
     with RankPool(2, mesh=True) as pool:
         pool.start()
-        result = pool.run(send_then_exit, False, 1000, pool.pids, deadline=30)
+        result = pool.run(send_then_exit, False, 1000, pool.pids, deadline=30,
+                          error_grace=30)
         assert result.ends[1].status in ("raised", "died")  # the hazard the mesh avoids

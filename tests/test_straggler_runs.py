@@ -114,10 +114,18 @@ def test_under_torchrun_analyze_names_the_straggler_from_the_traces(distdoctor, 
                           capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     analysed = distdoctor("analyze", str(traces))
-    assert analysed.returncode == 1, analysed.stdout
-    assert analysed.stdout.startswith("distdoctor analyze: FAILED: straggler (rank 1)")
-    assert "waiting for its data loader's next batch at straggler_slow_loader.py:" \
-        in analysed.stdout
+    if analysed.returncode == 0:
+        # a machine busy on every core (the suite beside a busy loop on each): rank 1's
+        # thread waited for a CPU after each of its loader's sleeps for more than half its
+        # lateness, so the check cannot tell the program from the machine and says so,
+        # undecided, naming the late rank; never OK in silence, never another rank
+        assert "not decided: straggler (rank 1): rank 1 arrives last" in analysed.stdout \
+            and "the machine's, not the program's" in analysed.stdout, analysed.stdout
+    else:
+        assert analysed.returncode == 1, analysed.stdout
+        assert analysed.stdout.startswith("distdoctor analyze: FAILED: straggler (rank 1)")
+        assert "waiting for its data loader's next batch at straggler_slow_loader.py:" \
+            in analysed.stdout
     # the same traces with their new evidence damaged: each odd line is unreadable, said,
     # never a traceback (traces come from elsewhere)
     rank1 = traces / "rank-1.jsonl"
@@ -148,6 +156,11 @@ def test_a_rank_late_because_its_core_runs_other_work_is_the_machine_not_a_failu
     done = distdoctor("run", "--report", str(report), str(script))
     result = json.loads(report.read_text())
     assert done.returncode == 0 and result["status"] == "ok", done.stdout
+    if not result["undecided"]:
+        # a machine busy on every core: the core rank 1 shares is no longer the slowest,
+        # and no rank is late often enough to judge, which is no verdict on the program
+        assert result["findings"] == [], done.stdout
+        return
     [said] = result["undecided"]
     # rank 1 as a rule; rank 0 where the machine's other jobs took its core instead (seen
     # with the whole suite beside it): either way the late rank is the machine's
