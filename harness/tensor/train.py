@@ -26,6 +26,7 @@ from distdoctor.tensor.mlp import REPLICATED, SPLIT, TensorParallelMLP
 from distdoctor.tensor.steps import torch_tp
 from distdoctor.training.dropout import mask
 from distdoctor.training.fingerprint import fingerprint
+from distdoctor.training.phases import record_phase
 from distdoctor.training.workload import batch_ids, build_model, epoch_of, loss_fn, make_dataset
 
 
@@ -91,7 +92,9 @@ def tensor_job(ctx, spec: RunSpec) -> None:
                         log.all_reduce(named[name].grad, "backward", tp_group)
         local = whole(model, tp_group, tp, grads=True)
         calls, sent = _average(model, dp_group, spec.dp_degree)
+        began = time.monotonic()
         optimizer.step()
+        record_phase(ctx, "optimizer", step, began)
         seconds = time.perf_counter() - started
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         ctx.emit((Emit.STEP, StepEvidence(

@@ -16,12 +16,12 @@ import time
 import torch
 
 from distdoctor.launch.rank import RankContext
-from distdoctor.models import BackwardEvidence, MemoryEvidence, Phase, RunSpec, StepEvidence
+from distdoctor.models import BackwardEvidence, MemoryEvidence, RunSpec, StepEvidence
 from distdoctor.models.events import Emit
-from distdoctor.trace.cpuwait import thread_cpu_seconds
 from distdoctor.training import strategies
 from distdoctor.training.checkpoint import LoaderPlace, Resumable, restart
 from distdoctor.training.fingerprint import fingerprint
+from distdoctor.training.phases import record_phase
 from distdoctor.training.workload import (
     batch_ids_at,
     build_model,
@@ -66,7 +66,7 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
         inputs = jittered(spec, x[ids])
         place.advance(spec)
         straggle(spec, ctx.rank, "loader")
-        _phase(ctx, "loader", step, fetched)
+        record_phase(ctx, "loader", step, fetched)
         started = time.perf_counter()
         dp.zero_grad()
         dp.probe.reset()
@@ -83,19 +83,19 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
                 began = time.monotonic()
                 out, aux = dp(inputs[rows], use_aux=use_aux)
                 loss = loss_fn(out, aux, y[micro]) / k
-                _phase(ctx, "forward", step, began)
+                record_phase(ctx, "forward", step, began)
                 began = time.monotonic()
                 loss.backward()
                 if i == k - 1:
                     report_backward()
                 dp.finish_backward()
-                _phase(ctx, "backward", step, began)
+                record_phase(ctx, "backward", step, began)
             loss_total += loss.item()
         began = time.monotonic()
         dp.step()
         if state is not None:
             state.scheduler.step()
-        _phase(ctx, "optimizer", step, began)
+        record_phase(ctx, "optimizer", step, began)
         seconds = time.perf_counter() - started
         straggle(spec, ctx.rank, "work")
         held = dp.held()
@@ -125,12 +125,6 @@ def train_job(ctx: RankContext, spec: RunSpec) -> None:
         )))
         if state is not None and step == knobs.restart_after:
             ctx.emit((Emit.RESTART, restart(state, ctx.rank, step)))
-
-
-def _phase(ctx: RankContext, kind: str, step: int, began: float) -> None:
-    """Where this step's time went (models.evidence.Phase), as a user's rank records it."""
-    cpu = thread_cpu_seconds() if kind == "optimizer" else None
-    ctx.emit((Emit.PHASE, Phase(kind, began, time.monotonic(), step - 1, cpu=cpu)))
 
 
 def _once(action):
