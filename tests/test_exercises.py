@@ -287,7 +287,10 @@ def test_an_exercise_of_a_launch_script_gives_the_launcher_to_edit_beside_its_pr
         "exercise": "rendezvous-mismatch", "script": "launch.sh"}
     assert main(["exercise", "rendezvous-mismatch", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert "train.py exists: an attempt is kept" in err and "Traceback" not in err
+    assert "launch.sh exists: an attempt is kept" in err and "Traceback" not in err
+    (folder / "launch.sh").unlink()  # the training script alone kept: still never written
+    assert main(["exercise", "rendezvous-mismatch", str(folder)]) == 2
+    assert "train.py exists: an attempt is kept" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, said", [

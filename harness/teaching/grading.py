@@ -68,7 +68,7 @@ def start(name: str, directory: Path) -> Exercise:
     it is (what ``settings`` reads back). Raises KeyError for an unknown name, FileExistsError
     where an attempt is already there (never written over), OSError where it cannot write."""
     chosen = exercise(name)
-    for kept in {SCRIPT, chosen.edited}:
+    for kept in dict.fromkeys((chosen.edited, SCRIPT)):  # the student's file named first
         if (directory / kept).exists():
             raise FileExistsError(directory / kept)
     directory.mkdir(parents=True, exist_ok=True)
