@@ -125,8 +125,7 @@ def _rerun_command(argv: list[str], script: Path, patched: Path,
     ``run -- COMMAND`` runs it: every group's causes, and the first failed group's
     verdict (a command that formed no group, or failed with no cause, is not OK)."""
     from distdoctor.userjob.launching.command import CommandStartError, run_command
-    from distdoctor.userjob.reporting.record import explain, script_record
-    from distdoctor.userjob.reporting.traces import TraceError, load
+    from distdoctor.userjob.reporting.groups import UnreadableGroup, group_reports
 
     swapped = [str(patched) if index and _names(arg, script) else arg
                for index, arg in enumerate(argv)]
@@ -140,15 +139,11 @@ def _rerun_command(argv: list[str], script: Path, patched: Path,
         if not result.groups:
             return f"FAILED: no process group formed (exit code {result.code})", [NO_GROUP]
         verdict, kinds = "OK", list[str]()
-        for directory in result.groups:
-            try:
-                job = load([str(directory)])
-            except (TraceError, OSError) as exc:
-                return f"FAILED: its traces cannot be read ({exc})", [COMMAND_FAILED]
-            report = explain(script_record(job.ends, job.events, 0.0, 0.0, args.deadline),
-                             " ".join(swapped))
-            kinds += [c.kind for c in report.findings]
-            verdict = _verdict(report) if verdict == "OK" else verdict
+        for group in group_reports(result.groups, " ".join(swapped), args.deadline):
+            if isinstance(group, UnreadableGroup):
+                return f"FAILED: its traces cannot be read ({group.reason})", [COMMAND_FAILED]
+            kinds += [c.kind for c in group.report.findings]
+            verdict = _verdict(group.report) if verdict == "OK" else verdict
         if verdict == "OK" and result.code != 0:
             return f"FAILED: the command exited with code {result.code}", [COMMAND_FAILED]
         return verdict, kinds

@@ -253,9 +253,8 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
     """One report per process group the command made (the hung one, or the first that
     failed, is the one --report and --html write), then the command's own end."""
     from distdoctor.cli.published import publish
-    from distdoctor.userjob.reporting.record import explain, script_record
+    from distdoctor.userjob.reporting.groups import UnreadableGroup, group_reports
     from distdoctor.userjob.reporting.report import render
-    from distdoctor.userjob.reporting.traces import TraceError, load
 
     how = (f"stopped by distdoctor (process group {result.groups.index(result.stopped_hung) + 1}"
            f" hung)" if result.stopped_hung is not None else
@@ -270,24 +269,23 @@ def _report_groups(result, command: str, args: argparse.Namespace) -> int:
               flush=True)
         return 0 if result.code == 0 else 1
     failed, chosen = False, None
-    for number, directory in enumerate(result.groups, 1):
-        try:
-            job = load([str(directory)])
-        except (TraceError, OSError) as exc:
-            print(f"distdoctor run: process group {number}: cannot read its traces ({exc})")
+    judged = group_reports(result.groups, command, args.deadline, args.all_frames)
+    for number, group in enumerate(judged, 1):
+        if isinstance(group, UnreadableGroup):
+            print(f"distdoctor run: process group {number}: cannot read its traces "
+                  f"({group.reason})")
             failed = True
             continue
-        record = script_record(job.ends, job.events, 0.0, 0.0, args.deadline)
-        report = explain(record, command, args.all_frames)
         if len(result.groups) > 1:
             print(f"\n== process group {number} of {len(result.groups)} "
-                  f"({_group_origin(job)}) ==", flush=True)
-        for note in job.notes:
+                  f"({_group_origin(group.job)}) ==", flush=True)
+        for note in group.job.notes:
             print(f"distdoctor run: partial evidence: {note}", flush=True)
-        print(render(report, "run", job.partial), flush=True)
-        failed |= report.status != "ok"
-        if chosen is None and (report.status != "ok" or directory == result.groups[-1]):
-            chosen = (record, report)
+        print(render(group.report, "run", group.job.partial), flush=True)
+        failed |= group.report.status != "ok"
+        if chosen is None and (group.report.status != "ok"
+                               or group.directory == result.groups[-1]):
+            chosen = (group.record, group.report)
     print(f"\ndistdoctor run: '{command}' {how} after {result.wall_s:.1f} s", flush=True)
     refused = ""
     if chosen is not None and args.fix:

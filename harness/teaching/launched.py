@@ -19,8 +19,7 @@ from distdoctor.launch.ports import free_port
 from distdoctor.teaching.course import SCRIPT, Exercise
 from distdoctor.teaching.runs import Run
 from distdoctor.userjob.launching.command import run_command
-from distdoctor.userjob.reporting.record import explain, script_record
-from distdoctor.userjob.reporting.traces import TraceError, load
+from distdoctor.userjob.reporting.groups import UnreadableGroup, group_reports
 
 # the cause a launch script is given where its nodes each start a job of their own: the
 # task is one job of all the nodes' ranks
@@ -51,17 +50,14 @@ def launch_attempt(chosen: Exercise, launcher: Path, world_size: int, deadline: 
                 )),))
         sizes, finished = list[int](), result.code == 0
         causes: list[tuple[str, str]] = []
-        for directory in result.groups:
-            try:
-                job = load([str(directory)])
-            except (TraceError, OSError) as exc:
+        for group in group_reports(result.groups, str(folder / SCRIPT), deadline):
+            if isinstance(group, UnreadableGroup):
                 return Run(world_size, False, ((UNREADABLE, f"the traces of a process "
-                                                            f"group cannot be read ({exc})"),))
-            sizes.append(len(job.ends))
-            finished = finished and all(end.status == "finished" for end in job.ends)
-            report = explain(script_record(job.ends, job.events, 0.0, 0.0, deadline),
-                             str(folder / SCRIPT))
-            causes += [(c.kind, c.summary) for c in report.findings]
+                                                            f"group cannot be read "
+                                                            f"({group.reason})"),))
+            sizes.append(len(group.job.ends))
+            finished = finished and all(end.status == "finished" for end in group.job.ends)
+            causes += [(c.kind, c.summary) for c in group.report.findings]
         if not causes and sizes != [world_size]:
             causes.append((NOT_ONE_JOB, (
                 f"the nodes started {len(sizes)} separate jobs, process groups of "
