@@ -519,6 +519,36 @@ def test_a_rank_no_new_read_reaches_keeps_its_reads_and_one_never_read_is_said()
     job = attach.Job(0, (attach.RankProcess(0, gone.pid, "test", {}),
                          attach.RankProcess(1, gone.pid, "test", {})), 2,
                      {0: (first,), 1: ()}, ())
-    assert attach.read_again(job, fresh=True).reads[0] == (first,)
+    again = attach.read_again(job, fresh=True)
+    assert again.reads[0] == (first,) and again.missed == {}  # gone: not a rank that moved
     ends = attach.evidence(job, {}).ends
     assert ends[1].status == "hung" and "could not be read" in (ends[1].error or "")
+
+
+def test_a_read_that_fails_on_a_live_rank_is_not_evidence_that_it_stood_still(monkeypatch):
+    """py-spy reads without pausing, and fails where frames change under it ("Failed to
+    copy PyFrameObject: Bad address"). Under load the suite saw a rank importing torch
+    keep only its first read: its reads "all agreed", and attach named it
+    rank-never-joined while it was on its way. A failed read of a live process is
+    movement; the next settling round starts clean."""
+    from distdoctor.userjob.attaching import attach, pyspy
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        first = attach.Read(pyspy.Snapshot(alive.pid, (), (), ()), 0)
+
+        def fails(pid: int, with_locals: bool = True):
+            raise pyspy.StackReadError("Failed to copy PyFrameObject: Bad address (os error 14)")
+
+        monkeypatch.setattr(pyspy, "dump", fails)
+        job = attach.read_again(attach.Job(0, (attach.RankProcess(0, alive.pid, "test", {}),),
+                                           1, {0: (first,)}, ()))
+        assert job.reads[0] == (first,) and "Bad address" in job.missed[0]
+        reading = attach.evidence(job, {})
+        assert reading.moving == (0,), reading
+        assert "changed while py-spy read them" in (reading.ends[0].error or "")
+        monkeypatch.setattr(pyspy, "dump", lambda pid, with_locals=True: first.snapshot)
+        assert attach.read_again(job, fresh=True).missed == {}
+    finally:
+        alive.kill()
+        alive.wait()

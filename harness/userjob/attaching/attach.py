@@ -130,6 +130,9 @@ class Job:
     world: int
     reads: dict[int, tuple[Read, ...]]  # by rank
     notes: tuple[str, ...]
+    # by rank, why a read of its live process failed since the reads began: py-spy reads
+    # without pausing, and fails where frames change under it, so that rank moved
+    missed: dict[int, str] = field(default_factory=dict)
 
 
 def find(pid: int) -> Job:
@@ -298,19 +301,23 @@ def _environment(pid: int) -> dict[str, str]:
 
 def read_again(job: Job, fresh: bool = False) -> Job:
     """More reads of every rank, READ_GAP_S apart, to READS in all (READS new ones if
-    ``fresh``): a rank that moved is not waiting."""
+    ``fresh``): a rank that moved is not waiting, nor is one whose live process a read
+    failed on (its frames changed while py-spy copied them)."""
     reads = {rank: [] if fresh else list(snaps) for rank, snaps in job.reads.items()}
+    missed = {} if fresh else dict(job.missed)
     for _ in range(READS if fresh else READS - 1):
         time.sleep(READ_GAP_S)
         for process in job.ranks:
             try:
                 reads[process.rank].append(_read(process.pid))
-            except pyspy.StackReadError:
-                pass  # ended meanwhile: its last read stands
+            except pyspy.StackReadError as exc:
+                if _activity(process.pid) >= 0:  # alive: it moved under the read
+                    missed.setdefault(process.rank, str(exc))
+                # (ended meanwhile: its last read stands)
     # a rank no new read reached (py-spy failed on a busy machine, or it ended) keeps the
     # reads it had: evidence() needs one at least
     return Job(job.launcher, job.ranks, job.world,
-               {r: tuple(s) or job.reads[r] for r, s in reads.items()}, job.notes)
+               {r: tuple(s) or job.reads[r] for r, s in reads.items()}, job.notes, missed)
 
 
 def ask_flight_recorders(job: Job) -> tuple[dict[int, object], list[str]]:
@@ -406,8 +413,9 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
             events.append(())
             continue
         last = reads[-1].snapshot
-        still = len({r.snapshot.key() for r in reads}) == 1 \
+        agree = len({r.snapshot.key() for r in reads}) == 1 \
             and len({r.activity for r in reads}) == 1
+        still = agree and rank not in job.missed
         if not still:
             moving.append(rank)
         history = recorded(history_of(dumps.get(rank)))
@@ -433,7 +441,9 @@ def evidence(job: Job, dumps: dict[int, object]) -> Reading:
         ends.append(RankEnd(rank, "hung", at=0.0,
                             error="its stacks did not move across the reads" if still else
                             "its stacks or its main thread's CPU time moved between reads: it "
-                            "is running",
+                            "is running" if not agree else
+                            f"its frames changed while py-spy read them, so it is running "
+                            f"({job.missed[rank]})",
                             stacks=last.threads, in_flight=in_flight, recorded=history,
                             seen=() if still else seen_most_first(
                                 [user_frame(r.snapshot.threads) for r in reads])))
