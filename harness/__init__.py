@@ -53,6 +53,6 @@ edge, and on any import circle):
 - ``pictures``: the HTML reports: charts, timelines, the wait-for graph, Gantt charts.
   imports: models, analysis, memory, pipeline
 - ``cli``: the ``distdoctor`` command, one module per command family.
-  imports: models, analysis, text, faults, memory, dumps, trace, launch, pipeline, userjob,
-  collectives, faultloop, fixing, teaching, pictures
+  imports: models, analysis, text, faults, memory, checks, dumps, trace, launch, pipeline,
+  userjob, collectives, faultloop, fixing, teaching, pictures
 """

@@ -177,8 +177,8 @@ LAYERS = {
     "teaching": {"models", "analysis", "launch", "userjob", "checks"},
     "testing": {"models", "analysis", "trace", "launch", "userjob", "fixing"},
     "pictures": {"models", "analysis", "memory", "pipeline"},
-    "cli": {"models", "analysis", "text", "faults", "memory", "dumps", "trace", "launch",
-            "pipeline",
+    "cli": {"models", "analysis", "text", "faults", "memory", "checks", "dumps", "trace",
+            "launch", "pipeline",  # (checks: which causes are judged from time)
             "userjob", "collectives", "faultloop", "fixing", "teaching", "pictures"},
     "__main__": {"cli"},  # python -m distdoctor
 }

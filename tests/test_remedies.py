@@ -263,6 +263,36 @@ def test_the_verified_copy_holds_the_scripts_code_and_nothing_else(tmp_path):
     assert outcome.verified and seen == ["helpers.py", "pkg", "pkg/__init__.py", "train.py"]
 
 
+@pytest.mark.parametrize(("said", "verified", "runs"), [
+    ([("FAILED: straggler (rank 0)", ["straggler"]), ("OK", [])], True, 2),
+    ([("FAILED: straggler (rank 0)", ["straggler"])] * 2, False, 2),
+    ([("FAILED: divergent-parameters (rank 1)", ["divergent-parameters"])], False, 1),
+    ([("OK", [])], True, 1),
+])
+def test_a_timing_cause_a_fixs_rerun_adds_stands_only_once_a_second_run_raises_it(
+        tmp_path, said, verified, runs):
+    """The suite under a busy loop on every core once saw the healthy rerun of a fix
+    called a straggler, and the fix refused. A timing cause the first run did not raise
+    is run once more; any other cause decides at once. The reruns are made-up verdicts:
+    what is tested is the rule (the fix tests run real ones)."""
+    from distdoctor.cli.fix import timing_confirmed
+    from distdoctor.fixing.patches import Proposal, verify
+
+    (tmp_path / "train.py").write_text("x = 1\n")
+    answers = iter(said)
+    made = []
+
+    def rerun(patched):
+        made.append(patched)
+        return next(answers)
+
+    before = ["rank-dependent-update"]
+    proposal = Proposal(tmp_path / "train.py", "x = 1\n", "x = 2\n", tuple(before))
+    outcome = verify(proposal, "train.py", timing_confirmed(rerun, before), before)
+    assert (outcome.verified, len(made)) == (verified, runs)
+    assert outcome.rerun == said[-1][0]
+
+
 GUARDED = '''import os
 import torch.distributed as dist
 main = int(os.environ["RANK"]) == 0

@@ -76,7 +76,8 @@ def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
         return [], ""
     print("\ndistdoctor run --fix: re-running a patched copy the same way to verify it ...",
           flush=True)
-    outcome = verify(proposal, name, rerun, [f.kind for f in findings])
+    before = [f.kind for f in findings]
+    outcome = verify(proposal, name, timing_confirmed(rerun, before), before)
     applied, refused = None, ""
     if outcome.verified:
         still = "" if outcome.rerun == "OK" else \
@@ -99,6 +100,28 @@ def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
               flush=True)
     return [FixReport(list(proposal.cures), outcome.verified, outcome.rerun,
                       outcome.diff if outcome.verified else "", applied)], refused
+
+
+def timing_confirmed(rerun: Rerun, before: list[str]) -> Rerun:
+    """``rerun``, run once more where it raises a timing cause the first run did not (a
+    straggler): one run's steps share their luck on a loaded machine (the suite under a
+    busy loop on every core once saw a fix's healthy rerun called a straggler), so such a
+    cause stands only once a second run raises it too, as the fault loop and the
+    exercises' grader have it."""
+    from distdoctor import checks
+
+    def new_timing(kinds: list[str]) -> bool:
+        return any(checks.judges_time(kind) and kind not in before for kind in kinds)
+
+    def confirmed(patched: Path) -> tuple[str, list[str]]:
+        verdict, kinds = rerun(patched)
+        if new_timing(kinds):
+            again = rerun(patched)
+            if not new_timing(again[1]):
+                return again
+        return verdict, kinds
+
+    return confirmed
 
 
 def _rerun(patched: Path, args: argparse.Namespace) -> tuple[str, list[str]]:
