@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,14 +89,13 @@ def record_tensor_parallel(tracer: Any) -> None:
             try:  # evidence is best effort: never break the user's plan
                 where = user_line()
                 models.append((weakref.ref(out), where, _tp_group(out)))
-                for name, sub in out.named_modules():
-                    dim = _sharded_dim(sub, (1, -1))  # row-parallel
-                    if dim is not None:
-                        _hook_output(tracer, sub, name, _dim_group(sub.weight, dim), where)
-                    dim = _sharded_dim(sub, (0, -2))  # column-parallel
-                    if dim is not None:
-                        _hook_input(tracer, sub, name, _dim_group(sub.weight, dim), where)
-                _hook_dropouts(tracer, out, where)
+                layers = _parallel_linears(out)
+                for layer in layers:
+                    if layer.column:
+                        _hook_input(tracer, layer.module, layer.name, layer.group, where)
+                    else:
+                        _hook_output(tracer, layer, where)
+                _hook_dropouts(tracer, out, layers, where)
             except Exception as exc:  # noqa: BLE001 (reported as incomplete evidence, below)
                 incomplete("tensor-parallel samples", exc)
             return out
@@ -110,25 +110,63 @@ def record_tensor_parallel(tracer: Any) -> None:
     after_import(PACKAGE, wrap, "tensor-parallel samples")
 
 
-def _hook_output(tracer, module, name: str, group: tuple[int, ...], where: str) -> None:
-    seen: dict[str, Any] = {"raw": None, "step": -1}
+@dataclass(frozen=True)
+class _ParallelLinear:
+    """A Linear the plan split: its outputs (column-parallel) or its inputs (row-parallel),
+    over the ranks of ``group``. A row-parallel one's ``computed`` holds what it computed
+    before torch's output hook turned that into what the next layer is handed: the local
+    shape, and whether it was a DTensor (a Partial one, in a plan's row-parallel Linear)."""
 
-    def raw(_mod, _inputs, output):
-        seen["raw"] = tuple(output.to_local().shape) if hasattr(output, "to_local") else None
+    name: str
+    module: Any
+    column: bool
+    group: tuple[int, ...]
+    computed: dict[str, Any]
+
+
+def _parallel_linears(model) -> list[_ParallelLinear]:
+    """Each Linear of ``model`` split over a mesh dimension, once for each way it is (a
+    2-D mesh may split one both ways), a row-parallel one's computed output kept by one
+    hook before torch's own."""
+    found = []
+    for name, sub in model.named_modules():
+        for dims, column in (((0, -2), True), ((1, -1), False)):
+            dim = _sharded_dim(sub, dims)
+            if dim is not None:
+                found.append(_ParallelLinear(name, sub, column, _dim_group(sub.weight, dim),
+                                             {} if column else _keep_computed(sub)))
+    return found
+
+
+def _keep_computed(module) -> dict[str, Any]:
+    computed: dict[str, Any] = {"shape": None, "dtensor": False}
+
+    def keep(_mod, _inputs, output):
+        computed["shape"] = tuple(_local(output).shape) if isinstance(output, torch.Tensor) \
+            else None
+        computed["dtensor"] = hasattr(output, "to_local")
+
+    module.register_forward_hook(keep, prepend=True)
+    return computed
+
+
+def _hook_output(tracer, layer: _ParallelLinear, where: str) -> None:
+    """A row-parallel Linear's output, where it is handed on whole: its shape is what
+    the layer computed (a sequence-parallel plan hands rows instead, not judged)."""
+    seen = {"step": -1}
 
     def handed(_mod, _inputs, output):
         step = tracer.optimizer_steps + 1
         if step == seen["step"] or not sampled(step) or not isinstance(output, torch.Tensor) \
-                or len(group) < 2:
+                or len(layer.group) < 2:
             return
-        if seen["raw"] is None or tuple(output.shape) != seen["raw"] \
+        if not layer.computed["dtensor"] or tuple(output.shape) != layer.computed["shape"] \
                 or hasattr(output, "to_local"):
             return  # rows (sequence parallel), or a DTensor the user keeps: not judged
         seen["step"] = step
-        _write(tracer, step, name, "activation", group, output, where)
+        _write(tracer, step, layer.name, "activation", layer.group, output, where)
 
-    module.register_forward_hook(raw, prepend=True)
-    module.register_forward_hook(handed)
+    layer.module.register_forward_hook(handed)
 
 
 def _hook_input(tracer, module, name: str, group: tuple[int, ...], where: str) -> None:
@@ -148,7 +186,7 @@ def _hook_input(tracer, module, name: str, group: tuple[int, ...], where: str) -
     module.register_forward_pre_hook(handed)  # after torch's: sees what the layer is handed
 
 
-def _hook_dropouts(tracer, model, where: str) -> None:
+def _hook_dropouts(tracer, model, layers: list[_ParallelLinear], where: str) -> None:
     """Record what each dropout of ``model`` drops where its input is a slice (see the
     module's docstring), on the first forward of each sampled step."""
     dropouts = [(name, sub) for name, sub in model.named_modules()
@@ -163,24 +201,17 @@ def _hook_dropouts(tracer, model, where: str) -> None:
         last["sliced"] = None
 
     model.register_forward_pre_hook(forward_begins)
-    for name, sub in model.named_modules():
-        for dims, column in (((0, -2), True), ((1, -1), False)):
-            dim = _sharded_dim(sub, dims)
-            if dim is not None:
-                _track_layout(tracer, sub, column, _dim_group(sub.weight, dim), last)
+    for layer in layers:
+        _track_layout(tracer, layer, last)
     for name, sub in dropouts:
         _hook_dropout(tracer, sub, name, where, last)
 
 
-def _track_layout(tracer, module, column: bool, group: tuple[int, ...], last: dict) -> None:
-    """Keep in ``last`` whether the parallel Linear ``module`` hands on a slice: a
-    column-parallel output of its own columns, a row-parallel output not of the shape it
-    computed (rows: sequence parallel), a DTensor sharded anywhere."""
-    raw: dict[str, Any] = {"shape": None}
-
-    def computed(_mod, _inputs, output):
-        raw["shape"] = tuple(_local(output).shape) if isinstance(output, torch.Tensor) \
-            else None
+def _track_layout(tracer, layer: _ParallelLinear, last: dict) -> None:
+    """Keep in ``last`` whether the parallel Linear hands on a slice: a column-parallel
+    output of its own columns, a row-parallel output not of the shape it computed (rows:
+    sequence parallel), a DTensor sharded anywhere."""
+    weight = layer.module.weight
 
     def handed(_mod, _inputs, output):
         if not sampled(tracer.optimizer_steps + 1) or not isinstance(output, torch.Tensor):
@@ -188,15 +219,14 @@ def _track_layout(tracer, module, column: bool, group: tuple[int, ...], last: di
         placements = getattr(output, "placements", None)
         if placements is not None:
             sliced = any(p.is_shard() for p in placements)
-        elif column:
-            sliced = output.shape[-1] == _local(module.weight).shape[0] \
-                and module.weight.shape[0] != _local(module.weight).shape[0]
+        elif layer.column:
+            sliced = output.shape[-1] == _local(weight).shape[0] \
+                and weight.shape[0] != _local(weight).shape[0]
         else:
-            sliced = tuple(output.shape) != raw["shape"]
-        last["sliced"], last["group"], last["shape"] = sliced, group, tuple(output.shape)
+            sliced = tuple(output.shape) != layer.computed["shape"]
+        last["sliced"], last["group"], last["shape"] = sliced, layer.group, tuple(output.shape)
 
-    module.register_forward_hook(computed, prepend=True)
-    module.register_forward_hook(handed)
+    layer.module.register_forward_hook(handed)
 
 
 def _hook_dropout(tracer, module, name: str, where: str, last: dict) -> None:
