@@ -194,19 +194,15 @@ def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
     (0.0, False),  # plain SGD
     (None, False),  # nothing measured
 ])
-def test_a_budget_met_by_dropping_the_optimizer_state_is_not_a_pass(
-        tmp_path, monkeypatch, held, passed):
+def test_a_budget_met_by_dropping_the_optimizer_state_is_not_a_pass(held, passed):
     """The memory exercise keeps Adam: a run that fits by holding less state per parameter
     is told so, in measured bytes and without the answer. Made-up runs stand in for real
     ones (the real runs are the exercise's own tests, the SGD wrong fix among them)."""
     from distdoctor.teaching import grading
     from distdoctor.teaching.course import exercise
 
-    def attempt(script, world_size, deadline):
-        return grading.Run(world_size, True, (), (), held)
-
     chosen = exercise("over-memory-budget")
-    ran = grading._within_budget(attempt, chosen, tmp_path / "train.py", 2, 60.0)
+    ran = grading.held_to_task(chosen, grading.Run(2, True, (), (), held))
     assert (ran.causes == ()) is passed
     if not passed:
         kind, said = ran.causes[0]
@@ -221,19 +217,15 @@ def test_a_budget_met_by_dropping_the_optimizer_state_is_not_a_pass(
     (("0.drop_hidden", "1.drop_hidden"), False),  # the blocks' output dropout removed
     ((), False),  # model.eval(), or every dropout at p=0
 ])
-def test_ranks_that_agree_because_dropout_was_removed_are_not_a_pass(
-        tmp_path, dropping, passed):
+def test_ranks_that_agree_because_dropout_was_removed_are_not_a_pass(dropping, passed):
     """The tensor-parallel dropout exercise keeps the model's dropout: a run whose ranks
     agree because fewer dropout layers drop is told how many do, without the answer.
     Made-up runs stand in for real ones (the exercise's own tests run the real ones)."""
     from distdoctor.teaching import grading
     from distdoctor.teaching.course import exercise
 
-    def attempt(script, world_size, deadline):
-        return grading.Run(world_size, True, (), dropouts=dropping)
-
     chosen = exercise("tp-dropout-rng")
-    ran = grading._keeps_dropout(attempt, chosen, tmp_path / "train.py", 2, 60.0)
+    ran = grading.held_to_task(chosen, grading.Run(2, True, (), dropouts=dropping))
     assert (ran.causes == ()) is passed
     if not passed:
         kind, said = ran.causes[0]

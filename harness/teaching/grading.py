@@ -145,58 +145,70 @@ def open_note(undecided: str) -> str:
 
 def attempt_for(chosen: Exercise) -> Callable[[Path, int, float], Run]:
     """How an attempt at ``chosen`` is run and judged: by resume-check where the bug is in
-    the resume, else by every detector on one run."""
+    the resume, from its launch script where the bug is in how the nodes start, else by
+    every detector on one run; each under the exercise's memory budget where it has one
+    (as a device's memory would bound it), and held to what the task keeps."""
+    how: Callable[[Path, int, float], Run]
     if chosen.resumes:
-        return resume_attempt
-    if chosen.program:
+        how = resume_attempt
+    elif chosen.program:
         from distdoctor.teaching.launched import launch_attempt
 
-        return functools.partial(launch_attempt, chosen)
-    attempt = functools.partial(run_attempt, nodes=chosen.nodes)
-    if chosen.memory_budget:
-        attempt = functools.partial(_within_budget, attempt, chosen)
-    if chosen.dropouts:
-        attempt = functools.partial(_keeps_dropout, attempt, chosen)
+        how = functools.partial(launch_attempt, chosen)
+    else:
+        how = functools.partial(run_attempt, nodes=chosen.nodes)
+
+    def attempt(script: Path, world_size: int, deadline: float) -> Run:
+        from distdoctor.userjob.launching.budget import memory_budget
+
+        with memory_budget(chosen.memory_budget):
+            return held_to_task(chosen, how(script, world_size, deadline))
+
     return attempt
 
 
-def _keeps_dropout(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
-                   script: Path, world_size: int, deadline: float) -> Run:
-    """``attempt``, not passed where fewer of the model's dropout layers drop on every rank
-    than the task keeps: ranks agree without dropout, which is no fix of how it draws."""
-    run = attempt(script, world_size, deadline)
-    if run.causes or not run.finished or len(run.dropouts) >= chosen.dropouts:
+def held_to_task(chosen: Exercise, run: Run) -> Run:
+    """A clean run that got there by dropping what the task keeps has not done the task:
+    the first thing it dropped is its cause (``TASK_KEEPS``)."""
+    if run.causes or not run.finished:
         return run
-    seen = ", ".join(run.dropouts) or "none"
-    return dataclasses.replace(run, causes=((DROPOUT_REMOVED, (
-        f"{len(run.dropouts)} of the model's {chosen.dropouts} dropout layers drop values in "
-        f"training on every rank (seen dropping: {seen}): the task keeps the model's "
-        f"dropout and changes how its masks are drawn")),))
+    for dropped in TASK_KEEPS:
+        cause = dropped(chosen, run)
+        if cause is not None:
+            return dataclasses.replace(run, causes=(cause,))
+    return run
 
 
-def _within_budget(attempt: Callable[[Path, int, float], Run], chosen: Exercise,
-                   script: Path, world_size: int, deadline: float) -> Run:
-    """``attempt`` with its ranks measuring their training state against the exercise's
-    budget, as a device's memory would bound it. A run that fits by holding less optimiser
-    state than the task keeps (plain SGD for Adam) has not done the task: the budget is
-    met by partitioning the state, not by dropping it."""
-    from distdoctor.userjob.launching.budget import memory_budget
-
-    with memory_budget(chosen.memory_budget):
-        run = attempt(script, world_size, deadline)
-    need = chosen.state_per_parameter
-    if run.causes or not run.finished or not need:
-        return run
-    held = run.state_per_parameter
-    if held is not None and held >= need:
-        return run
+def _optimizer_dropped(chosen: Exercise, run: Run) -> tuple[str, str] | None:
+    """A run that fits its budget by holding less optimiser state than the task keeps
+    (plain SGD for Adam): the budget is met by partitioning the state, not dropping it."""
+    need, held = chosen.state_per_parameter, run.state_per_parameter
+    if not need or (held is not None and held >= need):
+        return None
     measured = ("no optimiser state was measured" if held is None else
                 f"the optimiser state all ranks hold together is {held:.3g} bytes per "
                 f"parameter")
-    return dataclasses.replace(run, causes=((OPTIMIZER_CHANGED, (
+    return (OPTIMIZER_CHANGED, (
         f"{measured}, where the optimiser the task keeps holds {need:g}: the state fits "
         f"the budget by being smaller, not by being held differently; keep the optimiser "
-        f"and find where each rank's copy of its state can go")),))
+        f"and find where each rank's copy of its state can go"))
+
+
+def _dropout_dropped(chosen: Exercise, run: Run) -> tuple[str, str] | None:
+    """Fewer of the model's dropout layers drop on every rank than the task keeps: ranks
+    agree without dropout, which is no fix of how it draws its masks."""
+    if len(run.dropouts) >= chosen.dropouts:
+        return None
+    seen = ", ".join(run.dropouts) or "none"
+    return (DROPOUT_REMOVED, (
+        f"{len(run.dropouts)} of the model's {chosen.dropouts} dropout layers drop values in "
+        f"training on every rank (seen dropping: {seen}): the task keeps the model's "
+        f"dropout and changes how its masks are drawn"))
+
+
+# what a task keeps that a run may drop to pass: each says what was dropped, or None
+TASK_KEEPS: tuple[Callable[[Exercise, Run], tuple[str, str] | None], ...] = (
+    _optimizer_dropped, _dropout_dropped)
 
 
 def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
