@@ -529,8 +529,8 @@ def test_a_read_that_fails_on_a_live_rank_is_not_evidence_that_it_stood_still(mo
     """py-spy reads without pausing, and fails where frames change under it ("Failed to
     copy PyFrameObject: Bad address"). Under load the suite saw a rank importing torch
     keep only its first read: its reads "all agreed", and attach named it
-    rank-never-joined while it was on its way. A failed read of a live process is
-    movement; the next settling round starts clean."""
+    rank-never-joined while it was on its way. A read failed that way is movement (a
+    timeout is not); the next settling round starts clean."""
     from distdoctor.userjob.attaching import attach, pyspy
 
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -538,11 +538,15 @@ def test_a_read_that_fails_on_a_live_rank_is_not_evidence_that_it_stood_still(mo
         first = attach.Read(pyspy.Snapshot(alive.pid, (), (), ()), 0)
 
         def fails(pid: int, with_locals: bool = True):
-            raise pyspy.StackReadError("Failed to copy PyFrameObject: Bad address (os error 14)")
+            raise error
 
         monkeypatch.setattr(pyspy, "dump", fails)
-        job = attach.read_again(attach.Job(0, (attach.RankProcess(0, alive.pid, "test", {}),),
-                                           1, {0: (first,)}, ()))
+        alone = attach.Job(0, (attach.RankProcess(0, alive.pid, "test", {}),), 1,
+                           {0: (first,)}, ())
+        error = pyspy.StackReadError("py-spy took over 10 s to read process")
+        assert attach.read_again(alone).missed == {}  # slow says nothing of moving
+        error = pyspy.FramesMoved("Failed to copy PyFrameObject: Bad address (os error 14)")
+        job = attach.read_again(alone)
         assert job.reads[0] == (first,) and "Bad address" in job.missed[0]
         reading = attach.evidence(job, {})
         assert reading.moving == (0,), reading

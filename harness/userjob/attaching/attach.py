@@ -130,8 +130,8 @@ class Job:
     world: int
     reads: dict[int, tuple[Read, ...]]  # by rank
     notes: tuple[str, ...]
-    # by rank, why a read of its live process failed since the reads began: py-spy reads
-    # without pausing, and fails where frames change under it, so that rank moved
+    # by rank, a read since the reads began that failed because its frames changed under
+    # py-spy (which reads without pausing): that rank moved
     missed: dict[int, str] = field(default_factory=dict)
 
 
@@ -301,8 +301,8 @@ def _environment(pid: int) -> dict[str, str]:
 
 def read_again(job: Job, fresh: bool = False) -> Job:
     """More reads of every rank, READ_GAP_S apart, to READS in all (READS new ones if
-    ``fresh``): a rank that moved is not waiting, nor is one whose live process a read
-    failed on (its frames changed while py-spy copied them)."""
+    ``fresh``): a rank that moved is not waiting, nor is one whose frames changed while
+    py-spy copied them (a read that timed out says neither)."""
     reads = {rank: [] if fresh else list(snaps) for rank, snaps in job.reads.items()}
     missed = {} if fresh else dict(job.missed)
     for _ in range(READS if fresh else READS - 1):
@@ -310,10 +310,10 @@ def read_again(job: Job, fresh: bool = False) -> Job:
         for process in job.ranks:
             try:
                 reads[process.rank].append(_read(process.pid))
-            except pyspy.StackReadError as exc:
-                if _activity(process.pid) >= 0:  # alive: it moved under the read
-                    missed.setdefault(process.rank, str(exc))
-                # (ended meanwhile: its last read stands)
+            except pyspy.FramesMoved as exc:  # it ran under the read
+                missed.setdefault(process.rank, str(exc))
+            except pyspy.StackReadError:
+                pass  # ended meanwhile, or py-spy too slow: its last read stands
     # a rank no new read reached (py-spy failed on a busy machine, or it ended) keeps the
     # reads it had: evidence() needs one at least
     return Job(job.launcher, job.ranks, job.world,

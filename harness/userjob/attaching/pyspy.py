@@ -27,6 +27,12 @@ class StackReadError(RuntimeError):
     """py-spy could not read a process (missing, not permitted, not Python, gone)."""
 
 
+class FramesMoved(StackReadError):
+    """py-spy, reading without pausing, found a frame freed or rewritten under it ("Failed
+    to copy PyFrameObject ... Bad address"): the process was running its Python code. A
+    timeout or a refusal says nothing of the kind."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One read of a process: its threads' stacks (outermost frame first, as the rest of
@@ -64,7 +70,10 @@ def dump(pid: int, with_locals: bool = True) -> Snapshot:
         raise StackReadError(f"py-spy took over {PYSPY_TIMEOUT_S:g} s to read process "
                              f"{pid}") from None
     if done.returncode != 0:
-        raise StackReadError(_why(pid, done.stderr or done.stdout))
+        said = done.stderr or done.stdout
+        if "Failed to copy" in said or "Bad address" in said:
+            raise FramesMoved(f"py-spy: {' '.join(said.split())[:200]}")
+        raise StackReadError(_why(pid, said))
     try:
         threads = json.loads(done.stdout)
     except ValueError:
