@@ -168,6 +168,7 @@ UNEVEN = (("unbalanced-stages", "rank 1, holding stage 1, takes 1.31x the mean")
     ([UNEVEN, UNEVEN], 2, False),  # raised twice: it stands
     ([UNEVEN, (), ()], 3, True),  # one loaded run, outvoted
     ([UNEVEN, (), UNEVEN], 3, False),
+    ([None, ()], 2, True),  # an undecided run is no vote: measured again
 ])
 def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
         tmp_path, monkeypatch, said, made, passed):
@@ -181,7 +182,11 @@ def test_a_stage_balance_alarm_is_graded_only_when_a_second_run_raises_it(
 
     def run_once(script, world_size, deadline, nodes=1):
         runs.append(world_size)
-        return grading.Run(world_size, True, said[len(runs) - 1])
+        causes = said[len(runs) - 1]
+        if causes is None:  # what the report says of a judgement the machine left open
+            return grading.Run(world_size, True, (), ("unbalanced-stages (rank 1): rank 1 at "
+                                                       "1.26x the mean (inconclusive)",))
+        return grading.Run(world_size, True, causes)
 
     monkeypatch.setattr(grading, "run_once", run_once)
     ran = grading.run_attempt(tmp_path / "train.py", 2, 60.0)

@@ -103,23 +103,19 @@ def fix_findings(result, script: Path | None, name: str, rerun: Rerun,
 
 
 def timing_confirmed(rerun: Rerun, before: list[str]) -> Rerun:
-    """``rerun``, run once more where it raises a timing cause the first run did not (a
-    straggler): one run's steps share their luck on a loaded machine (the suite under a
-    busy loop on every core once saw a fix's healthy rerun called a straggler), so such a
-    cause stands only once a second run raises it too, as the fault loop and the
-    exercises' grader have it."""
+    """``rerun``, run again while it raises a timing cause the first run did not (a
+    straggler) and the reruns' vote has not settled (``analysis.votes``): one run's steps
+    share their luck on a loaded machine (the suite under a busy loop on every core once
+    saw a fix's healthy rerun called a straggler), so such a cause stands only once a
+    second rerun raises it too, as in the fault loop and the exercises' grader."""
     from distdoctor import checks
+    from distdoctor.analysis.votes import until_settled
 
-    def new_timing(kinds: list[str]) -> bool:
-        return any(checks.judges_time(kind) and kind not in before for kind in kinds)
+    def new_timing(done: tuple[str, list[str]]) -> tuple[str, ...]:
+        return tuple(k for k in done[1] if checks.judges_time(k) and k not in before)
 
     def confirmed(patched: Path) -> tuple[str, list[str]]:
-        verdict, kinds = rerun(patched)
-        if new_timing(kinds):
-            again = rerun(patched)
-            if not new_timing(again[1]):
-                return again
-        return verdict, kinds
+        return until_settled(lambda _: rerun(patched), new_timing)[0]
 
     return confirmed
 

@@ -15,7 +15,7 @@ import torch
 
 from distdoctor import checks
 from distdoctor.analysis.distance import spreads
-from distdoctor.analysis.votes import settled
+from distdoctor.analysis.votes import settled, until_settled
 from distdoctor.launch.pool import RankPool, shared_pool
 from distdoctor.models import Assessment, Finding, RankRecord, RunRecord, RunSpec, Verdict
 from distdoctor.pipeline.train import pipeline_job
@@ -69,15 +69,14 @@ def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord,
     pipeline measured 1.31x under the suite's load and 1.05-1.1x on its own. Runs apart in
     time do not share that luck: an alarm stands when two runs raise it, and is dropped
     when two runs find none; one of each leaves it undecided, said as such."""
-    record = run(spec, pool)
-    assessment = assess(record)
-    said = [timing_alarm(assessment)]
-    for factor in MORE_STEPS:
-        if not record.finished or (not assessment.undecided and settled(said)):
-            break
-        record = run(dataclasses.replace(spec, num_steps=spec.num_steps * factor), pool)
-        assessment = assess(record)
-        said.append(timing_alarm(assessment))
+    def measure(attempt: int) -> tuple[RunRecord, Assessment]:
+        steps = spec.num_steps * (MORE_STEPS[attempt - 1] if attempt else 1)
+        record = run(dataclasses.replace(spec, num_steps=steps), pool)
+        return record, assess(record)
+
+    (record, assessment), said = until_settled(
+        measure, lambda done: timing_alarm(done[1]), lambda done: done[0].finished,
+        most=1 + len(MORE_STEPS))
     if record.finished and not assessment.undecided and not settled(said):
         assessment = unconfirmed(assessment, said)
     return record, assessment
@@ -85,9 +84,11 @@ def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord,
 
 def timing_alarm(assessment: Assessment) -> tuple[Finding, ...] | None:
     """The decided findings of the checks that judge time from one run (``checks``:
-    ``CONFIRMED_BY_A_SECOND_RUN``); None while such a check is undecided."""
-    timed = [f for f in assessment.findings if checks.confirmed_by_a_second_run(f.check)]
-    return None if any(f.inconclusive for f in timed) else tuple(timed)
+    ``CONFIRMED_BY_A_SECOND_RUN``); None while any timing judgement is undecided (the run
+    is no vote: more steps are measured)."""
+    if assessment.undecided:
+        return None
+    return tuple(f for f in assessment.findings if checks.confirmed_by_a_second_run(f.check))
 
 
 def unconfirmed(assessment: Assessment, said: list[tuple[Finding, ...] | None]) -> Assessment:

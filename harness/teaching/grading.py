@@ -251,22 +251,19 @@ def resume_attempt(script: Path, world_size: int, deadline: float) -> Run:
 def run_attempt(script: Path, world_size: int, deadline: float, nodes: int = 1) -> Run:
     """``script`` on ``world_size`` fresh gloo ranks, judged by every detector. A timing
     alarm (a stage that gates the pipeline) stands only when a second run raises it too,
-    and goes when two runs are quiet, as ``faultloop.runspec.run_decided`` has it: one
-    run's steps share their luck on a loaded machine."""
+    and goes when quiet runs outnumber it (``analysis.votes``): one run's steps share
+    their luck on a loaded machine."""
     from distdoctor import checks
-    from distdoctor.analysis.votes import settled
+    from distdoctor.analysis.votes import until_settled
 
     def alarm(run: Run) -> tuple[tuple[str, str], ...] | None:
         if any(checks.confirmed_by_a_second_run(kind_of(text)) for text in run.undecided):
             return None
         return tuple(c for c in run.causes if checks.confirmed_by_a_second_run(c[0]))
 
-    runs = [run_once(script, world_size, deadline, nodes)]
-    said = [alarm(runs[-1])]
-    while runs[-1].finished and said[-1] is not None and not settled(said) and len(runs) < 3:
-        runs.append(run_once(script, world_size, deadline, nodes))
-        said.append(alarm(runs[-1]))
-    return runs[-1]  # of three runs, two agree; an undecided one says so itself
+    last, _ = until_settled(lambda _: run_once(script, world_size, deadline, nodes), alarm,
+                            lambda run: run.finished)
+    return last  # of three runs, two agree; an undecided one says so itself
 
 
 def run_once(script: Path, world_size: int, deadline: float, nodes: int = 1) -> Run:
