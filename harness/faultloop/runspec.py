@@ -55,7 +55,9 @@ def assess(record: RunRecord) -> Assessment:
                       param_spread=spread, ranks_finished=record.finished)
 
 
-MORE_STEPS = (2, 4)  # step multiples tried while a timing judgement stays undecided
+# the step multiples of the runs made while a timing judgement stays undecided: the spec as
+# it is, then twice and four times its steps
+STEP_MULTIPLES = (1, 2, 4)
 
 
 def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord, Assessment]:
@@ -70,13 +72,13 @@ def run_decided(spec: RunSpec, pool: RankPool | None = None) -> tuple[RunRecord,
     time do not share that luck: an alarm stands when two runs raise it, and is dropped
     when two runs find none; one of each leaves it undecided, said as such."""
     def measure(attempt: int) -> tuple[RunRecord, Assessment]:
-        steps = spec.num_steps * (MORE_STEPS[attempt - 1] if attempt else 1)
+        steps = spec.num_steps * STEP_MULTIPLES[attempt]
         record = run(dataclasses.replace(spec, num_steps=steps), pool)
         return record, assess(record)
 
     (record, assessment), said = until_settled(
         measure, lambda done: timing_alarm(done[1]), lambda done: done[0].finished,
-        most=1 + len(MORE_STEPS))
+        most=len(STEP_MULTIPLES))
     if record.finished and not assessment.undecided and not settled(said):
         assessment = unconfirmed(assessment, said)
     return record, assessment
